@@ -1,0 +1,153 @@
+// CPU backend of Dot4Attention: route dispatch and the row helpers the routes share.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <thread>
+
+#include "attention/attention_backends.h"
+#include "attention/cpu_rows.h"
+#include "common/fp16.h"
+#include "common/kernel_io.h"
+#include "pack/quantize.h"
+
+namespace dot4attn {
+
+int64_t cpu_parallel_units() {
+  static const int64_t n = std::max(1u, std::thread::hardware_concurrency());
+  return n;
+}
+
+void attention_cpu(const AttentionParams& p, OrtKernelContext* ctx) {
+  if (p.Sk == 0 || p.Hkv == 0) {  // no key at all: every row outputs zeros
+    const size_t bytes = size_t(p.B * p.Hq * p.Sq * p.D) * (p.half ? 2 : 4);
+    std::memset(p.out, 0, bytes);
+    return;
+  }
+  cpu_isa();  // reports a bad DOT4ATTN_CPU_ISA before any worker starts
+  switch (p.route) {
+    case Route::kPrefill: prefill_cpu(p, ctx); break;
+    case Route::kDecode: decode_cpu(p, ctx); break;
+    case Route::kSplitK: split_k_cpu(p, ctx); break;
+    case Route::kAuto: break;  // resolved by the op
+  }
+}
+
+AttendRows RowBlock::rows(int D) const {
+  AttendRows r;
+  r.M = M;
+  r.D = D;
+  r.q = q.data();
+  r.qs = qs.data();
+  r.k_limit = causal ? limit.data() : nullptr;
+  r.mask_off = mask_off.data();
+  return r;
+}
+
+AttendState RowBlock::state() { return AttendState{m.data(), l.data(), acc.data()}; }
+
+int64_t RowBlock::key_end(int64_t sk) const {
+  if (!causal) return sk;
+  int64_t e = 0;
+  for (int64_t v : limit) e = std::max(e, v);
+  return e;
+}
+
+void RowBlock::reset_state(int D) {
+  std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
+  std::fill(l.begin(), l.end(), 0.f);
+  std::fill(acc.begin(), acc.begin() + int64_t(M) * D, 0.f);
+}
+
+void load_rows(const AttentionParams& p, int64_t b, int64_t hkv, int64_t i0, int64_t i1, RowBlock& rb) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const int D = p.D, nb = D / kBlock;
+  const int64_t G = p.group(), n_i = i1 - i0;
+  rb.b = b; rb.hkv = hkv; rb.i0 = i0; rb.i1 = i1;
+  rb.M = int(G * n_i);
+  rb.causal = p.causal;
+  rb.q.resize(size_t(rb.M) * D);
+  rb.qs.resize(size_t(rb.M) * nb);
+  rb.m.resize(rb.M);
+  rb.l.resize(rb.M);
+  rb.acc.resize(size_t(rb.M) * D);
+  rb.limit.resize(rb.M);
+  rb.mask_off.resize(rb.M);
+  float row[kMaxHeadDim];
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t h = hkv * G + g;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t m = g * n_i + (i - i0);
+      const int64_t src = ((b * p.Hq + h) * p.Sq + i) * D;
+      if (p.half) {
+        const uint16_t* x = static_cast<const uint16_t*>(p.q) + src;
+        for (int d = 0; d < D; ++d) row[d] = half_to_float(x[d]);
+      } else {
+        std::memcpy(row, static_cast<const float*>(p.q) + src, sizeof(float) * D);
+      }
+      for (int blk = 0; blk < nb; ++blk)
+        rb.qs[m * nb + blk] = quantize_q8_block_f32(row + blk * kBlock, rb.q.data() + m * D + blk * kBlock) *
+                              p.scale * kLog2e;
+      rb.limit[m] = std::clamp<int64_t>(p.Sk - p.Sq + i + 1, 0, p.Sk);
+      rb.mask_off[m] = b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2];
+    }
+  }
+  rb.reset_state(D);
+}
+
+void store_rows(const AttentionParams& p, const RowBlock& rb) {
+  const int D = p.D;
+  const int64_t G = p.group(), n_i = rb.i1 - rb.i0;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t h = rb.hkv * G + g;
+    for (int64_t i = rb.i0; i < rb.i1; ++i) {
+      const int64_t m = g * n_i + (i - rb.i0);
+      const int64_t dst = ((rb.b * p.Hq + h) * p.Sq + i) * D;
+      const float l = rb.l[m];
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const float* a = rb.acc.data() + m * D;
+      if (p.half) {
+        uint16_t* o = static_cast<uint16_t*>(p.out) + dst;
+        for (int d = 0; d < D; ++d) o[d] = float_to_half(a[d] * inv);
+      } else {
+        float* o = static_cast<float*>(p.out) + dst;
+        for (int d = 0; d < D; ++d) o[d] = a[d] * inv;
+      }
+    }
+  }
+}
+
+AttendKv kv_view(const AttentionParams& p, int64_t b, int64_t hkv) {
+  const int D = p.D, nb = D / kBlock;
+  const int64_t bh = b * p.Hkv + hkv;
+  AttendKv kv;
+  kv.k = p.k + bh * p.Sk * D;
+  kv.ks = p.k_scales + bh * p.Sk * nb;
+  kv.format = p.v_format;
+  kv.v_half = p.half;
+  switch (p.v_format) {
+    case VFormat::kFloat:
+      kv.v = p.half ? static_cast<const void*>(static_cast<const uint16_t*>(p.v) + bh * p.Sk * D)
+                    : static_cast<const void*>(static_cast<const float*>(p.v) + bh * p.Sk * D);
+      break;
+    case VFormat::kQ8_0:
+      kv.v = static_cast<const int8_t*>(p.v) + bh * p.Sk * D;
+      break;
+    case VFormat::kQ4_0:
+      kv.v = static_cast<const uint8_t*>(p.v) + bh * p.Sk * (D / 2);
+      break;
+  }
+  if (p.v_scales) kv.vs = p.v_scales + bh * p.Sk * nb;
+  return kv;
+}
+
+AttendMask mask_view(const AttentionParams& p) {
+  AttendMask m;
+  m.kind = p.mask_kind;
+  m.half = p.half;
+  m.base = p.mask;
+  m.stride_j = p.mask_stride[3];
+  return m;
+}
+
+}  // namespace dot4attn

@@ -1,0 +1,47 @@
+// Everything a Dot4Attention launch needs, for every backend, after validation (attention_op.cc).
+// All tensors are dense row-major [B, H, S, X]; offsets are 64-bit.
+#pragma once
+#include <cstdint>
+
+#include "common/formats.h"
+
+namespace dot4attn {
+
+enum class Route { kAuto, kPrefill, kDecode, kSplitK };
+enum class MaskKind { kNone, kBool, kAdditive };
+
+struct AttentionParams {
+  int64_t B = 0, Hq = 0, Hkv = 0, Sq = 0, Sk = 0;
+  int D = 0;
+  float scale = 1.f;       // softmax scale (attribute `scale`, default 1/sqrt(D))
+  bool causal = true;      // bottom-right aligned: row i sees key j iff j <= Sk - Sq + i
+  bool half = false;       // T = float16 (query, output, float V, additive mask); else float32
+  VFormat v_format = VFormat::kFloat;
+
+  const void* q = nullptr;          // T [B, Hq, Sq, D]
+  const int8_t* k = nullptr;        // int8 [B, Hkv, Sk, D]
+  const uint16_t* k_scales = nullptr;  // fp16 bits [B, Hkv, Sk, D/32]
+  const void* v = nullptr;          // T [B,Hkv,Sk,D] | int8 [B,Hkv,Sk,D] | uint8 [B,Hkv,Sk,D/2]
+  const uint16_t* v_scales = nullptr;  // fp16 bits [B, Hkv, Sk, D/32] (quantized V only)
+
+  MaskKind mask_kind = MaskKind::kNone;
+  const void* mask = nullptr;       // bool (uint8) or T, broadcast to [B, Hq, Sq, Sk] by the strides below
+  int64_t mask_stride[4] = {0, 0, 0, 0};  // element strides for b, h, i, j (0 where broadcast)
+
+  void* out = nullptr;              // T [B, Hq, Sq, D]
+
+  Route route = Route::kAuto;       // resolved (never kAuto) when a backend is called
+  int64_t n_splits = 1;             // split_k only: key splits per (b, kv head)
+
+  int64_t group() const { return Hq / Hkv; }
+};
+
+// Picks the route for `auto`: Sq > 8 -> prefill; Sq <= 8 and Sk < split_k_min_keys -> decode; else split_k.
+Route choose_route(const AttentionParams& p, int64_t split_k_min_keys);
+
+// FlashDecoding split count: enough (b, kv head, split) work items to fill `parallel_units` x `waves`,
+// never splits shorter than `min_keys_per_split` keys. Sized by the valid key length Sk.
+int64_t choose_splits(int64_t batch_heads, int64_t sk, int64_t parallel_units, int64_t waves,
+                      int64_t min_keys_per_split);
+
+}  // namespace dot4attn

@@ -1,0 +1,49 @@
+// Errors that reach the user as ONNX Runtime errors. Every message names the op, the input or attribute, and
+// what was expected versus what came, e.g.
+//   Dot4Attention: input 'value' (3): expected dtype int8 for v_format 'q8_0', got float32
+#pragma once
+#include <cstdint>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <onnxruntime_c_api.h>
+
+namespace dot4attn {
+
+struct OpError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+template <typename... Args>
+[[noreturn]] void fail(const char* op, Args&&... parts) {
+  std::ostringstream s;
+  s << op << ": ";
+  (s << ... << parts);
+  throw OpError(s.str());
+}
+
+inline std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+inline const char* dtype_name(ONNXTensorElementDataType t) {
+  switch (t) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return "float32";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return "float16";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: return "bfloat16";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE: return "float64";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8: return "int8";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8: return "uint8";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT16: return "int16";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: return "int32";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: return "int64";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL: return "bool";
+    default: return "another dtype";
+  }
+}
+
+}  // namespace dot4attn

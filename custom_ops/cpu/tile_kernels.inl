@@ -1,0 +1,383 @@
+// The CPU attention tile kernel, written once and compiled per ISA (isa_scalar.cc, isa_avx2.cc,
+// isa_avx512vnni.cc include it inside their own namespace). Structure, per tile of NK keys:
+//   1. Q·K: int32 dot4 per 32-block (VNNI vpdpbusd / AVX2 maddubs / scalar), scaled per block, summed in f32.
+//   2. masks: only on tiles that need them (causal tail, explicit masks); prefix tiles skip every check.
+//   3. online softmax in base 2 (scales were folded with log2(e) when Q was quantized).
+//   4. P·V: V dequantized on the fly (f32, f16, q8_0, q4_0), register-blocked over rows.
+
+constexpr int NK = 64;  // keys per tile
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// ------------------------------------------------------------------------------------------------------------
+// SIMD layer: a float vector of W lanes and the few loads the kernels need.
+#if defined(__AVX512F__)
+constexpr int W = 16;
+using vf = __m512;
+static inline vf vzero() { return _mm512_setzero_ps(); }
+static inline vf vset1(float x) { return _mm512_set1_ps(x); }
+static inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
+static inline void vstore(float* p, vf v) { _mm512_storeu_ps(p, v); }
+static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vload_h(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+static inline vf vload_i8(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+// 8 bytes of q4_0 -> 16 values (u - 8): interleave low/high nibbles back into element order.
+static inline vf vload_q4(const uint8_t* p) {
+  const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m128i lo = _mm_and_si128(w, _mm_set1_epi16(0x0f));
+  const __m128i hi = _mm_srli_epi16(w, 4);
+  const __m128i bytes = _mm_or_si128(lo, _mm_slli_epi16(hi, 8));
+  return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(bytes), _mm512_set1_epi32(8)));
+}
+#elif defined(__AVX2__)
+constexpr int W = 8;
+using vf = __m256;
+static inline vf vzero() { return _mm256_setzero_ps(); }
+static inline vf vset1(float x) { return _mm256_set1_ps(x); }
+static inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
+static inline void vstore(float* p, vf v) { _mm256_storeu_ps(p, v); }
+static inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+static inline vf vload_h(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+static inline vf vload_i8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+static inline vf vload_q4(const uint8_t* p) {  // 4 bytes -> 8 values
+  int32_t raw;
+  std::memcpy(&raw, p, 4);
+  const __m128i w = _mm_cvtepu8_epi16(_mm_cvtsi32_si128(raw));
+  const __m128i lo = _mm_and_si128(w, _mm_set1_epi16(0x0f));
+  const __m128i hi = _mm_srli_epi16(w, 4);
+  const __m128i bytes = _mm_or_si128(lo, _mm_slli_epi16(hi, 8));
+  return _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(bytes), _mm256_set1_epi32(8)));
+}
+#else
+// Portable: a 4-lane struct the compiler may or may not vectorise; no ISA intrinsics.
+constexpr int W = 4;
+struct vf {
+  float x[4];
+};
+static inline vf vzero() { return vf{{0.f, 0.f, 0.f, 0.f}}; }
+static inline vf vset1(float a) { return vf{{a, a, a, a}}; }
+static inline vf vload(const float* p) { return vf{{p[0], p[1], p[2], p[3]}}; }
+static inline void vstore(float* p, vf v) { std::memcpy(p, v.x, sizeof(v.x)); }
+static inline vf vfma(vf a, vf b, vf c) {
+  for (int i = 0; i < 4; ++i) c.x[i] = a.x[i] * b.x[i] + c.x[i];
+  return c;
+}
+static inline vf vmul(vf a, vf b) {
+  for (int i = 0; i < 4; ++i) a.x[i] *= b.x[i];
+  return a;
+}
+static inline vf vload_h(const uint16_t* p) {
+  return vf{{half_to_float(p[0]), half_to_float(p[1]), half_to_float(p[2]), half_to_float(p[3])}};
+}
+static inline vf vload_i8(const int8_t* p) { return vf{{float(p[0]), float(p[1]), float(p[2]), float(p[3])}}; }
+static inline vf vload_q4(const uint8_t* p) {  // 2 bytes -> 4 values
+  return vf{{float((p[0] & 15) - 8), float((p[0] >> 4) - 8), float((p[1] & 15) - 8), float((p[1] >> 4) - 8)}};
+}
+#endif
+
+// float16 bits -> float32 for n contiguous values.
+static inline void halves_to_floats(const uint16_t* src, float* dst, int n) {
+  int i = 0;
+#if defined(__AVX512F__) || defined(__AVX2__)
+  for (; i + W <= n; i += W) vstore(dst + i, vload_h(src + i));
+#endif
+  for (; i < n; ++i) dst[i] = half_to_float(src[i]);
+}
+
+// 2^x in place for x <= 0 (-inf -> 0). Degree-7 Taylor on [-0.5, 0.5] after rounding: rel. error < 3e-9.
+static inline void exp2_inplace(float* x, int n) {
+  int i = 0;
+#if defined(__AVX512F__)
+  for (; i + W <= n; i += W) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    const __mmask16 dead = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-126.f), _CMP_LT_OQ);
+    const __m512 c = _mm512_max_ps(v, _mm512_set1_ps(-126.f));
+    const __m512 r = _mm512_roundscale_ps(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(c, r);
+    __m512 p = _mm512_set1_ps(1.5252733804e-5f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393e-4f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108665e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650696e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718056e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+    _mm512_storeu_ps(x + i, _mm512_maskz_mov_ps(_knot_mask16(dead), _mm512_scalef_ps(p, r)));
+  }
+#elif defined(__AVX2__)
+  for (; i + W <= n; i += W) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 alive = _mm256_cmp_ps(v, _mm256_set1_ps(-126.f), _CMP_GE_OQ);
+    const __m256 c = _mm256_max_ps(v, _mm256_set1_ps(-126.f));
+    const __m256 r = _mm256_round_ps(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_sub_ps(c, r);
+    __m256 p = _mm256_set1_ps(1.5252733804e-5f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.5403530393e-4f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108665e-2f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650696e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718056e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(r), _mm256_set1_epi32(127)), 23);
+    _mm256_storeu_ps(x + i, _mm256_and_ps(alive, _mm256_mul_ps(p, _mm256_castsi256_ps(e))));
+  }
+#endif
+  for (; i < n; ++i) x[i] = std::exp2(x[i]);
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Q·K for one tile: logits[m * NK + j] = sum_b qs[m][b] * ks[j][b] * dot(q[m, b], k[j, b]).
+#if defined(__AVX512VNNI__)
+// vpdpbusd multiplies unsigned by signed bytes: feed q + 128 (q xor 0x80) as the unsigned side and start each
+// accumulator at -128 * sum(k) (per 4-byte lane, computed once per key and shared by every row).
+static void qk_tile(const AttendRows& r, const int8_t* k, const float* ksf, int nk, float* logits) {
+  const int D = r.D, nb = D / kBlock, n64 = D / 64;
+  const bool tail = (D % 64) != 0;  // one trailing 32-byte block
+  __m512i corr[NK][4];
+  __m512 ksv[NK][4];
+  __m256i corr_t[NK];
+  const __m512i c128 = _mm512_set1_epi8(char(0x80));
+  for (int j = 0; j < nk; ++j) {
+    const int8_t* kj = k + int64_t(j) * D;
+    for (int c = 0; c < n64; ++c) {
+      const __m512i kv = _mm512_loadu_si512(kj + c * 64);
+      corr[j][c] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, kv));
+      ksv[j][c] = _mm512_insertf32x8(_mm512_set1_ps(ksf[j * nb + 2 * c]), _mm256_set1_ps(ksf[j * nb + 2 * c + 1]), 1);
+    }
+    if (tail) {
+      const __m256i kv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kj + n64 * 64));
+      corr_t[j] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                   _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(char(0x80)), kv));
+    }
+  }
+  for (int m = 0; m < r.M; ++m) {
+    const int8_t* qm = r.q + int64_t(m) * D;
+    const float* qsm = r.qs + int64_t(m) * nb;
+    __m512i qu[4];
+    __m512 qsv[4];
+    for (int c = 0; c < n64; ++c) {
+      qu[c] = _mm512_xor_si512(_mm512_loadu_si512(qm + c * 64), c128);
+      qsv[c] = _mm512_insertf32x8(_mm512_set1_ps(qsm[2 * c]), _mm256_set1_ps(qsm[2 * c + 1]), 1);
+    }
+    __m256i qu_t = _mm256_setzero_si256();
+    if (tail)
+      qu_t = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qm + n64 * 64)),
+                              _mm256_set1_epi8(char(0x80)));
+    float* out = logits + int64_t(m) * NK;
+    for (int j = 0; j < nk; ++j) {
+      const int8_t* kj = k + int64_t(j) * D;
+      __m512 acc = _mm512_setzero_ps();
+      for (int c = 0; c < n64; ++c) {
+        const __m512i dp = _mm512_dpbusd_epi32(corr[j][c], qu[c], _mm512_loadu_si512(kj + c * 64));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), _mm512_mul_ps(qsv[c], ksv[j][c]), acc);
+      }
+      float s = _mm512_reduce_add_ps(acc);
+      if (tail) {
+        const __m256i dp = _mm256_dpbusd_epi32(
+            corr_t[j], qu_t, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kj + n64 * 64)));
+        const __m256 f = _mm256_cvtepi32_ps(dp);
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_add_ss(h, _mm_movehdup_ps(h));
+        s += _mm_cvtss_f32(h) * (qsm[nb - 1] * ksf[j * nb + nb - 1]);
+      }
+      out[j] = s;
+    }
+  }
+}
+#elif defined(__AVX2__)
+// maddubs multiplies unsigned by signed bytes too: use |q| and k * sign(q). |q|, |k| <= 127, so the pairwise
+// int16 sums (<= 2 * 127 * 127) never saturate.
+static void qk_tile(const AttendRows& r, const int8_t* k, const float* ksf, int nk, float* logits) {
+  const int D = r.D, nb = D / kBlock;
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int m = 0; m < r.M; ++m) {
+    const int8_t* qm = r.q + int64_t(m) * D;
+    const float* qsm = r.qs + int64_t(m) * nb;
+    __m256i qv[8], qa[8];
+    for (int b = 0; b < nb; ++b) {
+      qv[b] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qm + b * kBlock));
+      qa[b] = _mm256_abs_epi8(qv[b]);
+    }
+    float* out = logits + int64_t(m) * NK;
+    for (int j = 0; j < nk; ++j) {
+      const int8_t* kj = k + int64_t(j) * D;
+      __m256 acc = _mm256_setzero_ps();
+      for (int b = 0; b < nb; ++b) {
+        const __m256i kv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kj + b * kBlock));
+        const __m256i prod = _mm256_madd_epi16(_mm256_maddubs_epi16(qa[b], _mm256_sign_epi8(kv, qv[b])), ones);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod), _mm256_set1_ps(qsm[b] * ksf[j * nb + b]), acc);
+      }
+      __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+      h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+      h = _mm_add_ss(h, _mm_movehdup_ps(h));
+      out[j] = _mm_cvtss_f32(h);
+    }
+  }
+}
+#else
+static void qk_tile(const AttendRows& r, const int8_t* k, const float* ksf, int nk, float* logits) {
+  const int D = r.D, nb = D / kBlock;
+  for (int m = 0; m < r.M; ++m) {
+    const int8_t* qm = r.q + int64_t(m) * D;
+    const float* qsm = r.qs + int64_t(m) * nb;
+    for (int j = 0; j < nk; ++j) {
+      const int8_t* kj = k + int64_t(j) * D;
+      float s = 0.f;
+      for (int b = 0; b < nb; ++b) {
+        int32_t dot = 0;
+        for (int e = 0; e < kBlock; ++e) dot += int32_t(qm[b * kBlock + e]) * int32_t(kj[b * kBlock + e]);
+        s += float(dot) * (qsm[b] * ksf[j * nb + b]);
+      }
+      logits[int64_t(m) * NK + j] = s;
+    }
+  }
+}
+#endif
+
+// ------------------------------------------------------------------------------------------------------------
+// P·V: acc[m][:] += sum_j p[m][j] * V[j][:], V dequantized once per (chunk of W dims, key) and reused by MR rows
+// held in registers.
+enum VKind { kVF32, kVF16, kVQ8, kVQ4 };
+
+template <int KIND>
+static inline vf load_v(const void* v, const float* vsf, int64_t j, int d0, int D) {
+  if (KIND == kVF32) return vload(static_cast<const float*>(v) + j * D + d0);
+  if (KIND == kVF16) return vload_h(static_cast<const uint16_t*>(v) + j * D + d0);
+  const float s = vsf[j * (D / kBlock) + d0 / kBlock];
+  if (KIND == kVQ8) return vmul(vload_i8(static_cast<const int8_t*>(v) + j * D + d0), vset1(s));
+  return vmul(vload_q4(static_cast<const uint8_t*>(v) + j * (D / 2) + d0 / 2), vset1(s));
+}
+
+template <int KIND, int MR>
+static inline void pv_rows(const float* p, int m0, const void* v, const float* vsf, int nk, int D, float* acc) {
+  for (int d0 = 0; d0 < D; d0 += W) {
+    vf a[MR];
+    for (int r = 0; r < MR; ++r) a[r] = vload(acc + int64_t(m0 + r) * D + d0);
+    for (int j = 0; j < nk; ++j) {
+      const vf x = load_v<KIND>(v, vsf, j, d0, D);
+      for (int r = 0; r < MR; ++r) a[r] = vfma(vset1(p[int64_t(m0 + r) * NK + j]), x, a[r]);
+    }
+    for (int r = 0; r < MR; ++r) vstore(acc + int64_t(m0 + r) * D + d0, a[r]);
+  }
+}
+
+template <int KIND>
+static void pv_tile(const float* p, int M, const void* v, const float* vsf, int nk, int D, float* acc) {
+  int m0 = 0;
+  for (; m0 + 8 <= M; m0 += 8) pv_rows<KIND, 8>(p, m0, v, vsf, nk, D, acc);
+  switch (M - m0) {
+    case 7: pv_rows<KIND, 7>(p, m0, v, vsf, nk, D, acc); break;
+    case 6: pv_rows<KIND, 6>(p, m0, v, vsf, nk, D, acc); break;
+    case 5: pv_rows<KIND, 5>(p, m0, v, vsf, nk, D, acc); break;
+    case 4: pv_rows<KIND, 4>(p, m0, v, vsf, nk, D, acc); break;
+    case 3: pv_rows<KIND, 3>(p, m0, v, vsf, nk, D, acc); break;
+    case 2: pv_rows<KIND, 2>(p, m0, v, vsf, nk, D, acc); break;
+    case 1: pv_rows<KIND, 1>(p, m0, v, vsf, nk, D, acc); break;
+    default: break;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Masks of one tile (keys k0 .. k0+nk) for the rows that need them.
+static void mask_tile(const AttendRows& r, const AttendMask& mask, int64_t k0, int nk, float* logits) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  for (int m = 0; m < r.M; ++m) {
+    float* row = logits + int64_t(m) * NK;
+    if (r.k_limit) {
+      const int64_t visible = std::clamp<int64_t>(r.k_limit[m] - k0, 0, nk);
+      for (int j = int(visible); j < nk; ++j) row[j] = kNegInf;
+    }
+    if (mask.kind == MaskKind::kNone) continue;
+    const int64_t off = r.mask_off[m] + k0 * mask.stride_j;
+    if (mask.kind == MaskKind::kBool) {
+      const uint8_t* mb = static_cast<const uint8_t*>(mask.base) + off;
+      for (int j = 0; j < nk; ++j)
+        if (!mb[j * mask.stride_j]) row[j] = kNegInf;
+    } else if (mask.half) {
+      const uint16_t* mh = static_cast<const uint16_t*>(mask.base) + off;
+      for (int j = 0; j < nk; ++j) row[j] += half_to_float(mh[j * mask.stride_j]) * kLog2e;
+    } else {
+      const float* mf = static_cast<const float*>(mask.base) + off;
+      for (int j = 0; j < nk; ++j) row[j] += mf[j * mask.stride_j] * kLog2e;
+    }
+  }
+}
+
+// Online softmax over one tile: logits -> p (in place); rescales the state's l and acc when the max moves.
+static void softmax_tile(int M, int D, int nk, float* logits, AttendState& st) {
+  for (int m = 0; m < M; ++m) {
+    float* row = logits + int64_t(m) * NK;
+    float mx = kNegInf;
+    for (int j = 0; j < nk; ++j) mx = std::max(mx, row[j]);
+    const float m_old = st.m[m];
+    const float m_new = std::max(m_old, mx);
+    if (m_new == kNegInf) {  // nothing visible to this row yet
+      std::fill(row, row + nk, 0.f);
+      continue;
+    }
+    for (int j = 0; j < nk; ++j) row[j] -= m_new;
+    exp2_inplace(row, nk);
+    float sum = 0.f;
+    for (int j = 0; j < nk; ++j) sum += row[j];
+    if (m_new != m_old) {
+      const float alpha = m_old == kNegInf ? 0.f : std::exp2(m_old - m_new);
+      float* a = st.acc + int64_t(m) * D;
+      for (int d = 0; d < D; ++d) a[d] *= alpha;
+      st.l[m] *= alpha;
+      st.m[m] = m_new;
+    }
+    st.l[m] += sum;
+  }
+}
+
+static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& mask, int64_t k_begin,
+                   int64_t k_end, AttendState& st) {
+  const int D = r.D, nb = D / kBlock, M = r.M;
+  thread_local std::vector<float> logits_buf, ksf_buf, vsf_buf;
+  logits_buf.resize(size_t(M) * NK);
+  ksf_buf.resize(size_t(NK) * nb);
+  vsf_buf.resize(size_t(NK) * nb);
+  float* logits = logits_buf.data();
+  float* ksf = ksf_buf.data();
+  float* vsf = vsf_buf.data();
+  // Tiles that end at or before every row's causal limit, without an explicit mask, need no masking at all.
+  int64_t clean_end = k_end;
+  if (r.k_limit) {
+    for (int m = 0; m < M; ++m) clean_end = std::min(clean_end, r.k_limit[m]);
+  }
+  const bool has_mask = mask.kind != MaskKind::kNone;
+  const int kind = kv.format == VFormat::kQ8_0 ? kVQ8 : kv.format == VFormat::kQ4_0 ? kVQ4 : kv.v_half ? kVF16 : kVF32;
+  const int64_t v_row_elems = kv.format == VFormat::kQ4_0 ? D / 2 : D;
+  const size_t v_elem_bytes = kind == kVF32 ? 4 : kind == kVF16 ? 2 : 1;
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += NK) {
+    const int nk = int(std::min<int64_t>(NK, k_end - k0));
+    halves_to_floats(kv.ks + k0 * nb, ksf, nk * nb);
+    qk_tile(r, kv.k + k0 * D, ksf, nk, logits);
+    if (has_mask || k0 + nk > clean_end) mask_tile(r, mask, k0, nk, logits);
+    softmax_tile(M, D, nk, logits, st);
+    const void* vt = static_cast<const char*>(kv.v) + k0 * v_row_elems * v_elem_bytes;
+    switch (kind) {
+      case kVF32: pv_tile<kVF32>(logits, M, vt, nullptr, nk, D, st.acc); break;
+      case kVF16: pv_tile<kVF16>(logits, M, vt, nullptr, nk, D, st.acc); break;
+      case kVQ8:
+        halves_to_floats(kv.vs + k0 * nb, vsf, nk * nb);
+        pv_tile<kVQ8>(logits, M, vt, vsf, nk, D, st.acc);
+        break;
+      default:
+        halves_to_floats(kv.vs + k0 * nb, vsf, nk * nb);
+        pv_tile<kVQ4>(logits, M, vt, vsf, nk, D, st.acc);
+        break;
+    }
+  }
+}

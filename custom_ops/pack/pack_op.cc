@@ -1,0 +1,135 @@
+// PackK / PackV: the op structs (validation, output allocation, dispatch to the CPU or GPU launcher).
+#include "pack/pack_op.h"
+
+#include "common/errors.h"
+#include "common/kernel_io.h"
+#include "common/ort_api.h"
+#include "pack/pack_params.h"
+
+namespace dot4attn {
+namespace {
+
+constexpr auto F32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+constexpr auto F16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+constexpr auto I8 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
+constexpr auto ANY = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+
+class PackKernel : public Kernel {
+ public:
+  PackKernel(const char* op, QFormat format, Ep ep) : op_(op), format_(format), ep_(ep) {}
+
+  void compute(OrtKernelContext* ctx) override {
+    const TensorIn x = get_input(ctx, 0);
+    if (x.type != F32 && x.type != F16)
+      fail(op_, "input 'X' (0): expected dtype float32 or float16, got ", dtype_name(x.type));
+    if (x.shape.size() != 4)
+      fail(op_, "input 'X' (0): expected rank 4 [B, H, S, D], got shape ", shape_str(x.shape));
+    const int64_t d = x.shape[3];
+    if (!head_dim_ok(d))
+      fail(op_, "input 'X' (0): head dim D must be a multiple of 32 in [32, 256], got ", d, " (shape ",
+           shape_str(x.shape), ")");
+    std::vector<int64_t> payload_shape = x.shape, scales_shape = x.shape;
+    if (format_ == QFormat::kQ4_0) payload_shape[3] = d / 2;
+    scales_shape[3] = d / kBlock;
+    PackParams p;
+    p.x = x.data;
+    p.x_is_f16 = x.type == F16;
+    p.rows = x.numel() / d;
+    p.d = int(d);
+    p.format = format_;
+    p.payload = get_output(ctx, 0, payload_shape);
+    p.scales = static_cast<uint16_t*>(get_output(ctx, 1, scales_shape));
+    if (p.rows == 0) return;
+    if (ep_ == Ep::kCpu) {
+      pack_cpu(p, ctx);
+    } else {
+#if defined(DOT4ATTN_WITH_GPU)
+      pack_gpu(p, gpu_stream(ctx));
+#else
+      fail(op_, "this build of dot4attn has no GPU kernels");
+#endif
+    }
+  }
+
+ private:
+  const char* op_;
+  QFormat format_;
+  Ep ep_;
+};
+
+Kernel* create_pack_k(const OrtKernelInfo*, Ep ep) { return new PackKernel("PackK", QFormat::kQ8_0, ep); }
+
+Kernel* create_pack_v(const OrtKernelInfo* info, Ep ep) {
+  const std::string f = attr_string(info, "format", "q8_0");
+  QFormat format;
+  if (f == "q8_0") {
+    format = QFormat::kQ8_0;
+  } else if (f == "q4_0") {
+    format = QFormat::kQ4_0;
+  } else {
+    fail("PackV", "attribute 'format': expected 'q8_0' or 'q4_0', got '", f, "'");
+  }
+  return new PackKernel("PackV", format, ep);
+}
+
+// Output shapes: payload [B, H, S, D] (D/2 for q4_0), scales [B, H, S, D/32].
+void infer_pack(OrtShapeInferContext* ctx, bool is_v) {
+  OrtTensorTypeAndShapeInfo* in = nullptr;
+  check_status(ort().ShapeInferContext_GetInputTypeShape(ctx, 0, &in));
+  size_t rank = 0;
+  check_status(ort().GetDimensionsCount(in, &rank));
+  if (rank != 4) return;  // the kernel reports the error with the real shape
+  std::vector<int64_t> dims(rank);
+  std::vector<const char*> sym(rank);
+  check_status(ort().GetDimensions(in, dims.data(), rank));
+  check_status(ort().GetSymbolicDimensions(in, sym.data(), rank));
+  bool q4 = false;
+  if (is_v) {
+    const OrtOpAttr* attr = nullptr;
+    if (OrtStatus* st = ort().ShapeInferContext_GetAttribute(ctx, "format", &attr)) {
+      ort().ReleaseStatus(st);
+    } else {
+      char buf[16] = {0};
+      size_t len = 0;
+      if (OrtStatus* st2 = ort().ReadOpAttr(attr, ORT_OP_ATTR_STRING, buf, sizeof(buf) - 1, &len)) {
+        ort().ReleaseStatus(st2);
+      }
+      q4 = std::string(buf) == "q4_0";
+    }
+  }
+  for (int out = 0; out < 2; ++out) {
+    std::vector<int64_t> od = dims;
+    std::vector<const char*> os = sym;
+    const int64_t div = out == 1 ? kBlock : (q4 ? 2 : 1);
+    if (div != 1) {
+      os[3] = "";
+      od[3] = dims[3] > 0 ? dims[3] / div : -1;
+      if (od[3] < 0) return;  // symbolic head dim: leave the shape to run time
+    }
+    OrtTensorTypeAndShapeInfo* info = nullptr;
+    check_status(ort().CreateTensorTypeAndShapeInfo(&info));
+    check_status(ort().SetTensorElementType(info, out == 0 ? (q4 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : I8) : F16));
+    check_status(ort().SetDimensions(info, od.data(), od.size()));
+    check_status(ort().SetSymbolicDimensions(info, os.data(), os.size()));
+    OrtStatus* st = ort().ShapeInferContext_SetOutputTypeShape(ctx, out, info);
+    ort().ReleaseTensorTypeAndShapeInfo(info);
+    check_status(st);
+  }
+}
+
+}  // namespace
+
+std::vector<OpSpec> pack_op_specs() {
+  std::vector<OpSpec> specs;
+  for (auto t : {F32, F16}) {
+    specs.push_back({"PackK", {{t}}, {{I8}, {F16}}, create_pack_k,
+                     [](OrtShapeInferContext* c) { infer_pack(c, false); }});
+    // PackV's payload dtype follows the `format` attribute (int8 for q8_0, uint8 for q4_0), so it is declared
+    // as any type; optional keeps ORT from tying it to the input's type.
+    specs.push_back({"PackV", {{t}}, {{ANY, true}, {F16}}, create_pack_v,
+                     [](OrtShapeInferContext* c) { infer_pack(c, true); }});
+  }
+  return specs;
+}
+
+}  // namespace dot4attn

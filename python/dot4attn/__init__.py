@@ -1,0 +1,45 @@
+"""dot4attn: int8-dot4 FlashAttention custom ops for ONNX Runtime, with a packed (int8 + fp16 scale) KV cache.
+
+    import onnxruntime as ort, dot4attn
+    so = ort.SessionOptions()
+    dot4attn.register(so)              # loads libdot4attn_ops.so (CPU; CUDA/ROCm kernels when built)
+    sess = ort.InferenceSession("model.onnx", so)
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+__version__ = "0.1.0"
+DOMAIN = "dot4attn"
+_LIB_NAME = "libdot4attn_ops.so"
+
+
+def get_library_path() -> str:
+    """Path of the op library: $DOT4ATTN_LIBRARY if set, else the one installed with this package."""
+    env = os.environ.get("DOT4ATTN_LIBRARY")
+    if env:
+        if not Path(env).is_file():
+            raise FileNotFoundError(f"DOT4ATTN_LIBRARY={env} does not exist")
+        return env
+    here = Path(__file__).resolve().parent
+    for cand in (here / "lib" / _LIB_NAME, here / _LIB_NAME):
+        if cand.is_file():
+            return str(cand)
+    raise FileNotFoundError(
+        f"{_LIB_NAME} not found next to {here}: install the package with `pip install .` "
+        "(it builds the library) or point DOT4ATTN_LIBRARY at a build of it")
+
+
+def register(session_options) -> None:
+    """Registers the dot4attn ops (domain 'dot4attn') on an onnxruntime.SessionOptions."""
+    session_options.register_custom_ops_library(get_library_path())
+
+
+def build_info() -> dict[str, str]:
+    """Facts the library reports about itself: version, chosen CPU ISA, supported ISAs, GPU backend."""
+    lib = ctypes.CDLL(get_library_path())
+    lib.dot4attn_build_info.restype = ctypes.c_char_p
+    raw = lib.dot4attn_build_info().decode()
+    return dict(kv.split("=", 1) for kv in raw.split(";"))

@@ -1,0 +1,103 @@
+"""Builders of one-op ONNX models for the dot4attn ops (tests, benchmarks, examples), and a session helper."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from . import DOMAIN, register
+
+_NP2ONNX = {
+    np.dtype(np.float32): TensorProto.FLOAT,
+    np.dtype(np.float16): TensorProto.FLOAT16,
+    np.dtype(np.int8): TensorProto.INT8,
+    np.dtype(np.uint8): TensorProto.UINT8,
+    np.dtype(np.bool_): TensorProto.BOOL,
+}
+OPSET = 17
+
+
+def onnx_dtype(dtype) -> int:
+    return _NP2ONNX[np.dtype(dtype)]
+
+
+def _model(nodes, inputs, outputs) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "dot4attn_op", inputs, outputs)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)])
+    model.ir_version = 9
+    return model
+
+
+def _vi(name: str, dtype, rank: int, prefix: str):
+    return helper.make_tensor_value_info(name, onnx_dtype(dtype), [f"{prefix}{i}" for i in range(rank)])
+
+
+def pack_model(op: str = "PackK", x_dtype=np.float32, fmt: str | None = None) -> onnx.ModelProto:
+    """X [B, H, S, D] -> payload, scales (PackK, or PackV with format `fmt`)."""
+    attrs = {"format": fmt} if (op == "PackV" and fmt is not None) else {}
+    node = helper.make_node(op, ["X"], ["payload", "scales"], domain=DOMAIN, **attrs)
+    payload_t = np.uint8 if (op == "PackV" and fmt == "q4_0") else np.int8
+    return _model([node], [_vi("X", x_dtype, 4, "x")],
+                  [_vi("payload", payload_t, 4, "p"), _vi("scales", np.float16, 4, "s")])
+
+
+def attention_model(dtype=np.float32, v_format: str = "float", mask_dtype=None, *, scale: float | None = None,
+                    causal: int = 1, route: str = "auto", split_k_min_keys: int | None = None,
+                    with_v_scales: bool | None = None) -> onnx.ModelProto:
+    """One Dot4Attention node with graph inputs query, k_payload, k_scales, value[, v_scales][, attn_mask]."""
+    v_dtype = {"float": dtype, "q8_0": np.int8, "q4_0": np.uint8}.get(v_format, dtype)
+    if with_v_scales is None:
+        with_v_scales = v_format != "float"
+    inputs = [_vi("query", dtype, 4, "q"), _vi("k_payload", np.int8, 4, "k"), _vi("k_scales", np.float16, 4, "ks"),
+              _vi("value", v_dtype, 4, "v")]
+    names = ["query", "k_payload", "k_scales", "value"]
+    if with_v_scales:
+        inputs.append(_vi("v_scales", np.float16, 4, "vs"))
+        names.append("v_scales")
+    elif mask_dtype is not None:
+        names.append("")
+    if mask_dtype is not None:
+        inputs.append(_vi("attn_mask", mask_dtype, 4, "m"))
+        names.append("attn_mask")
+    attrs = {"causal": causal, "v_format": v_format, "route": route}
+    if scale is not None:
+        attrs["scale"] = float(scale)
+    if split_k_min_keys is not None:
+        attrs["split_k_min_keys"] = int(split_k_min_keys)
+    node = helper.make_node("Dot4Attention", names, ["output"], domain=DOMAIN, **attrs)
+    return _model([node], inputs, [_vi("output", dtype, 4, "o")])
+
+
+def session(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutionProvider",), threads: int = 0):
+    """An InferenceSession with the dot4attn ops registered."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    register(so)
+    if threads:
+        so.intra_op_num_threads = threads
+    so.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), so, providers=list(providers))
+
+
+def run_attention(query, k_payload, k_scales, value, v_scales=None, attn_mask=None, *, v_format="float",
+                  providers=("CPUExecutionProvider",), **attrs) -> np.ndarray:
+    """Runs one Dot4Attention through ONNX Runtime and returns its output."""
+    model = attention_model(query.dtype, v_format, None if attn_mask is None else attn_mask.dtype,
+                            with_v_scales=v_scales is not None, **attrs)
+    feeds = {"query": query, "k_payload": k_payload, "k_scales": k_scales, "value": value}
+    if v_scales is not None:
+        feeds["v_scales"] = v_scales
+    if attn_mask is not None:
+        feeds["attn_mask"] = attn_mask
+    return session(model, providers).run(None, feeds)[0]
+
+
+def run_pack(x: np.ndarray, op: str = "PackK", fmt: str | None = None,
+             providers=("CPUExecutionProvider",)) -> tuple[np.ndarray, np.ndarray]:
+    """Runs PackK / PackV through ONNX Runtime: (payload, scales)."""
+    out = session(pack_model(op, x.dtype, fmt), providers).run(None, {"X": x})
+    return out[0], out[1]

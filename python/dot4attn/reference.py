@@ -1,0 +1,164 @@
+"""The exact math of the dot4attn ops in numpy: the contract of docs/ops.md, executable.
+
+Every kernel (CPU ISAs, CUDA, HIP) is tested against these functions. They favour clarity over speed but stay
+usable for Sk in the tens of thousands (block dot products go through float32 BLAS, which is exact here:
+every partial sum is an integer below 2**24).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+BLOCK = 32
+LOG2E = np.float32(1.4426950408889634)
+
+
+def _check_head_dim(d: int) -> None:
+    if d % BLOCK or not 32 <= d <= 256:
+        raise ValueError(f"head dim D must be a multiple of 32 in [32, 256], got {d}")
+
+
+def _blocks(x: np.ndarray) -> np.ndarray:
+    _check_head_dim(x.shape[-1])
+    return x.astype(np.float32).reshape(*x.shape[:-1], x.shape[-1] // BLOCK, BLOCK)
+
+
+def _quantize(blocks: np.ndarray, qmax: float, lo: float, hi: float, fp16_scale: bool):
+    amax = np.abs(blocks).max(axis=-1)
+    s = (amax / np.float32(qmax)).astype(np.float32)
+    if fp16_scale:
+        s = s.astype(np.float16)
+    sf = s.astype(np.float32)[..., None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(sf == 0, np.float32(0), np.rint(blocks / sf))
+    return np.clip(q, lo, hi), s
+
+
+def pack_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """PackK / PackV q8_0: int8 payload [..., D] and float16 scales [..., D/32]."""
+    q, s = _quantize(_blocks(x), 127.0, -127, 127, fp16_scale=True)
+    return q.astype(np.int8).reshape(x.shape), s
+
+
+def pack_v(x: np.ndarray, fmt: str = "q8_0") -> tuple[np.ndarray, np.ndarray]:
+    """PackV: q8_0 (= pack_k) or q4_0 (uint8 [..., D/2], element 2i in the low nibble)."""
+    if fmt == "q8_0":
+        return pack_k(x)
+    if fmt != "q4_0":
+        raise ValueError(f"PackV format must be 'q8_0' or 'q4_0', got {fmt!r}")
+    q, s = _quantize(_blocks(x), 7.0, -8, 7, fp16_scale=True)
+    u = (q.astype(np.int16) + 8).astype(np.uint8).reshape(*x.shape[:-1], x.shape[-1])
+    return (u[..., 0::2] | (u[..., 1::2] << 4)).astype(np.uint8), s
+
+
+def unpack(payload: np.ndarray, scales: np.ndarray, fmt: str = "q8_0") -> np.ndarray:
+    """float32 values of a packed tensor (q8_0 or q4_0)."""
+    if fmt == "q8_0":
+        q = payload.astype(np.float32)
+    elif fmt == "q4_0":
+        u = np.empty((*payload.shape[:-1], payload.shape[-1] * 2), np.float32)
+        u[..., 0::2] = payload & 0x0F
+        u[..., 1::2] = payload >> 4
+        q = u - 8
+    else:
+        raise ValueError(f"format must be 'q8_0' or 'q4_0', got {fmt!r}")
+    qb = q.reshape(*q.shape[:-1], q.shape[-1] // BLOCK, BLOCK)
+    return (qb * scales.astype(np.float32)[..., None]).reshape(q.shape)
+
+
+def quantize_q(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Dot4Attention's on-the-fly Q quantization: int8 [..., D] and float32 scales [..., D/32]."""
+    qq, s = _quantize(_blocks(q), 127.0, -127, 127, fp16_scale=False)
+    return qq.astype(np.int8).reshape(q.shape), s
+
+
+def choose_route(sq: int, sk: int, split_k_min_keys: int = 2048) -> str:
+    if sq > 8:
+        return "prefill"
+    return "decode" if sk < split_k_min_keys else "split_k"
+
+
+def dot4_logits(query: np.ndarray, k_payload: np.ndarray, k_scales: np.ndarray, scale: float | None = None):
+    """scale * sum_blocks(sq * sk * int32 dot) for every (b, h, i, j): float32 [B, Hq, Sq, Sk]."""
+    B, Hq, Sq, D = query.shape
+    Hkv = k_payload.shape[1]
+    g = Hq // Hkv
+    scale = np.float32(1.0 / np.sqrt(D) if scale is None else scale)
+    q8, qs = quantize_q(query)
+    nb = D // BLOCK
+    qb = q8.reshape(B, Hkv, g * Sq, nb, BLOCK).astype(np.float32)
+    kb = k_payload.reshape(B, Hkv, -1, nb, BLOCK).astype(np.float32)
+    qsg = qs.reshape(B, Hkv, g * Sq, nb)
+    ksf = k_scales.astype(np.float32)
+    Sk = k_payload.shape[2]
+    out = np.zeros((B, Hkv, g * Sq, Sk), np.float32)
+    for n in range(nb):
+        dot = qb[..., n, :] @ np.swapaxes(kb[..., n, :], -1, -2)  # exact integers in float32
+        out += qsg[..., n, None] * ksf[:, :, None, :, n] * dot
+    return (out * scale).reshape(B, Hq, Sq, Sk)
+
+
+def attention(query, k_payload, k_scales, value, v_scales=None, attn_mask=None, *, scale=None, causal=1,
+              v_format="float"):
+    """Dot4Attention's output (dtype of query) for the given packed K and V."""
+    B, Hq, Sq, D = query.shape
+    Hkv, Sk = k_payload.shape[1], k_payload.shape[2]
+    g = Hq // Hkv if Hkv else 1
+    logits = dot4_logits(query, k_payload, k_scales, scale)
+    visible = np.ones((B, Hq, Sq, Sk), bool)
+    if causal:
+        i = np.arange(Sq)[:, None]
+        j = np.arange(Sk)[None, :]
+        visible &= j <= Sk - Sq + i
+    if attn_mask is not None:
+        if attn_mask.dtype == np.bool_:
+            visible &= np.broadcast_to(attn_mask, visible.shape)
+        else:
+            logits = logits + np.broadcast_to(attn_mask.astype(np.float32), logits.shape)
+    logits = np.where(visible, logits, -np.inf)
+    if v_format == "float":
+        vf = value.astype(np.float32)
+    else:
+        vf = unpack(value, v_scales, v_format)
+    vf = np.repeat(vf, g, axis=1) if g > 1 else vf
+    m = logits.max(axis=-1, keepdims=True) if Sk else np.full((B, Hq, Sq, 1), -np.inf, np.float32)
+    dead = ~np.isfinite(m) & (m < 0)  # no visible key (or all -inf)
+    m = np.where(dead, 0, m)
+    p = np.exp(logits - m)
+    p = np.where(dead, 0, p)
+    l = p.sum(axis=-1, keepdims=True)
+    out = (p @ vf) / np.where(l == 0, 1, l)
+    return np.where(dead, 0, out).astype(query.dtype)
+
+
+def float_attention(q, k, v, attn_mask=None, *, scale=None, causal=1):
+    """Plain float32 attention (the quality baseline), GQA by repetition."""
+    B, Hq, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    g = Hq // Hkv
+    scale = 1.0 / np.sqrt(D) if scale is None else scale
+    kf = np.repeat(k.astype(np.float32), g, axis=1)
+    vf = np.repeat(v.astype(np.float32), g, axis=1)
+    logits = (q.astype(np.float32) @ np.swapaxes(kf, -1, -2)) * np.float32(scale)
+    visible = np.ones(logits.shape, bool)
+    if causal:
+        visible &= np.arange(Sk)[None, :] <= Sk - Sq + np.arange(Sq)[:, None]
+    if attn_mask is not None:
+        if attn_mask.dtype == np.bool_:
+            visible &= np.broadcast_to(attn_mask, visible.shape)
+        else:
+            logits = logits + attn_mask.astype(np.float32)
+    logits = np.where(visible, logits, -np.inf)
+    m = logits.max(axis=-1, keepdims=True)
+    dead = ~np.isfinite(m)
+    p = np.where(dead, 0, np.exp(logits - np.where(dead, 0, m)))
+    l = p.sum(axis=-1, keepdims=True)
+    return np.where(dead, 0, (p @ vf) / np.where(l == 0, 1, l)).astype(np.float32)
+
+
+def nmse(x: np.ndarray, ref: np.ndarray) -> float:
+    """Normalised mean squared error: |x - ref|^2 / |ref|^2 (0 when both are zero)."""
+    x = x.astype(np.float64)
+    ref = ref.astype(np.float64)
+    den = float((ref**2).sum())
+    num = float(((x - ref) ** 2).sum())
+    return num / den if den else num
