@@ -341,6 +341,11 @@ static void softmax_tile(int M, int D, int nk, float* logits, AttendState& st) {
   }
 }
 
+static inline void prefetch_range(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 3);
+}
+
 static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& mask, int64_t k_begin,
                    int64_t k_end, AttendState& st) {
   const int D = r.D, nb = D / kBlock, M = r.M;
@@ -360,8 +365,19 @@ static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& ma
   const int kind = kv.format == VFormat::kQ8_0 ? kVQ8 : kv.format == VFormat::kQ4_0 ? kVQ4 : kv.v_half ? kVF16 : kVF32;
   const int64_t v_row_elems = kv.format == VFormat::kQ4_0 ? D / 2 : D;
   const size_t v_elem_bytes = kind == kVF32 ? 4 : kind == kVF16 ? 2 : 1;
+  const int64_t v_tile_bytes = int64_t(NK) * v_row_elems * int64_t(v_elem_bytes);
   for (int64_t k0 = k_begin; k0 < k_end; k0 += NK) {
     const int nk = int(std::min<int64_t>(NK, k_end - k0));
+    // Decode streams K/V from DRAM once; the hardware prefetchers alone leave most of the bandwidth unused,
+    // so ask for the next tile while this one is computed.
+    if (k0 + NK < k_end) {
+      const int nk_next = int(std::min<int64_t>(NK, k_end - k0 - NK));
+      prefetch_range(kv.k + (k0 + NK) * D, int64_t(nk_next) * D);
+      prefetch_range(static_cast<const char*>(kv.v) + (k0 + NK) * v_row_elems * int64_t(v_elem_bytes),
+                     std::min<int64_t>(v_tile_bytes, int64_t(nk_next) * v_row_elems * int64_t(v_elem_bytes)));
+      prefetch_range(kv.ks + (k0 + NK) * nb, int64_t(nk_next) * nb * 2);
+      if (kv.vs) prefetch_range(kv.vs + (k0 + NK) * nb, int64_t(nk_next) * nb * 2);
+    }
     halves_to_floats(kv.ks + k0 * nb, ksf, nk * nb);
     qk_tile(r, kv.k + k0 * D, ksf, nk, logits);
     if (has_mask || k0 + nk > clean_end) mask_tile(r, mask, k0, nk, logits);
