@@ -242,9 +242,10 @@ Kernel* create_attention(const OrtKernelInfo* info, Ep ep) {
 std::vector<OpSpec> attention_op_specs() {
   std::vector<OpSpec> specs;
   for (auto t : {F32, F16}) {
-    // value and attn_mask take several dtypes (checked in compute). No shape-inference hook: ORT 1.17-1.22
-    // dereference omitted optional inputs there; the output's type comes from the kernel's type constraint.
-    specs.push_back({kOp, {{t}, {I8}, {F16}, {ANY}, {F16, true}, {ANY, true}}, {{t}}, create_attention, nullptr});
+    // Only `query` is typed: it selects T (and so the output type). Every other input is declared as any
+    // type and checked in compute, so a wrong dtype gets our message (op, input, expected vs got) instead of
+    // a bare schema mismatch. No shape-inference hook: ORT 1.17-1.22 dereference omitted optional inputs there.
+    specs.push_back({kOp, {{t}, {ANY}, {ANY}, {ANY}, {ANY, true}, {ANY, true}}, {{t}}, create_attention, nullptr});
   }
   return specs;
 }
