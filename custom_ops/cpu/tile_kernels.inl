@@ -140,24 +140,51 @@ static inline void exp2_inplace(float* x, int n) {
 #if defined(__AVX512VNNI__)
 // vpdpbusd multiplies unsigned by signed bytes: feed q + 128 (q xor 0x80) as the unsigned side and start each
 // accumulator at -128 * sum(k) (per 4-byte lane, computed once per key and shared by every row).
+// A 64-byte chunk holds two blocks (lanes 0-7 and 8-15). Four keys are reduced together: a transpose-add
+// turns their four int32 vectors into one whose 128-bit quarters hold the 4 keys' partial sums, so one
+// convert + scale + FMA serves 4 logits instead of a full horizontal sum per logit.
+static inline __m512i sum4_keys(__m512i d0, __m512i d1, __m512i d2, __m512i d3) {
+  const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(d0, d1), _mm512_unpackhi_epi32(d0, d1));
+  const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(d2, d3), _mm512_unpackhi_epi32(d2, d3));
+  const __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+  // quarters: [q0: keys 0-3 of bytes 0-15] [q1: bytes 16-31] [q2: 32-47] [q3: 48-63]; fold q1 into q0, q3 into q2.
+  return _mm512_add_epi32(u, _mm512_shuffle_i32x4(u, u, _MM_SHUFFLE(2, 3, 0, 1)));
+}
+
+static inline float hsum256(__m256 f) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+}
+
 static void qk_tile(const AttendRows& r, const int8_t* k, const float* ksf, int nk, float* logits) {
   const int D = r.D, nb = D / kBlock, n64 = D / 64;
   const bool tail = (D % 64) != 0;  // one trailing 32-byte block
+  const int nk4 = nk & ~3;
   __m512i corr[NK][4];
-  __m512 ksv[NK][4];
   __m256i corr_t[NK];
+  __m512 ks4[NK / 4][4];  // per key quad and chunk: quarter 0 = ks[j..j+3][2c], quarter 2 = ks[j..j+3][2c+1]
   const __m512i c128 = _mm512_set1_epi8(char(0x80));
   for (int j = 0; j < nk; ++j) {
     const int8_t* kj = k + int64_t(j) * D;
     for (int c = 0; c < n64; ++c) {
       const __m512i kv = _mm512_loadu_si512(kj + c * 64);
       corr[j][c] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, kv));
-      ksv[j][c] = _mm512_insertf32x8(_mm512_set1_ps(ksf[j * nb + 2 * c]), _mm256_set1_ps(ksf[j * nb + 2 * c + 1]), 1);
     }
     if (tail) {
       const __m256i kv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kj + n64 * 64));
       corr_t[j] = _mm256_sub_epi32(_mm256_setzero_si256(),
                                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(char(0x80)), kv));
+    }
+  }
+  for (int j = 0; j < nk4; j += 4) {
+    for (int c = 0; c < n64; ++c) {
+      const __m128 lo = _mm_setr_ps(ksf[j * nb + 2 * c], ksf[(j + 1) * nb + 2 * c], ksf[(j + 2) * nb + 2 * c],
+                                    ksf[(j + 3) * nb + 2 * c]);
+      const __m128 hi = _mm_setr_ps(ksf[j * nb + 2 * c + 1], ksf[(j + 1) * nb + 2 * c + 1],
+                                    ksf[(j + 2) * nb + 2 * c + 1], ksf[(j + 3) * nb + 2 * c + 1]);
+      ks4[j / 4][c] = _mm512_insertf32x4(_mm512_castps128_ps512(lo), hi, 2);
     }
   }
   for (int m = 0; m < r.M; ++m) {
@@ -174,24 +201,44 @@ static void qk_tile(const AttendRows& r, const int8_t* k, const float* ksf, int 
       qu_t = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qm + n64 * 64)),
                               _mm256_set1_epi8(char(0x80)));
     float* out = logits + int64_t(m) * NK;
-    for (int j = 0; j < nk; ++j) {
+    for (int j = 0; j < nk4; j += 4) {
+      const int8_t* kj = k + int64_t(j) * D;
+      __m512 acc = _mm512_setzero_ps();
+      for (int c = 0; c < n64; ++c) {
+        const __m512i d0 = _mm512_dpbusd_epi32(corr[j][c], qu[c], _mm512_loadu_si512(kj + c * 64));
+        const __m512i d1 = _mm512_dpbusd_epi32(corr[j + 1][c], qu[c], _mm512_loadu_si512(kj + D + c * 64));
+        const __m512i d2 = _mm512_dpbusd_epi32(corr[j + 2][c], qu[c], _mm512_loadu_si512(kj + 2 * D + c * 64));
+        const __m512i d3 = _mm512_dpbusd_epi32(corr[j + 3][c], qu[c], _mm512_loadu_si512(kj + 3 * D + c * 64));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum4_keys(d0, d1, d2, d3)), _mm512_mul_ps(qsv[c], ks4[j / 4][c]), acc);
+      }
+      __m128 s4 = _mm_add_ps(_mm512_castps512_ps128(acc), _mm512_extractf32x4_ps(acc, 2));
+      if (tail) {
+        float t[4];
+        for (int q = 0; q < 4; ++q) {
+          const __m256i dp = _mm256_dpbusd_epi32(
+              corr_t[j + q], qu_t, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kj + q * D + n64 * 64)));
+          t[q] = hsum256(_mm256_cvtepi32_ps(dp)) * (qsm[nb - 1] * ksf[(j + q) * nb + nb - 1]);
+        }
+        s4 = _mm_add_ps(s4, _mm_loadu_ps(t));
+      }
+      _mm_storeu_ps(out + j, s4);
+    }
+    for (int j = nk4; j < nk; ++j) {  // last keys of a short tile, one at a time
       const int8_t* kj = k + int64_t(j) * D;
       __m512 acc = _mm512_setzero_ps();
       for (int c = 0; c < n64; ++c) {
         const __m512i dp = _mm512_dpbusd_epi32(corr[j][c], qu[c], _mm512_loadu_si512(kj + c * 64));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), _mm512_mul_ps(qsv[c], ksv[j][c]), acc);
+        const __m512 ksv = _mm512_insertf32x8(_mm512_set1_ps(ksf[j * nb + 2 * c]),
+                                              _mm256_set1_ps(ksf[j * nb + 2 * c + 1]), 1);
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), _mm512_mul_ps(qsv[c], ksv), acc);
       }
-      float s = _mm512_reduce_add_ps(acc);
+      float sum = _mm512_reduce_add_ps(acc);
       if (tail) {
         const __m256i dp = _mm256_dpbusd_epi32(
             corr_t[j], qu_t, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kj + n64 * 64)));
-        const __m256 f = _mm256_cvtepi32_ps(dp);
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_add_ss(h, _mm_movehdup_ps(h));
-        s += _mm_cvtss_f32(h) * (qsm[nb - 1] * ksf[j * nb + nb - 1]);
+        sum += hsum256(_mm256_cvtepi32_ps(dp)) * (qsm[nb - 1] * ksf[j * nb + nb - 1]);
       }
-      out[j] = s;
+      out[j] = sum;
     }
   }
 }
@@ -259,33 +306,49 @@ static inline vf load_v(const void* v, const float* vsf, int64_t j, int d0, int 
   return vmul(vload_q4(static_cast<const uint8_t*>(v) + j * (D / 2) + d0 / 2), vset1(s));
 }
 
+// One pass covers a whole 32-dim block (CH vectors) so each broadcast of p[m][j] feeds CH FMAs; MR rows of
+// accumulators stay in registers (AVX-512: 8 x 2 zmm; AVX2: 2 x 4 ymm; portable: 2 x 8).
+constexpr int PV_CH = kBlock / W;
+#if defined(__AVX512F__)
+constexpr int PV_MR = 8;
+#else
+constexpr int PV_MR = 2;
+#endif
+
 template <int KIND, int MR>
 static inline void pv_rows(const float* p, int m0, const void* v, const float* vsf, int nk, int D, float* acc) {
-  for (int d0 = 0; d0 < D; d0 += W) {
-    vf a[MR];
-    for (int r = 0; r < MR; ++r) a[r] = vload(acc + int64_t(m0 + r) * D + d0);
+  for (int d0 = 0; d0 < D; d0 += kBlock) {
+    vf a[MR][PV_CH];
+    for (int r = 0; r < MR; ++r)
+      for (int c = 0; c < PV_CH; ++c) a[r][c] = vload(acc + int64_t(m0 + r) * D + d0 + c * W);
     for (int j = 0; j < nk; ++j) {
-      const vf x = load_v<KIND>(v, vsf, j, d0, D);
-      for (int r = 0; r < MR; ++r) a[r] = vfma(vset1(p[int64_t(m0 + r) * NK + j]), x, a[r]);
+      vf x[PV_CH];
+      for (int c = 0; c < PV_CH; ++c) x[c] = load_v<KIND>(v, vsf, j, d0 + c * W, D);
+      for (int r = 0; r < MR; ++r) {
+        const vf pb = vset1(p[int64_t(m0 + r) * NK + j]);
+        for (int c = 0; c < PV_CH; ++c) a[r][c] = vfma(pb, x[c], a[r][c]);
+      }
     }
-    for (int r = 0; r < MR; ++r) vstore(acc + int64_t(m0 + r) * D + d0, a[r]);
+    for (int r = 0; r < MR; ++r)
+      for (int c = 0; c < PV_CH; ++c) vstore(acc + int64_t(m0 + r) * D + d0 + c * W, a[r][c]);
+  }
+}
+
+// Remainder rows (fewer than PV_MR): picks pv_rows<KIND, rest> at compile time.
+template <int KIND, int MR>
+static inline void pv_rest(int rest, const float* p, int m0, const void* v, const float* vsf, int nk, int D,
+                           float* acc) {
+  if constexpr (MR > 0) {
+    if (rest == MR) pv_rows<KIND, MR>(p, m0, v, vsf, nk, D, acc);
+    else pv_rest<KIND, MR - 1>(rest, p, m0, v, vsf, nk, D, acc);
   }
 }
 
 template <int KIND>
 static void pv_tile(const float* p, int M, const void* v, const float* vsf, int nk, int D, float* acc) {
   int m0 = 0;
-  for (; m0 + 8 <= M; m0 += 8) pv_rows<KIND, 8>(p, m0, v, vsf, nk, D, acc);
-  switch (M - m0) {
-    case 7: pv_rows<KIND, 7>(p, m0, v, vsf, nk, D, acc); break;
-    case 6: pv_rows<KIND, 6>(p, m0, v, vsf, nk, D, acc); break;
-    case 5: pv_rows<KIND, 5>(p, m0, v, vsf, nk, D, acc); break;
-    case 4: pv_rows<KIND, 4>(p, m0, v, vsf, nk, D, acc); break;
-    case 3: pv_rows<KIND, 3>(p, m0, v, vsf, nk, D, acc); break;
-    case 2: pv_rows<KIND, 2>(p, m0, v, vsf, nk, D, acc); break;
-    case 1: pv_rows<KIND, 1>(p, m0, v, vsf, nk, D, acc); break;
-    default: break;
-  }
+  for (; m0 + PV_MR <= M; m0 += PV_MR) pv_rows<KIND, PV_MR>(p, m0, v, vsf, nk, D, acc);
+  pv_rest<KIND, PV_MR - 1>(M - m0, p, m0, v, vsf, nk, D, acc);
 }
 
 // ------------------------------------------------------------------------------------------------------------
