@@ -19,6 +19,9 @@ static inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
 static inline void vstore(float* p, vf v) { _mm512_storeu_ps(p, v); }
 static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+static inline float vhsum(vf a) { return _mm512_reduce_add_ps(a); }
+static inline float vhmax(vf a) { return _mm512_reduce_max_ps(a); }
 static inline vf vload_h(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
@@ -42,6 +45,17 @@ static inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
 static inline void vstore(float* p, vf v) { _mm256_storeu_ps(p, v); }
 static inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 static inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+static inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
+static inline float vhsum(vf a) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+static inline float vhmax(vf a) {
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
 static inline vf vload_h(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
@@ -75,6 +89,12 @@ static inline vf vmul(vf a, vf b) {
   for (int i = 0; i < 4; ++i) a.x[i] *= b.x[i];
   return a;
 }
+static inline vf vmax(vf a, vf b) {
+  for (int i = 0; i < 4; ++i) a.x[i] = std::max(a.x[i], b.x[i]);
+  return a;
+}
+static inline float vhsum(vf a) { return (a.x[0] + a.x[1]) + (a.x[2] + a.x[3]); }
+static inline float vhmax(vf a) { return std::max(std::max(a.x[0], a.x[1]), std::max(a.x[2], a.x[3])); }
 static inline vf vload_h(const uint16_t* p) {
   return vf{{half_to_float(p[0]), half_to_float(p[1]), half_to_float(p[2]), half_to_float(p[3])}};
 }
@@ -382,7 +402,13 @@ static void softmax_tile(int M, int D, int nk, float* logits, AttendState& st) {
   for (int m = 0; m < M; ++m) {
     float* row = logits + int64_t(m) * NK;
     float mx = kNegInf;
-    for (int j = 0; j < nk; ++j) mx = std::max(mx, row[j]);
+    int j0 = 0;
+    if (nk >= W) {
+      vf vm = vload(row);
+      for (j0 = W; j0 + W <= nk; j0 += W) vm = vmax(vm, vload(row + j0));
+      mx = vhmax(vm);
+    }
+    for (int j = j0; j < nk; ++j) mx = std::max(mx, row[j]);
     const float m_old = st.m[m];
     const float m_new = std::max(m_old, mx);
     if (m_new == kNegInf) {  // nothing visible to this row yet
@@ -392,7 +418,13 @@ static void softmax_tile(int M, int D, int nk, float* logits, AttendState& st) {
     for (int j = 0; j < nk; ++j) row[j] -= m_new;
     exp2_inplace(row, nk);
     float sum = 0.f;
-    for (int j = 0; j < nk; ++j) sum += row[j];
+    int j1 = 0;
+    if (nk >= W) {
+      vf vs = vzero();
+      for (; j1 + W <= nk; j1 += W) vs = vfma(vload(row + j1), vset1(1.f), vs);
+      sum = vhsum(vs);
+    }
+    for (int j = j1; j < nk; ++j) sum += row[j];
     if (m_new != m_old) {
       const float alpha = m_old == kNegInf ? 0.f : std::exp2(m_old - m_new);
       float* a = st.acc + int64_t(m) * D;
