@@ -1,6 +1,8 @@
 // PackK / PackV: the op structs (validation, output allocation, dispatch to the CPU or GPU launcher).
 #include "pack/pack_op.h"
 
+#include <string>
+
 #include "common/errors.h"
 #include "common/kernel_io.h"
 #include "common/ort_api.h"
@@ -97,14 +99,23 @@ void infer_pack(OrtShapeInferContext* ctx, bool is_v) {
       q4 = std::string(buf) == "q4_0";
     }
   }
+  // The element type must be set even when D is symbolic: PackV's payload is declared as any type, and
+  // nothing downstream (Dot4Attention takes any type for `value`) would pin it to uint8 otherwise.
+  const std::string d_name = sym[3] && *sym[3] ? std::string(sym[3]) : std::string("D");
+  std::string derived[2];
   for (int out = 0; out < 2; ++out) {
     std::vector<int64_t> od = dims;
     std::vector<const char*> os = sym;
     const int64_t div = out == 1 ? kBlock : (q4 ? 2 : 1);
     if (div != 1) {
-      os[3] = "";
-      od[3] = dims[3] > 0 ? dims[3] / div : -1;
-      if (od[3] < 0) return;  // symbolic head dim: leave the shape to run time
+      if (dims[3] > 0) {
+        os[3] = "";
+        od[3] = dims[3] / div;
+      } else {  // symbolic head dim: name the derived dim after it (e.g. "D/32")
+        derived[out] = d_name + "/" + std::to_string(div);
+        os[3] = derived[out].c_str();
+        od[3] = -1;
+      }
     }
     OrtTensorTypeAndShapeInfo* info = nullptr;
     check_status(ort().CreateTensorTypeAndShapeInfo(&info));

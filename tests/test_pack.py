@@ -1,0 +1,214 @@
+"""PackK / PackV (q8_0, q4_0) against the numpy reference (docs/ops.md).
+
+Scales must equal the reference bit for bit; payloads may differ from it only by exactly 1, in at most 0.1% of
+the elements (the issue's allowance).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import ALL_ISAS, pack_session, run_pack, supported_isas
+from dot4attn import reference as R
+
+# (op, format attribute, reference format); PackV without the attribute is q8_0.
+VARIANTS = {
+    "PackK": ("PackK", None, "q8_0"),
+    "PackV-q8_0": ("PackV", "q8_0", "q8_0"),
+    "PackV-q4_0": ("PackV", "q4_0", "q4_0"),
+    "PackV-default": ("PackV", None, "q8_0"),
+}
+DTYPES = ("float32", "float16")
+# Every legal D (32..256) appears; S is odd in places so rows do not line up with task boundaries.
+SHAPES = [(1, 1, 1, 32), (2, 3, 5, 64), (1, 2, 17, 96), (3, 2, 33, 128), (1, 1, 7, 160), (2, 1, 9, 192),
+          (1, 2, 11, 224), (1, 4, 100, 256), (2, 2, 700, 128)]
+EMPTY_SHAPES = [(0, 2, 3, 64), (2, 0, 3, 32), (1, 2, 0, 128), (0, 0, 0, 256)]
+
+
+def _nibbles(payload: np.ndarray) -> np.ndarray:
+    u = np.empty((*payload.shape[:-1], payload.shape[-1] * 2), np.int16)
+    u[..., 0::2] = payload & 0x0F
+    u[..., 1::2] = payload >> 4
+    return u
+
+
+def check_packed(x: np.ndarray, payload: np.ndarray, scales: np.ndarray, fmt: str, what: str):
+    ref_p, ref_s = R.pack_v(x, fmt)
+    assert payload.dtype == ref_p.dtype and payload.shape == ref_p.shape, \
+        f"{what}: payload {payload.dtype}{list(payload.shape)}, expected {ref_p.dtype}{list(ref_p.shape)}"
+    assert scales.dtype == np.float16 and scales.shape == ref_s.shape, \
+        f"{what}: scales {scales.dtype}{list(scales.shape)}, expected float16{list(ref_s.shape)}"
+    bad = scales.view(np.uint16) != ref_s.view(np.uint16)
+    assert not bad.any(), (
+        f"{what}: {np.count_nonzero(bad)} of {bad.size} scales differ from the reference, first at "
+        f"{np.argwhere(bad)[0].tolist()}: got {scales[bad][0]!r}, expected {ref_s[bad][0]!r}")
+    if fmt == "q8_0":
+        got, ref = payload.astype(np.int16), ref_p.astype(np.int16)
+        assert got.size == 0 or (got.min() >= -127 and got.max() <= 127), f"{what}: q8_0 payload outside [-127, 127]"
+    else:
+        got, ref = _nibbles(payload), _nibbles(ref_p)
+    diff = np.abs(got - ref)
+    if diff.size:
+        assert diff.max() <= 1, (
+            f"{what}: payload off by {diff.max()} at {np.argwhere(diff == diff.max())[0].tolist()} "
+            f"({np.count_nonzero(diff > 1)} elements off by more than 1)")
+    off = np.count_nonzero(diff)
+    assert off <= 0.001 * diff.size, f"{what}: {off} of {diff.size} payload elements off by 1 (> 0.1%)"
+
+
+def _data(kind: str, shape, dtype: str, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape, dtype=np.float32)
+    if kind == "normal":
+        pass
+    elif kind == "large":  # big but representable in float16, and scales stay finite for q4_0 and q8_0
+        x = np.clip(x * 1.5e4, -6e4, 6e4)
+    elif kind == "small":
+        x = x * 1e-3
+    elif kind == "tiny":  # fp16 scales become subnormal or round to zero (then q = 0)
+        x = x * np.float32(5e-8 if dtype == "float32" else 2e-7)
+        x.reshape(-1, shape[-1])[::2] *= 100  # every other row: subnormal (not zero) fp16 scales
+    elif kind == "zeros":  # whole zero blocks, a whole zero row, and signed zeros
+        x = x.reshape(*shape[:-1], shape[-1] // 32, 32)
+        x[..., ::2, :] = 0
+        x = x.reshape(shape)
+        x.reshape(-1, shape[-1])[0] = -0.0
+    elif kind == "outliers":  # one large value per block, the rest small: exercises clamping to +-127 / -8..7
+        x = x * 0.01
+        x.reshape(-1, 32)[:, 5] = 50 * np.sign(x.reshape(-1, 32)[:, 5] + 1e-9)
+    elif kind == "ties":  # x / s lands exactly on .5: round half to even (s = 1 for both formats)
+        qmax = 7.0
+        x = rng.integers(-14, 14, size=shape).astype(np.float32) / 2  # -7.0 .. 6.5 in steps of 0.5
+        x.reshape(-1, 32)[:, 0] = qmax  # max|x| = 7 -> q4_0 scale 1; q8_0 scale fp16(7/127)
+    elif kind == "ties127":
+        x = rng.integers(-254, 254, size=shape).astype(np.float32) / 2
+        x.reshape(-1, 32)[:, 3] = -127.0  # max|x| = 127 -> q8_0 scale exactly 1, x / s = x (ties to even)
+    else:
+        raise ValueError(kind)
+    return x.astype(dtype)
+
+
+KINDS = ("normal", "large", "small", "tiny", "zeros", "outliers", "ties", "ties127")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_pack_shapes(shape, variant, dtype):
+    op, fmt, ref_fmt = VARIANTS[variant]
+    x = _data("normal", shape, dtype, seed=sum(shape))
+    payload, scales = run_pack(x, op, fmt)
+    check_packed(x, payload, scales, ref_fmt, f"{variant} {dtype} X{list(shape)}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", ["PackK", "PackV-q8_0", "PackV-q4_0"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_pack_values(kind, variant, dtype):
+    """Value distributions: large / small / subnormal-scale magnitudes, zero blocks, outliers, rounding ties."""
+    op, fmt, ref_fmt = VARIANTS[variant]
+    shape = SHAPES[(KINDS.index(kind) + len(variant)) % len(SHAPES)]
+    shape = (shape[0], shape[1], max(shape[2], 4), shape[3])
+    x = _data(kind, shape, dtype, seed=KINDS.index(kind))
+    payload, scales = run_pack(x, op, fmt)
+    check_packed(x, payload, scales, ref_fmt, f"{variant} {dtype} {kind} X{list(shape)}")
+    if kind == "zeros":
+        assert not scales.view(np.uint16)[..., ::2].any(), "zero blocks must get scale +0"
+    if kind == "tiny" and dtype == "float32":
+        assert (scales == 0).any(), "the tiny case is meant to produce zero scales"
+
+
+def test_pack_ties_are_round_half_even():
+    """Direct check of the rounding rule on hand-made blocks whose scale is exactly 1."""
+    row4 = np.zeros((1, 1, 1, 32), np.float32)
+    row4[..., :8] = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 6.5, -7.0]  # max|x| = 7 -> q4_0 scale 1
+    p4, s4 = run_pack(row4, "PackV", "q4_0")
+    assert s4.item(0) == 1.0
+    assert (_nibbles(p4).reshape(-1)[:8] - 8).tolist() == [0, 2, 2, 0, -2, -2, 6, -7]
+    assert (_nibbles(p4).reshape(-1)[8:] == 8).all(), "zeros must be stored as u = 8"
+    row8 = np.zeros((1, 1, 1, 32), np.float32)
+    row8[..., :8] = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -127.0]  # max|x| = 127 -> q8_0 scale 1
+    for op, fmt in (("PackK", None), ("PackV", "q8_0")):
+        p8, s8 = run_pack(row8, op, fmt)
+        assert s8.item(0) == 1.0
+        assert p8.reshape(-1)[:8].tolist() == [0, 2, 2, 0, -2, -2, 126, -127], (op, p8.reshape(-1)[:8])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", ["PackK", "PackV-q8_0", "PackV-q4_0"])
+@pytest.mark.parametrize("shape", EMPTY_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_pack_empty(shape, variant, dtype):
+    op, fmt, ref_fmt = VARIANTS[variant]
+    x = np.zeros(shape, dtype)
+    payload, scales = run_pack(x, op, fmt)
+    d = shape[3]
+    assert payload.shape == (*shape[:3], d // 2 if ref_fmt == "q4_0" else d)
+    assert payload.dtype == (np.uint8 if ref_fmt == "q4_0" else np.int8)
+    assert scales.shape == (*shape[:3], d // 32) and scales.dtype == np.float16
+
+
+def test_pack_same_on_every_isa(monkeypatch):
+    """Packing does not depend on the forced CPU ISA."""
+    x = _data("normal", (2, 2, 37, 128), "float32", seed=7)
+    outs = {}
+    for isa_name in ALL_ISAS:
+        if isa_name not in supported_isas():
+            continue
+        monkeypatch.setenv("DOT4ATTN_CPU_ISA", isa_name)
+        for variant in ("PackK", "PackV-q4_0"):
+            op, fmt, ref_fmt = VARIANTS[variant]
+            p, s = run_pack(x, op, fmt)
+            check_packed(x, p, s, ref_fmt, f"{variant} ISA {isa_name}")
+            outs.setdefault(variant, []).append((p, s))
+    for variant, results in outs.items():
+        for p, s in results[1:]:
+            assert np.array_equal(p, results[0][0]) and np.array_equal(s.view(np.uint16), results[0][1].view(np.uint16))
+
+
+@pytest.mark.parametrize("variant", ["PackK", "PackV-q4_0"])
+def test_pack_does_not_modify_input(variant):
+    op, fmt, _ = VARIANTS[variant]
+    for dtype in DTYPES:
+        x = _data("normal", (2, 3, 19, 64), dtype, seed=3)
+        before = x.copy()
+        run_pack(x, op, fmt)
+        assert np.array_equal(x.view(np.uint8), before.view(np.uint8)), f"{variant} modified its {dtype} input"
+
+
+def test_pack_output_types_declared():
+    """The session reports the outputs' dtypes (int8 / uint8 payload, float16 scales)."""
+    for op, fmt, ptype in (("PackK", None, "tensor(int8)"), ("PackV", "q8_0", "tensor(int8)"),
+                           ("PackV", "q4_0", "tensor(uint8)")):
+        outs = pack_session(op, "float32", fmt).get_outputs()
+        assert [o.type for o in outs] == [ptype, "tensor(float16)"]
+
+
+@pytest.mark.parametrize("head_dim", ["static", "symbolic"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_pack_outputs_feed_attention_in_one_graph(fmt, head_dim):
+    """PackK / PackV outputs feed Dot4Attention inside one graph: their types must be inferred (docs/ops.md:
+    "PackK/PackV outputs carry full type and shape inference"), also when the head dim D is symbolic."""
+    from onnx import TensorProto, helper
+
+    from conftest import new_session
+
+    D = 64
+    dims = lambda p: [f"{p}0", f"{p}1", f"{p}2", D if head_dim == "static" else f"{p}3"]  # noqa: E731
+    vi = lambda n, p: helper.make_tensor_value_info(n, TensorProto.FLOAT, dims(p))  # noqa: E731
+    nodes = [helper.make_node("PackK", ["key"], ["kp", "ks"], domain="dot4attn"),
+             helper.make_node("PackV", ["value"], ["vp", "vs"], domain="dot4attn", format=fmt),
+             helper.make_node("Dot4Attention", ["query", "kp", "ks", "vp", "vs"], ["output"], domain="dot4attn",
+                              v_format=fmt, causal=1)]
+    graph = helper.make_graph(nodes, "g", [vi("query", "q"), vi("key", "k"), vi("value", "v")], [vi("output", "o")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("dot4attn", 1)])
+    model.ir_version = 9
+    sess = new_session(model)
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((2, 4, 3, D), dtype=np.float32)
+    k = rng.standard_normal((2, 2, 50, D), dtype=np.float32)
+    v = rng.standard_normal((2, 2, 50, D), dtype=np.float32)
+    out = sess.run(None, {"query": q, "key": k, "value": v})[0]
+    kp, ks = R.pack_k(k)
+    vp, vs = R.pack_v(v, fmt)
+    err = R.nmse(out, R.attention(q, kp, ks, vp, vs, causal=1, v_format=fmt))
+    assert err <= 1e-6, f"PackK+PackV({fmt})+Dot4Attention: NMSE {err:.3e}"
