@@ -1,6 +1,7 @@
 // PackK / PackV: the op structs (validation, output allocation, dispatch to the CPU or GPU launcher).
 #include "pack/pack_op.h"
 
+#include <atomic>
 #include <string>
 
 #include "common/errors.h"
@@ -101,6 +102,16 @@ void infer_pack(OrtShapeInferContext* ctx, bool is_v) {
   }
   // The element type must be set even when D is symbolic: PackV's payload is declared as any type, and
   // nothing downstream (Dot4Attention takes any type for `value`) would pin it to uint8 otherwise.
+  // An unknown input dim (no value, no name) reads as -1 with an empty name here, and writing that back would
+  // declare the value -1. Give each such dim a fresh name instead, so it stays unknown (and unequal to others).
+  static std::atomic<uint64_t> counter{0};
+  std::string fresh[4];
+  for (size_t i = 0; i < rank; ++i) {
+    if (dims[i] < 0 && !(sym[i] && *sym[i])) {
+      fresh[i] = "dot4attn_unk_" + std::to_string(counter++);
+      sym[i] = fresh[i].c_str();
+    }
+  }
   const std::string d_name = sym[3] && *sym[3] ? std::string(sym[3]) : std::string("D");
   std::string derived[2];
   for (int out = 0; out < 2; ++out) {

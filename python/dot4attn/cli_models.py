@@ -1,0 +1,95 @@
+"""Model subcommands of the `dot4attn` CLI: export, rewrite, generate, compare, demo.
+
+The lead's cli.py calls `add_model_commands(subparsers)`. Heavy imports (torch, transformers, onnxscript) happen
+inside the commands, so `dot4attn --help` stays fast.
+"""
+from __future__ import annotations
+
+import sys
+
+
+def _export_args(p) -> None:
+    from .export import EXPORTERS
+
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--preset", help="seeded random-weight preset: tiny (head_dim 64), hd128, hd256, small")
+    src.add_argument("--hf-dir", metavar="DIR", help="local Hugging Face model folder (Qwen2/Qwen3)")
+    p.add_argument("--arch", choices=["qwen2", "qwen3"], default="qwen3", help="with --preset (default qwen3)")
+    p.add_argument("--seed", type=int, default=0, help="with --preset (default 0)")
+    p.add_argument("--exporter", choices=EXPORTERS, default="dynamo")
+    p.add_argument("--out", required=True, metavar="PATH", help="output .onnx")
+
+
+def _export_run(args) -> int:
+    from .export import export, export_recipe
+
+    try:
+        if args.hf_dir:
+            out = export(args.hf_dir, args.out, args.exporter)
+        else:
+            out = export_recipe(args.arch, args.preset, args.exporter, args.out, args.seed)
+    except Exception as e:
+        print(f"dot4attn export: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}")
+    return 0
+
+
+def _compare_args(p) -> None:
+    p.add_argument("original", metavar="ORIGINAL")
+    p.add_argument("rewritten", metavar="REWRITTEN")
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--steps", type=int, default=32, help="teacher-forced decode steps (default 32)")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--min-top1", type=float, default=0.95, help="fail below this top-1 agreement (default 0.95)")
+    p.add_argument("--max-kl", type=float, default=1e-3, help="fail above this mean KL (default 1e-3)")
+    p.add_argument("--max-logit-diff", type=float, default=None, help="fail above this max |logit diff|")
+
+
+def _compare_run(args) -> int:
+    from .compare import compare
+
+    try:
+        c = compare(args.original, args.rewritten, args.prompt_len, args.steps, args.seed, args.batch)
+    except Exception as e:
+        print(f"dot4attn compare: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    for line in c.lines():
+        print(line)
+    bad = []
+    if c.top1 < args.min_top1:
+        bad.append(f"top-1 {c.top1:.4f} < {args.min_top1}")
+    if c.mean_kl > args.max_kl:
+        bad.append(f"mean KL {c.mean_kl:.3e} > {args.max_kl}")
+    if args.max_logit_diff is not None and c.max_abs_logit_diff > args.max_logit_diff:
+        bad.append(f"max |logit diff| {c.max_abs_logit_diff:.4f} > {args.max_logit_diff}")
+    if bad:
+        print("FAIL: " + "; ".join(bad), file=sys.stderr)
+        return 1
+    print("PASS")
+    return 0
+
+
+def add_model_commands(subparsers) -> None:
+    from . import demo, generate, rewrite
+
+    p = subparsers.add_parser("export", help="export a Qwen2/Qwen3 decoder with KV cache to ONNX")
+    _export_args(p)
+    p.set_defaults(func=_export_run)
+
+    p = subparsers.add_parser("rewrite", help="rewrite an exported decoder onto dot4attn ops (packed KV cache)")
+    rewrite.add_arguments(p)
+    p.set_defaults(func=rewrite.run)
+
+    p = subparsers.add_parser("generate", help="greedy generation with the (packed) KV cache fed back")
+    generate.add_arguments(p)
+    p.set_defaults(func=generate.run)
+
+    p = subparsers.add_parser("compare", help="prefill + teacher-forced decode on two models: top-1, KL, logits")
+    _compare_args(p)
+    p.set_defaults(func=_compare_run)
+
+    p = subparsers.add_parser("demo", help="export a tiny Qwen, rewrite it, generate, compare, memory and speed")
+    demo.add_arguments(p)
+    p.set_defaults(func=demo.run)

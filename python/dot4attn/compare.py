@@ -1,0 +1,220 @@
+"""Run a decoder ONNX model step by step with its KV cache (float or packed), and compare two models.
+
+`DecoderSession` finds the cache I/O by name: per layer N, inputs `past_key_values.N.<part>` and outputs
+`present.N.<part>`, where <part> is key/value (float) or key_payload/key_scales/value_payload/value_scales
+(dot4attn packed). It works for the original and the rewritten model alike.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+PAST_RE = re.compile(r"^past_key_values\.(\d+)\.(\w+)$")
+_NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)": np.int8,
+       "tensor(uint8)": np.uint8, "tensor(int64)": np.int64, "tensor(bool)": np.bool_, "tensor(int32)": np.int32}
+
+
+def make_session(path: str, providers=None, threads: int | None = None):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    if threads:
+        so.intra_op_num_threads = threads
+    so.log_severity_level = 3
+    try:
+        import onnx
+
+        m = onnx.load(str(path), load_external_data=False)
+        needs_ops = any(o.domain == "dot4attn" for o in m.opset_import)
+    except Exception:
+        needs_ops = True
+    if needs_ops:
+        from . import register
+
+        register(so)
+    return ort.InferenceSession(str(path), so, providers=providers or ["CPUExecutionProvider"])
+
+
+class DecoderSession:
+    def __init__(self, path: str, providers=None, threads: int | None = None):
+        self.path = str(path)
+        self.sess = make_session(path, providers, threads)
+        self.inputs = {i.name: i for i in self.sess.get_inputs()}
+        self.output_names = [o.name for o in self.sess.get_outputs()]
+        self.cache_specs = {}
+        for name, i in self.inputs.items():
+            if PAST_RE.match(name):
+                shape = [_int(x) for x in i.shape]
+                self.cache_specs[name] = (_NP[i.type], shape)
+        self.packed = any(n.endswith("key_payload") for n in self.cache_specs)
+        self.cache: dict[str, np.ndarray] = {}
+        self.has_position_ids = "position_ids" in self.inputs
+
+    def reset(self, batch: int) -> None:
+        self.cache = {}
+        for name, (dt, shape) in self.cache_specs.items():
+            h, d = shape[1], shape[3]
+            if not isinstance(h, int) or not isinstance(d, int):
+                raise ValueError(f"{self.path}: cache input {name} needs static heads and last dim, got {shape}")
+            self.cache[name] = np.zeros((batch, h, 0, d), dt)
+
+    def step(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        feeds = {"input_ids": input_ids.astype(np.int64), "attention_mask": attention_mask.astype(np.int64)}
+        if self.has_position_ids:
+            feeds["position_ids"] = position_ids.astype(np.int64)
+        feeds.update(self.cache)
+        outs = self.sess.run(None, feeds)
+        res = dict(zip(self.output_names, outs))
+        for name in self.cache_specs:
+            self.cache[name] = res["present." + name[len("past_key_values."):]]
+        return res["logits"]
+
+    def cache_bytes(self) -> int:
+        return int(sum(a.nbytes for a in self.cache.values()))
+
+    def cache_bytes_per_token(self) -> int:
+        """Bytes one token adds to the cache, batch 1 (from the input layouts)."""
+        tot = 0
+        for dt, shape in self.cache_specs.values():
+            tot += shape[1] * shape[3] * np.dtype(dt).itemsize
+        return int(tot)
+
+
+def _int(x):
+    try:
+        return int(x)
+    except (TypeError, ValueError):
+        return x
+
+
+def positions(mask: np.ndarray) -> np.ndarray:
+    """position_ids for a (left-padded) attention mask: cumsum - 1, pads at 0."""
+    return np.clip(np.cumsum(mask, axis=1) - 1, 0, None).astype(np.int64)
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+@dataclass
+class Comparison:
+    positions: int = 0
+    top1: float = 0.0
+    mean_kl: float = 0.0
+    max_kl: float = 0.0
+    max_abs_logit_diff: float = 0.0
+    cache_bytes: tuple[int, int] = (0, 0)
+    bytes_per_token: tuple[int, int] = (0, 0)
+    seconds: tuple[float, float] = (0.0, 0.0)
+    details: dict = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        b0, b1 = self.bytes_per_token
+        c0, c1 = self.cache_bytes
+        return [
+            f"positions compared      : {self.positions}",
+            f"top-1 agreement         : {self.top1 * 100:.2f}%",
+            f"mean KL(orig || new)    : {self.mean_kl:.3e}   (max {self.max_kl:.3e})",
+            f"max |logit diff|        : {self.max_abs_logit_diff:.4f}",
+            f"KV bytes per token      : {b0} -> {b1}  ({b0 / max(b1, 1):.2f}x smaller)",
+            f"KV cache at the end     : {c0} -> {c1} bytes",
+            f"time (prefill + decode) : {self.seconds[0]:.2f}s -> {self.seconds[1]:.2f}s",
+        ]
+
+
+def _metrics(la: np.ndarray, lb: np.ndarray):
+    pa, pb = log_softmax(la), log_softmax(lb)
+    kl = (np.exp(pa) * (pa - pb)).sum(-1)
+    agree = la.argmax(-1) == lb.argmax(-1)
+    return agree, kl, np.abs(la.astype(np.float64) - lb).max()
+
+
+def compare(original: str, rewritten: str, prompt_len: int = 32, steps: int = 32, seed: int = 0,
+            batch: int = 1, vocab: int | None = None, threads: int | None = None,
+            a: DecoderSession | None = None, b: DecoderSession | None = None) -> Comparison:
+    """Prefill `prompt_len` random tokens, then `steps` teacher-forced decode steps (the original's greedy token fed
+    to both). Metrics over every prefill position and every decode step."""
+    a = a or DecoderSession(original, threads=threads)
+    b = b or DecoderSession(rewritten, threads=threads)
+    if vocab is None:
+        vocab = a.sess.get_outputs()[0].shape[-1]
+        vocab = vocab if isinstance(vocab, int) else 1000
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, vocab, size=(batch, prompt_len))
+    mask = np.ones((batch, prompt_len), np.int64)
+    agree, kls, maxdiff = [], [], 0.0
+    times = [0.0, 0.0]
+    a.reset(batch)
+    b.reset(batch)
+    cur_ids, cur_mask = ids, mask
+    pos = positions(mask)
+    for step in range(steps + 1):
+        t0 = time.perf_counter()
+        la = a.step(cur_ids, cur_mask, pos)
+        t1 = time.perf_counter()
+        lb = b.step(cur_ids, cur_mask, pos)
+        t2 = time.perf_counter()
+        times[0] += t1 - t0
+        times[1] += t2 - t1
+        ag, kl, md = _metrics(la, lb)
+        agree.append(ag.reshape(-1))
+        kls.append(kl.reshape(-1))
+        maxdiff = max(maxdiff, float(md))
+        nxt = la[:, -1].argmax(-1)[:, None]
+        cur_mask = np.concatenate([cur_mask, np.ones((batch, 1), np.int64)], axis=1)
+        cur_ids = nxt
+        pos = positions(cur_mask)[:, -1:]
+    ag = np.concatenate(agree)
+    kl = np.concatenate(kls)
+    return Comparison(positions=int(ag.size), top1=float(ag.mean()), mean_kl=float(kl.mean()),
+                      max_kl=float(kl.max()), max_abs_logit_diff=maxdiff,
+                      cache_bytes=(a.cache_bytes(), b.cache_bytes()),
+                      bytes_per_token=(a.cache_bytes_per_token(), b.cache_bytes_per_token()),
+                      seconds=(times[0], times[1]))
+
+
+def padded_batch_vs_single(model: str, prompt_lens=(20, 32), steps: int = 4, seed: int = 1,
+                           vocab: int | None = None, sess: DecoderSession | None = None) -> float:
+    """Max |logit diff| between a left-padded batch (one row per prompt length) and each row run alone, over the
+    real prompt positions and `steps` greedy decode steps."""
+    s = sess or DecoderSession(model)
+    if vocab is None:
+        vocab = s.sess.get_outputs()[0].shape[-1]
+        vocab = vocab if isinstance(vocab, int) else 1000
+    rng = np.random.default_rng(seed)
+    L = max(prompt_lens)
+    prompts = [rng.integers(3, vocab, size=n) for n in prompt_lens]
+    # singles
+    singles = []
+    for p in prompts:
+        s.reset(1)
+        m = np.ones((1, len(p)), np.int64)
+        out = [s.step(p[None], m, positions(m))[0]]
+        for _ in range(steps):
+            nxt = out[-1][-1].argmax()
+            m = np.concatenate([m, [[1]]], axis=1)
+            out.append(s.step(np.array([[nxt]]), m, positions(m)[:, -1:])[0])
+        singles.append(out)
+    B = len(prompts)
+    ids = np.zeros((B, L), np.int64)
+    m = np.zeros((B, L), np.int64)
+    for r, p in enumerate(prompts):
+        ids[r, L - len(p):] = p
+        m[r, L - len(p):] = 1
+    s.reset(B)
+    worst = 0.0
+    lg = s.step(ids, m, positions(m))
+    for r, p in enumerate(prompts):
+        worst = max(worst, float(np.abs(lg[r, L - len(p):] - singles[r][0]).max()))
+    for k in range(steps):
+        nxt = np.array([[singles[r][k][-1].argmax()] for r in range(B)])
+        m = np.concatenate([m, np.ones((B, 1), np.int64)], axis=1)
+        lg = s.step(nxt, m, positions(m)[:, -1:])
+        for r in range(B):
+            worst = max(worst, float(np.abs(lg[r, -1] - singles[r][k + 1][-1]).max()))
+    return worst

@@ -1,0 +1,92 @@
+"""`dot4attn generate MODEL`: greedy decoding that feeds the (packed) KV cache back, on the CPU or CUDA EP."""
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+from .compare import DecoderSession, positions
+
+
+def providers_for(device: str):
+    if device == "cuda":
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+def generate(model: str, token_ids: list[int], max_new_tokens: int, device: str = "cpu", eos: int | None = None,
+             progress=None, session: DecoderSession | None = None, threads: int | None = None) -> dict:
+    s = session or DecoderSession(model, providers=providers_for(device), threads=threads)
+    ids = np.asarray(token_ids, np.int64)[None]
+    mask = np.ones_like(ids)
+    s.reset(1)
+    t0 = time.perf_counter()
+    logits = s.step(ids, mask, positions(mask))
+    t_prefill = time.perf_counter() - t0
+    out: list[int] = []
+    t1 = time.perf_counter()
+    for i in range(max_new_tokens):
+        nxt = int(logits[0, -1].argmax())
+        out.append(nxt)
+        if progress:
+            progress(i + 1, nxt)
+        if eos is not None and nxt == eos or i == max_new_tokens - 1:
+            break
+        mask = np.concatenate([mask, [[1]]], axis=1)
+        logits = s.step(np.array([[nxt]]), mask, positions(mask)[:, -1:])
+    t_decode = time.perf_counter() - t1
+    n_dec = max(len(out) - 1, 0)
+    return dict(tokens=out, prefill_s=t_prefill, decode_s=t_decode,
+                prefill_tok_s=ids.shape[1] / max(t_prefill, 1e-9), decode_tok_s=n_dec / max(t_decode, 1e-9),
+                cache_bytes=s.cache_bytes(), cache_bytes_per_token=s.cache_bytes_per_token(),
+                context=int(mask.shape[1]))
+
+
+def add_arguments(p) -> None:
+    p.add_argument("model", metavar="MODEL", help="decoder ONNX model (original or rewritten)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="text prompt (needs --tokenizer)")
+    src.add_argument("--token-ids", type=lambda s: [int(x) for x in s.replace(",", " ").split()],
+                     help="prompt token ids, e.g. '1 17 42'")
+    p.add_argument("--tokenizer", metavar="DIR", help="HF tokenizer folder (for --prompt and decoding the output)")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: default)")
+
+
+def run(args) -> int:
+    tok = None
+    if args.prompt is not None:
+        if not args.tokenizer:
+            print("dot4attn generate: --prompt needs --tokenizer DIR", file=sys.stderr)
+            return 2
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(args.tokenizer)
+        ids = tok(args.prompt)["input_ids"]
+    else:
+        ids = args.token_ids
+        if args.tokenizer:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    if not ids:
+        print("dot4attn generate: empty prompt", file=sys.stderr)
+        return 2
+
+    def prog(i, t):
+        print(f"\r  token {i}/{args.max_new_tokens}", end="", file=sys.stderr, flush=True)
+
+    try:
+        r = generate(args.model, ids, args.max_new_tokens, args.device, progress=prog, threads=args.threads or None)
+    except Exception as e:  # ORT load/run errors: say which model
+        print(f"\ndot4attn generate: {args.model}: {e}", file=sys.stderr)
+        return 1
+    print(file=sys.stderr)
+    print("tokens:", " ".join(map(str, r["tokens"])))
+    if tok is not None:
+        print("text:", tok.decode(r["tokens"]))
+    print(f"prefill {len(ids)} tokens: {r['prefill_tok_s']:.1f} tok/s; decode: {r['decode_tok_s']:.1f} tok/s")
+    print(f"KV cache: {r['cache_bytes']} bytes for {r['context']} tokens ({r['cache_bytes_per_token']} bytes/token)")
+    return 0

@@ -1,0 +1,48 @@
+"""`dot4attn rewrite IN OUT`: the user-facing entry of the graph passes (graph_passes.driver)."""
+from __future__ import annotations
+
+import sys
+
+
+def rewrite(src: str, dst: str, v_format: str = "float", route: str = "auto", split_k_min_keys: int = 2048,
+            allow_partial: bool = False):
+    """Rewrite the ONNX decoder `src` onto dot4attn ops; writes `dst` atomically; returns the RewriteReport."""
+    from graph_passes import RewriteOptions, rewrite_file
+
+    opts = RewriteOptions(v_format=v_format, route=route, split_k_min_keys=split_k_min_keys)
+    return rewrite_file(src, dst, opts, allow_partial=allow_partial)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("input", metavar="IN", help="exported decoder (.onnx; external data next to it is read)")
+    p.add_argument("output", metavar="OUT", help="rewritten model (.onnx; written atomically, IN is never changed)")
+    p.add_argument("--v-format", choices=["float", "q8_0", "q4_0"], default="float",
+                   help="V cache format: float (as exported), q8_0 (int8 + fp16 scale / 32) or q4_0 (default float)")
+    p.add_argument("--route", choices=["auto", "prefill", "decode", "split_k"], default="auto",
+                   help="Dot4Attention route attribute (default auto: Sq > 8 prefill, else decode / split_k); a "
+                        "forced route applies to every call: decode/split_k models cannot run a prefill of > 8 "
+                        "tokens")
+    p.add_argument("--split-k-min-keys", type=int, default=2048, metavar="N",
+                   help="auto route: decode steps with at least N keys use split_k (default 2048)")
+    p.add_argument("--allow-partial", action="store_true",
+                   help="rewrite the layers that match and keep the others float (default: refuse)")
+
+
+def run(args) -> int:
+    from graph_passes import RewriteError
+
+    if args.split_k_min_keys < 1:
+        print("dot4attn rewrite: --split-k-min-keys must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        report = rewrite(args.input, args.output, args.v_format, args.route, args.split_k_min_keys,
+                         args.allow_partial)
+    except RewriteError as e:
+        print(f"dot4attn rewrite: {e}\n(no output written)", file=sys.stderr)
+        return 1
+    for line in report.lines():
+        print(line)
+    if report.unmatched:
+        print(f"warning: kept float (--allow-partial): {', '.join(report.unmatched)}")
+    print(f"wrote {args.output}")
+    return 0

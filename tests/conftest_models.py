@@ -1,0 +1,71 @@
+"""Exported-model cache for the graph-pass tests (imported by tests/test_passes*.py).
+
+Models are exported once per (arch, preset, exporter, seed, torch and transformers versions) under
+$DOT4ATTN_MODEL_CACHE (default ~/.cache/dot4attn/models) and reused by every later run; rewritten models go to a
+per-session temp folder. Tests needing torch/transformers (or optimum's interpreter) skip cleanly without them.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+for p in (ROOT, ROOT / "python"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+import dot4attn  # noqa: E402
+
+
+def have(mod: str) -> bool:
+    try:
+        __import__(mod)
+        return True
+    except ImportError:
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def optimum_python() -> str | None:
+    """The interpreter that runs optimum-onnx (it needs transformers < 4.58), or None."""
+    py = os.environ.get("DOT4ATTN_OPTIMUM_PYTHON") or str(ROOT / ".venv-optimum" / "bin" / "python")
+    if not Path(py).is_file():
+        py = sys.executable
+    r = subprocess.run([py, "-c", "import optimum.exporters.onnx"], capture_output=True)
+    return py if r.returncode == 0 else None
+
+
+def need_export(exporter: str) -> None:
+    if not (have("torch") and have("transformers")):
+        pytest.skip("exports need torch and transformers (pip install .[passes])")
+    if exporter == "optimum" and optimum_python() is None:
+        pytest.skip("optimum export needs an interpreter with optimum-onnx (DOT4ATTN_OPTIMUM_PYTHON)")
+    if exporter == "transformers" and not have("transformers.exporters"):
+        pytest.skip("transformers' own ONNX exporter needs transformers >= 5")
+
+
+def exported(arch: str, preset: str, exporter: str, seed: int = 0) -> Path:
+    """Path of the cached export, exporting it on first use (a lock-free cache: the write is atomic)."""
+    need_export(exporter)
+    from dot4attn.export import cached_export
+
+    return cached_export(arch, preset, exporter, seed)
+
+
+@functools.lru_cache(maxsize=None)
+def ops_available() -> bool:
+    try:
+        dot4attn.get_library_path()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def need_ops() -> None:
+    if not ops_available():
+        pytest.fail("the dot4attn op library is not found (set DOT4ATTN_LIBRARY or pip install .)")
