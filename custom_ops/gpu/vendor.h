@@ -1,0 +1,210 @@
+// The GPU portability layer: one kernel source compiled as CUDA (nvcc) or HIP (hipcc / clang -x hip).
+//
+// Only the few things that differ between the vendors live here: runtime API names, the warp (wavefront) size,
+// warp shuffles, the 4-way int8 dot product, half <-> float conversion, and the asynchronous global->shared
+// copy (cp.async on NVIDIA sm_80+, a plain synchronous copy elsewhere). Kernels include this header and use
+// the gpu* / d4a_* names only; no kernel exists twice.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__) || defined(DOT4ATTN_WITH_HIP)
+#define D4A_HIP 1
+#include <hip/hip_runtime.h>
+#else
+#define D4A_CUDA 1
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#endif
+
+// ---- runtime API ---------------------------------------------------------------------------------------------
+#if defined(D4A_HIP)
+using gpuStream_t = hipStream_t;
+using gpuError_t = hipError_t;
+#define gpuSuccess hipSuccess
+#define gpuGetLastError hipGetLastError
+#define gpuGetErrorString hipGetErrorString
+#define gpuGetDevice hipGetDevice
+#define gpuDeviceGetAttribute hipDeviceGetAttribute
+#define gpuDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
+#define gpuDevAttrMaxSharedMemoryPerBlockOptin hipDeviceAttributeSharedMemPerBlockOptin
+#define gpuMemsetAsync hipMemsetAsync
+#define gpuFuncSetAttribute(f, attr, v) hipFuncSetAttribute(reinterpret_cast<const void*>(f), attr, v)
+#define gpuFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
+#else
+using gpuStream_t = cudaStream_t;
+using gpuError_t = cudaError_t;
+#define gpuSuccess cudaSuccess
+#define gpuGetLastError cudaGetLastError
+#define gpuGetErrorString cudaGetErrorString
+#define gpuGetDevice cudaGetDevice
+#define gpuDeviceGetAttribute cudaDeviceGetAttribute
+#define gpuDevAttrMultiProcessorCount cudaDevAttrMultiProcessorCount
+#define gpuDevAttrMaxSharedMemoryPerBlockOptin cudaDevAttrMaxSharedMemoryPerBlockOptin
+#define gpuMemsetAsync cudaMemsetAsync
+#define gpuFuncSetAttribute(f, attr, v) cudaFuncSetAttribute(f, attr, v)
+#define gpuFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
+#endif
+
+// ---- warp size -----------------------------------------------------------------------------------------------
+// CDNA (gfx9) runs wave64; RDNA (gfx10+) is compiled for wave32 by HIP's default; NVIDIA is always 32.
+// Kernels only use D4A_WARP in device code (the host never needs it: block sizes are fixed at 256 threads).
+#if defined(D4A_HIP) && (defined(__GFX9__) || defined(__gfx908__) || defined(__gfx90a__) || \
+                         defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__) || defined(__gfx950__))
+#define D4A_WARP 64
+#else
+#define D4A_WARP 32
+#endif
+
+namespace dot4attn {
+namespace gpu {
+
+// ---- shuffles ------------------------------------------------------------------------------------------------
+__device__ __forceinline__ float shfl_xor(float v, int lane_mask) {
+#if defined(D4A_HIP)
+  return __shfl_xor(v, lane_mask, D4A_WARP);
+#else
+  return __shfl_xor_sync(0xffffffffu, v, lane_mask, 32);
+#endif
+}
+
+__device__ __forceinline__ int shfl_xor(int v, int lane_mask) {
+#if defined(D4A_HIP)
+  return __shfl_xor(v, lane_mask, D4A_WARP);
+#else
+  return __shfl_xor_sync(0xffffffffu, v, lane_mask, 32);
+#endif
+}
+
+// Max over each aligned group of 32 lanes (the same on wave32 and wave64).
+__device__ __forceinline__ float group32_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, shfl_xor(v, o));
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = D4A_WARP / 2; o > 0; o >>= 1) v = fmaxf(v, shfl_xor(v, o));
+  return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = D4A_WARP / 2; o > 0; o >>= 1) v += shfl_xor(v, o);
+  return v;
+}
+
+// ---- 4-way int8 dot product: c + sum_k a.i8[k] * b.i8[k] ------------------------------------------------------
+__device__ __forceinline__ int dot4(int a, int b, int c) {
+#if defined(D4A_CUDA)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 610
+  return __dp4a(a, b, c);
+#else
+  for (int k = 0; k < 4; ++k) c += int(int8_t(a >> (8 * k))) * int(int8_t(b >> (8 * k)));
+  return c;
+#endif
+#elif defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__) || defined(__gfx1103__) || \
+    defined(__gfx1150__) || defined(__gfx1151__) || defined(__gfx1200__) || defined(__gfx1201__)
+  return __builtin_amdgcn_sudot4(true, a, true, b, c, false);  // RDNA3 / RDNA4: v_dot4_i32_iu8
+#elif defined(__gfx906__) || defined(__gfx908__) || defined(__gfx90a__) || defined(__gfx940__) || \
+    defined(__gfx941__) || defined(__gfx942__) || defined(__gfx950__) || defined(__gfx1030__)
+  return __builtin_amdgcn_sdot4(a, b, c, false);  // CDNA / RDNA2: v_dot4_i32_i8
+#else
+  for (int k = 0; k < 4; ++k) c += int(int8_t(a >> (8 * k))) * int(int8_t(b >> (8 * k)));
+  return c;
+#endif
+}
+
+// ---- half <-> float (IEEE, round to nearest even: bit-exact with common/fp16.h) -------------------------------
+__device__ __forceinline__ float h2f(uint16_t h) {
+#if defined(D4A_HIP)
+  _Float16 x;
+  __builtin_memcpy(&x, &h, 2);
+  return float(x);
+#else
+  return __half2float(__ushort_as_half(h));
+#endif
+}
+
+__device__ __forceinline__ uint16_t f2h(float f) {
+#if defined(D4A_HIP)
+  _Float16 x = _Float16(f);
+  uint16_t h;
+  __builtin_memcpy(&h, &x, 2);
+  return h;
+#else
+  return __half_as_ushort(__float2half_rn(f));
+#endif
+}
+
+// Two packed halves (low = element 0) -> two floats.
+__device__ __forceinline__ void h2x2f(uint32_t w, float& lo, float& hi) {
+  lo = h2f(uint16_t(w & 0xffffu));
+  hi = h2f(uint16_t(w >> 16));
+}
+
+// True IEEE float32 division (the contract: not a multiply by a reciprocal), whatever the fast-math flags.
+__device__ __forceinline__ float div_rn(float a, float b) {
+#if defined(D4A_HIP)
+  return a / b;  // HIP: correctly rounded by default (-fhip-fp32-correctly-rounded-divide-sqrt)
+#else
+  return __fdiv_rn(a, b);
+#endif
+}
+
+// ---- asynchronous 16-byte global -> shared copy ----------------------------------------------------------------
+// cp.async on NVIDIA sm_80+ (zero-fills when `valid` is false); elsewhere a plain copy, so that the same
+// multi-stage pipeline code is correct everywhere (only without the overlap).
+#if defined(D4A_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define D4A_HAS_CP_ASYNC 1
+#endif
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+#if defined(D4A_HAS_CP_ASYNC)
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+#else
+  *reinterpret_cast<uint4*>(smem) = valid ? *reinterpret_cast<const uint4*>(gmem) : make_uint4(0, 0, 0, 0);
+#endif
+}
+
+// 4-byte global -> shared copy of `bytes` (0, 2 or 4) bytes, the rest zero-filled; both addresses 4-byte aligned.
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, int bytes) {
+#if defined(D4A_HAS_CP_ASYNC)
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem), "r"(bytes));
+#else
+  const uint16_t* g = static_cast<const uint16_t*>(gmem);
+  uint16_t* d = static_cast<uint16_t*>(smem);
+  d[0] = bytes >= 2 ? g[0] : uint16_t(0);
+  d[1] = bytes >= 4 ? g[1] : uint16_t(0);
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(D4A_HAS_CP_ASYNC)
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(D4A_HAS_CP_ASYNC)
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+}  // namespace gpu
+}  // namespace dot4attn
+
+// Host-side launch check: a runtime error becomes an ORT_FAIL status naming the call (never exits the process).
+#include <stdexcept>
+#include <string>
+#define D4A_GPU_CHECK(expr)                                                                             \
+  do {                                                                                                  \
+    const gpuError_t e_ = (expr);                                                                       \
+    if (e_ != gpuSuccess)                                                                               \
+      throw std::runtime_error(std::string("dot4attn GPU: ") + #expr + ": " + gpuGetErrorString(e_));   \
+  } while (0)

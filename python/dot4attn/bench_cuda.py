@@ -1,0 +1,426 @@
+"""`dot4attn bench --device cuda`: Dot4Attention's GPU routes vs torch SDPA (flash, cuDNN) and ORT's
+GroupQueryAttention on the CUDA execution provider, in one process.
+
+* Kernel time by CUDA events on one stream, L2 flushed (a 256 MiB write) before every timed call, median of the
+  repeats. Dot4Attention is called through the library's `dot4attn_gpu_attention` C entry point (device pointers,
+  torch's current stream), so the time is the kernels' alone; ORT's session time for the same op (io_binding on
+  device buffers, wall clock per run) is reported separately for decode.
+* Candidates: d4a_f16 / d4a_q8_0 / d4a_q4_0 (query f16, packed int8 K, V float16 / q8_0 / q4_0);
+  sdpa_flash, sdpa_cudnn (torch.nn.functional.scaled_dot_product_attention, f16, GQA through enable_gqa);
+  ort_gqa_f16 (com.microsoft.GroupQueryAttention on the CUDA EP, f16 share-buffer cache, run on torch's stream
+  through the EP's user_compute_stream, decode only); ort_d4a_q4_0_session (wall clock per session run).
+* Decode: B=1, Sq=1 at Sk in {512, 4k, 16k, 64k, 128k}; prefill: causal Sq = Sk in {2k, 8k, 32k}; head shapes
+  (32, 8, 128) and (24, 4, 256). Achieved GB/s (KV bytes / time) and % of the measured HBM read bandwidth.
+* Writes bench_cuda.json (and bench_cuda.png when matplotlib is present) into --out.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HEADS = [(32, 8, 128), (24, 4, 256)]
+DECODE_SK = [512, 4096, 16384, 65536, 131072]
+PREFILL_SK = [2048, 8192, 32768]
+ROUTES = {"auto": 0, "prefill": 1, "decode": 2, "split_k": 3}
+VFMT = {"float": 0, "q8_0": 1, "q4_0": 2}
+PRIOR = {  # measured on this H200 before issue 4 (f16, B=1, (32, 8, 128)), microseconds / TFLOP/s
+    "decode_cudnn_us": {131072: 129.0, 16384: 25.6}, "decode_fa2_us": {131072: 148.0, 16384: 33.6},
+    "prefill_8k_fa2_tflops": 321.0, "prefill_8k_cudnn_tflops": 595.0, "hbm_read_tbs": 4.26,
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """CUDA-only options (the shared ones come from dot4attn.bench.add_arguments)."""
+    parser.add_argument("--cuda-repeats", type=int, default=20, help="timed calls per candidate (CUDA bench)")
+
+
+def _lib():
+    import dot4attn
+
+    lib = ctypes.CDLL(dot4attn.get_library_path())
+    f = lib.dot4attn_gpu_attention
+    i64, i32, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+    f.argtypes = [i64, i64, i64, i64, i64, i32, i32, i32, i32, i32, ctypes.c_float, i64, vp, vp, vp, vp, vp, vp,
+                  vp, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(i64), vp, ctypes.c_char_p, ctypes.c_size_t]
+    f.restype = i32
+    return f
+
+
+class _Timer:
+    def __init__(self, torch, repeats: int):
+        self.torch = torch
+        self.repeats = repeats
+        self.flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+
+    def __call__(self, fn) -> float:
+        """Median kernel time of fn() in microseconds, L2 flushed before each call."""
+        torch = self.torch
+        fn()
+        fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(self.repeats):
+            self.flush.zero_()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            times.append((s, e))
+        torch.cuda.synchronize()
+        return float(np.median([s.elapsed_time(e) for s, e in times]) * 1e3)
+
+
+def _quantize(torch, x, qmax):
+    """Packed payload + fp16 scales (the PackK / PackV math) on the GPU with torch."""
+    B, H, S, D = x.shape
+    xb = x.float().reshape(B, H, S, D // 32, 32)
+    s = (xb.abs().amax(-1) / qmax).half()
+    sf = s.float().unsqueeze(-1)
+    q = torch.where(sf == 0, torch.zeros_like(xb), torch.round(xb / torch.where(sf == 0, torch.ones_like(sf), sf)))
+    return q, s
+
+
+def _pack(torch, x, fmt):
+    if fmt == "q4_0":
+        q, s = _quantize(torch, x, 7.0)
+        u = (q.clamp(-8, 7) + 8).to(torch.uint8).reshape(*x.shape)
+        return (u[..., 0::2] | (u[..., 1::2] << 4)).contiguous(), s.contiguous()
+    q, s = _quantize(torch, x, 127.0)
+    return q.clamp(-127, 127).to(torch.int8).reshape(*x.shape).contiguous(), s.contiguous()
+
+
+class _D4A:
+    def __init__(self, torch, f, q, kp, ks, v, vs, fmt, causal, route="auto"):
+        self.torch, self.f = torch, f
+        B, Hq, Sq, D = q.shape
+        Hkv, Sk = kp.shape[1], kp.shape[2]
+        self.args = (B, Hq, Hkv, Sq, Sk, D, 1, VFMT[fmt], int(causal), ROUTES[route], 0.0, 2048)
+        self.t = (q, kp, ks, v, vs)
+        self.out = torch.empty_like(q)
+        self.err = ctypes.create_string_buffer(512)
+        nbytes, nsp = ctypes.c_size_t(0), ctypes.c_int64(0)
+        self._call(None, nbytes, nsp)
+        self.n_splits = int(nsp.value)
+        self.scratch = torch.empty(max(1, nbytes.value), dtype=torch.uint8, device="cuda") if nbytes.value else None
+
+    def _call(self, scratch, nbytes=None, nsp=None):
+        q, kp, ks, v, vs = self.t
+        stream = self.torch.cuda.current_stream().cuda_stream
+        rc = self.f(*self.args, q.data_ptr(), kp.data_ptr(), ks.data_ptr(), v.data_ptr(),
+                    vs.data_ptr() if vs is not None else None, self.out.data_ptr(), scratch,
+                    ctypes.byref(nbytes) if nbytes is not None else None,
+                    ctypes.byref(nsp) if nsp is not None else None, stream, self.err, 512)
+        if rc:
+            raise RuntimeError(self.err.value.decode())
+
+    def __call__(self):
+        self._call(self.scratch.data_ptr() if self.scratch is not None else None)
+
+
+def _sdpa(torch, backend, q, k, v, causal):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+
+    be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+    gqa = q.shape[1] != k.shape[1]
+
+    def fn():
+        with sdpa_kernel(be):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+    fn()  # raises when the backend cannot take the case
+    return fn
+
+
+def _ort_gqa(torch, q, k, v):
+    """GroupQueryAttention on the CUDA EP in share-buffer mode, on torch's current stream."""
+    import onnxruntime as ort
+
+    from .bench import gqa_model
+
+    B, Hq, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    stream = torch.cuda.current_stream().cuda_stream
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(gqa_model(Hq, Hkv, np.float16).SerializeToString(), so,
+                                providers=[("CUDAExecutionProvider", {"user_compute_stream": str(stream)})])
+    cache_k, cache_v = k.clone(), v.clone()
+    bsh = lambda x: x.transpose(1, 2).reshape(B, x.shape[2], -1).contiguous()  # noqa: E731
+    vals = {"query": bsh(q), "key": bsh(k[:, :, Sk - Sq:]), "value": bsh(v[:, :, Sk - Sq:]),
+            "seqlens_k": torch.full((B,), Sk - 1, dtype=torch.int32, device="cuda")}
+    total = np.array(Sk, np.int32)
+    out = torch.empty((B, Sq, Hq * D), dtype=torch.float16, device="cuda")
+    bind = sess.io_binding()
+
+    def bt(name, t, output=False):
+        et = {torch.float16: np.float16, torch.int32: np.int32}[t.dtype]
+        (bind.bind_output if output else bind.bind_input)(name, "cuda", 0, et, list(t.shape), t.data_ptr())
+    for n, t in vals.items():
+        bt(n, t)
+    bind.bind_cpu_input("total_sequence_length", total)
+    bt("past_key", cache_k)
+    bt("past_value", cache_v)
+    bt("output", out, True)
+    bt("present_key", cache_k, True)
+    bt("present_value", cache_v, True)
+    fn = lambda: sess.run_with_iobinding(bind)  # noqa: E731
+    fn()
+    return fn, (out, cache_k, cache_v, vals)
+
+
+def _ort_d4a_session(torch, q, kp, ks, vp, vs, fmt):
+    import onnxruntime as ort
+
+    from . import onnx_builders as ob
+    import dot4attn
+
+    so = ort.SessionOptions()
+    dot4attn.register(so)
+    so.log_severity_level = 3
+    model = ob.attention_model(np.float16, fmt, None, causal=1)
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CUDAExecutionProvider"])
+    out = torch.empty_like(q)
+    bind = sess.io_binding()
+    et = {torch.float16: np.float16, torch.int8: np.int8, torch.uint8: np.uint8}
+    for name, t in (("query", q), ("k_payload", kp), ("k_scales", ks), ("value", vp), ("v_scales", vs)):
+        if t is not None:
+            bind.bind_input(name, "cuda", 0, et[t.dtype], list(t.shape), t.data_ptr())
+    bind.bind_output("output", "cuda", 0, np.float16, list(out.shape), out.data_ptr())
+    fn = lambda: sess.run_with_iobinding(bind)  # noqa: E731
+    for _ in range(3):
+        fn()
+    n = 50
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6, out
+
+
+def _read_bandwidth(torch) -> float:
+    x = torch.empty(4 << 30, dtype=torch.uint8, device="cuda").view(torch.float32)
+    x.zero_()
+    x.sum()
+    torch.cuda.synchronize()
+    best = 1e9
+    for _ in range(5):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        x.sum()
+        e.record()
+        torch.cuda.synchronize()
+        best = min(best, s.elapsed_time(e) / 1e3)
+    del x
+    return (4 << 30) / best / 1e12
+
+
+def _nmse(x, ref) -> float:
+    x, ref = x.double(), ref.double()
+    den = float((ref ** 2).sum())
+    return float(((x - ref) ** 2).sum()) / den if den else 0.0
+
+
+class BenchResult(dict):
+    """The result dict; int(result) is the process exit code (dot4attn.bench's _run_cuda calls int())."""
+
+    def __int__(self):
+        return int(self.get("exit_code", 0))
+
+
+def run_cuda_bench(args) -> dict:
+    import torch
+
+    try:
+        import onnxruntime as ort
+
+        if hasattr(ort, "preload_dlls"):
+            ort.preload_dlls()
+    except Exception:  # noqa: BLE001
+        ort = None
+    out_dir = Path(getattr(args, "out", None) or "bench-out")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    quick = bool(getattr(args, "quick", False))
+    heads = getattr(args, "heads", None) or HEADS
+    decode_sk = getattr(args, "decode_sk", None) or ([4096, 131072] if quick else DECODE_SK)
+    prefill_sk = getattr(args, "prefill_sk", None)
+    if prefill_sk is None:
+        prefill_sk = [8192] if quick else PREFILL_SK
+    B = int(getattr(args, "batch", 1) or 1)
+    repeats = int(getattr(args, "cuda_repeats", 0) or getattr(args, "repeats", 0) or 20)
+    torch.manual_seed(int(getattr(args, "seed", 0) or 0))
+    f = _lib()
+    timer = _Timer(torch, repeats)
+    dev = torch.cuda.get_device_name()
+    bw = _read_bandwidth(torch)
+    print(f"# device {dev}; measured read bandwidth {bw:.2f} TB/s; repeats {repeats}; L2 flushed per call")
+    results = []
+
+    def record(kind, hq, hkv, d, sk, name, us, kv_bytes=None, flops=None, extra=None):
+        r = {"kind": kind, "B": B, "Hq": hq, "Hkv": hkv, "D": d, "Sk": sk, "candidate": name, "us": us}
+        if kv_bytes is not None and us:
+            r["kv_bytes"] = kv_bytes
+            r["GBps"] = kv_bytes / (us * 1e-6) / 1e9
+            r["pct_hbm"] = 100 * r["GBps"] / (bw * 1e3)
+        if flops is not None and us:
+            r["TFLOPs"] = flops / (us * 1e-6) / 1e12
+        if extra:
+            r.update(extra)
+        results.append(r)
+        tail = f" {r.get('GBps', 0):8.0f} GB/s {r.get('pct_hbm', 0):5.1f}%" if "GBps" in r else ""
+        tail += f" {r['TFLOPs']:7.1f} TFLOP/s" if "TFLOPs" in r else ""
+        err = f" nmse={extra['nmse']:.1e}" if extra and extra.get("nmse") is not None else ""
+        print(f"{kind:7s} ({hq},{hkv},{d}) Sk={sk:6d} {name:22s} {us if us else float('nan'):10.1f} us{tail}{err}",
+              flush=True)
+
+    for hq, hkv, d in heads:
+        # ---- decode ----
+        for sk in decode_sk:
+            q = torch.randn(B, hq, 1, d, device="cuda", dtype=torch.float16) * 3
+            k = torch.randn(B, hkv, sk, d, device="cuda", dtype=torch.float16)
+            v = torch.randn(B, hkv, sk, d, device="cuda", dtype=torch.float16)
+            kp, ks = _pack(torch, k, "q8_0")
+            ref = None
+            for name, bk in (("sdpa_cudnn", "cudnn"), ("sdpa_flash", "flash")):
+                try:
+                    fn = _sdpa(torch, bk, q, k, v, False)
+                    if ref is None:
+                        ref = fn().float()
+                    record("decode", hq, hkv, d, sk, name, timer(fn), 2 * k.numel() * 2)
+                except Exception as e:  # noqa: BLE001
+                    record("decode", hq, hkv, d, sk, name, None, extra={"error": str(e)[:200]})
+            if ort is not None:
+                try:
+                    fn, keep = _ort_gqa(torch, q, k, v)
+                    record("decode", hq, hkv, d, sk, "ort_gqa_f16", timer(fn), 2 * k.numel() * 2,
+                           extra={"nmse": _nmse(keep[0].reshape(B, 1, hq, d).transpose(1, 2), ref)
+                                  if ref is not None else None})
+                    del keep
+                except Exception as e:  # noqa: BLE001
+                    record("decode", hq, hkv, d, sk, "ort_gqa_f16", None, extra={"error": str(e)[:200]})
+            for fmt in ("float", "q8_0", "q4_0"):
+                vp, vs = (v, None) if fmt == "float" else _pack(torch, v, fmt)
+                r = _D4A(torch, f, q, kp, ks, vp, vs, fmt, True)
+                r()
+                kvb = kp.numel() + ks.numel() * 2 + vp.numel() * vp.element_size() + (vs.numel() * 2 if vs is not None else 0)
+                name = {"float": "d4a_f16", "q8_0": "d4a_q8_0", "q4_0": "d4a_q4_0"}[fmt]
+                record("decode", hq, hkv, d, sk, name, timer(r), kvb,
+                       extra={"n_splits": r.n_splits, "nmse": _nmse(r.out.float(), ref) if ref is not None else None})
+                if fmt == "q4_0" and ort is not None and sk in (512, 16384, 131072):
+                    try:
+                        us, o = _ort_d4a_session(torch, q, kp, ks, vp, vs, fmt)
+                        record("decode", hq, hkv, d, sk, "ort_d4a_q4_0_session", us, kvb,
+                               extra={"nmse": _nmse(o.float(), r.out.float()), "wall_clock": True})
+                    except Exception as e:  # noqa: BLE001
+                        record("decode", hq, hkv, d, sk, "ort_d4a_q4_0_session", None, extra={"error": str(e)[:200]})
+            del q, k, v, kp, ks, ref
+            torch.cuda.empty_cache()
+        # ---- prefill ----
+        for s in prefill_sk:
+            q = torch.randn(B, hq, s, d, device="cuda", dtype=torch.float16) * 3
+            k = torch.randn(B, hkv, s, d, device="cuda", dtype=torch.float16)
+            v = torch.randn(B, hkv, s, d, device="cuda", dtype=torch.float16)
+            kp, ks = _pack(torch, k, "q8_0")
+            flops = 4.0 * B * hq * s * s * d / 2  # causal: half the square
+            ref = None
+            for name, bk in (("sdpa_cudnn", "cudnn"), ("sdpa_flash", "flash")):
+                try:
+                    fn = _sdpa(torch, bk, q, k, v, True)
+                    if ref is None and s <= 8192:
+                        ref = fn().float()
+                    record("prefill", hq, hkv, d, s, name, timer(fn), flops=flops)
+                except Exception as e:  # noqa: BLE001
+                    record("prefill", hq, hkv, d, s, name, None, extra={"error": str(e)[:200]})
+            for fmt in ("float", "q8_0", "q4_0"):
+                vp, vs = (v, None) if fmt == "float" else _pack(torch, v, fmt)
+                r = _D4A(torch, f, q, kp, ks, vp, vs, fmt, True)
+                r()
+                name = {"float": "d4a_f16", "q8_0": "d4a_q8_0", "q4_0": "d4a_q4_0"}[fmt]
+                record("prefill", hq, hkv, d, s, name, timer(r), flops=flops,
+                       extra={"nmse": _nmse(r.out.float(), ref) if ref is not None else None})
+            del q, k, v, kp, ks, ref
+            torch.cuda.empty_cache()
+
+    targets = _targets(results)
+    for t in targets:
+        print(f"target {t['what']}: {t['value']} vs {t['limit']} -> {'MET' if t['met'] else 'MISSED'}")
+    res = BenchResult(device=dev, read_bandwidth_tbs=bw, repeats=repeats, prior=PRIOR, results=results,
+                      targets=targets, exit_code=0)
+    (out_dir / "bench_cuda.json").write_text(json.dumps(res, indent=1, default=float))
+    try:
+        _plot(results, out_dir / "bench_cuda.png")
+    except Exception as e:  # noqa: BLE001
+        print(f"(no plot: {e})")
+    return res
+
+
+def _get(results, kind, hq, hkv, d, sk, name):
+    for r in results:
+        if (r["kind"], r["Hq"], r["Hkv"], r["D"], r["Sk"], r["candidate"]) == (kind, hq, hkv, d, sk, name):
+            return r.get("us")
+    return None
+
+
+def _targets(results):
+    out = []
+
+    def ratio(kind, sk, ours, base, limit, what, higher_better=False):
+        a, b = _get(results, kind, 32, 8, 128, sk, ours), _get(results, kind, 32, 8, 128, sk, base)
+        if a and b:
+            v = b / a if higher_better else a / b
+            out.append({"what": what, "value": round(v, 3), "limit": limit,
+                        "met": v >= limit if higher_better else v <= limit})
+
+    ratio("decode", 131072, "d4a_q4_0", "sdpa_cudnn", 0.5, "decode 128k q4_0 time / cuDNN f16")
+    ratio("decode", 131072, "d4a_f16", "sdpa_cudnn", 0.85, "decode 128k f16 V time / cuDNN f16")
+    ratio("decode", 16384, "d4a_q4_0", "sdpa_cudnn", 0.7, "decode 16k q4_0 time / cuDNN f16")
+    a = _get(results, "decode", 32, 8, 128, 512, "d4a_q4_0")
+    if a:
+        out.append({"what": "decode 512 q4_0 kernel us", "value": round(a, 2), "limit": 10.0, "met": a <= 10.0})
+    ratio("prefill", 8192, "d4a_f16", "sdpa_flash", 1.0, "prefill 8k causal speed vs FA2 (f16 V)", True)
+    return out
+
+
+def _plot(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = sorted({(r["Hq"], r["Hkv"], r["D"]) for r in results if r["kind"] == "decode"})
+    fig, axes = plt.subplots(1, max(1, len(shapes)), figsize=(7 * max(1, len(shapes)), 4.5), squeeze=False)
+    for ax, sh in zip(axes[0], shapes):
+        names = sorted({r["candidate"] for r in results if r["kind"] == "decode" and not r.get("wall_clock")})
+        for n in names:
+            pts = sorted((r["Sk"], r["us"]) for r in results
+                         if r["kind"] == "decode" and (r["Hq"], r["Hkv"], r["D"]) == sh and r["candidate"] == n
+                         and r.get("us"))
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=n)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("Sk")
+        ax.set_ylabel("kernel time (us)")
+        ax.set_title(f"decode B=1 (Hq, Hkv, D) = {sh}")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    from .bench import add_arguments as add_common
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common(p)
+    add_arguments(p)
+    return int(run_cuda_bench(p.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""The op suite on ONNX Runtime's CUDA execution provider (issue 4): GPU vs the numpy reference with the CPU
+tolerances, PackK/PackV bit-for-bit equal to the CPU contract, every route forced and auto, quality vs float
+attention, Sk = 0, empty dims. Every test is marked `gpu` and skips cleanly when onnxruntime has no working
+CUDAExecutionProvider or the library was built without CUDA kernels.
+
+Sessions are created with CPU fallback disabled (session.disable_cpu_ep_fallback), so a node that would silently
+run on the CPU fails the test instead of passing it. The case table is test_attention.py's.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import zlib
+
+import numpy as np
+import pytest
+
+from conftest import check_nmse, gaussian_qkv, pack_value
+from dot4attn import onnx_builders as ob
+from dot4attn import reference as R
+import dot4attn
+
+import test_attention as TA
+
+pytestmark = pytest.mark.gpu
+CUDA = "CUDAExecutionProvider"
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_unavailable_reason() -> str | None:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return "onnxruntime is not installed"
+    if CUDA not in ort.get_available_providers():
+        return f"onnxruntime {ort.__version__} has no {CUDA} (install onnxruntime-gpu)"
+    if dot4attn.build_info().get("gpu") != "cuda":
+        return "libdot4attn_ops was built without CUDA kernels"
+    try:  # CUDA/cuDNN libraries shipped by pip packages (torch or nvidia-*), when present
+        import torch  # noqa: F401
+    except Exception:
+        pass
+    if hasattr(ort, "preload_dlls"):
+        try:
+            ort.preload_dlls()
+        except Exception:
+            pass
+    try:
+        sess = _session_uncached(ob.pack_model("PackK", np.float32))
+        if CUDA not in sess.get_providers():
+            return "the CUDA execution provider could not be created (no GPU or driver?)"
+        sess.run(None, {"X": np.zeros((1, 1, 1, 32), np.float32)})
+    except Exception as e:  # no device, driver mismatch, missing CUDA libraries
+        return f"CUDA session failed: {str(e).splitlines()[0][:200]}"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _need_gpu():
+    reason = _gpu_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+def _session_uncached(model):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    dot4attn.register(so)
+    so.log_severity_level = 3
+    so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")  # every node must run on the GPU
+    return ort.InferenceSession(model.SerializeToString(), so, providers=[CUDA])
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_attention_session(dtype, v_format, mask_dtype, causal, route, split_k_min_keys, scale):
+    model = ob.attention_model(np.dtype(dtype), v_format, None if mask_dtype is None else np.dtype(mask_dtype),
+                               scale=scale, causal=causal, route=route, split_k_min_keys=split_k_min_keys)
+    for vi in model.graph.input:
+        if vi.name == "attn_mask":
+            vi.type.tensor_type.ClearField("shape")
+    return _session_uncached(model)
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_pack_session(op, x_dtype, fmt):
+    return _session_uncached(ob.pack_model(op, np.dtype(x_dtype), fmt))
+
+
+def gpu_attention(query, k_payload, k_scales, value, v_scales=None, attn_mask=None, *, v_format="float",
+                  causal=1, route="auto", split_k_min_keys=None, scale=None):
+    sess = gpu_attention_session(query.dtype.name, v_format, None if attn_mask is None else attn_mask.dtype.name,
+                                 causal, route, split_k_min_keys, scale)
+    feeds = {"query": query, "k_payload": k_payload, "k_scales": k_scales, "value": value}
+    if v_scales is not None:
+        feeds["v_scales"] = v_scales
+    if attn_mask is not None:
+        feeds["attn_mask"] = attn_mask
+    return sess.run(None, feeds)[0]
+
+
+def gpu_pack(x, op="PackK", fmt=None):
+    out = gpu_pack_session(op, x.dtype.name, fmt).run(None, {"X": x})
+    return out[0], out[1]
+
+
+# ---- PackK / PackV: bit for bit -------------------------------------------------------------------------------
+
+def _pack_inputs(dtype):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 2, 37, 96), dtype=np.float32) * 4
+    x[0, 0, 0, :32] = 0                    # all-zero block: s = 0, q = 0
+    x[0, 0, 1, :32] = 1e-30                # underflows to a zero fp16 scale
+    x[0, 0, 2, :32] = np.linspace(-3.5, 3.5, 32)  # exact halves: round-half-even ties
+    x[0, 0, 3, 5] = 60000.0                # large values
+    x[1, 1, 4, :] = -7.0
+    x[2, 1, 5, 1::2] = np.float32(0.5) * np.arange(48)  # ties at q4 scale
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("op,fmt", [("PackK", None), ("PackV", "q8_0"), ("PackV", "q4_0")])
+def test_pack_bit_exact(op, fmt, dtype):
+    x = _pack_inputs(dtype)
+    pay, sc = gpu_pack(x, op, fmt)
+    ref_pay, ref_sc = R.pack_k(x) if op == "PackK" else R.pack_v(x, fmt)
+    assert pay.dtype == ref_pay.dtype and pay.shape == ref_pay.shape
+    assert np.array_equal(pay, ref_pay), f"{op} {fmt} {dtype}: {np.count_nonzero(pay != ref_pay)} payload bytes differ"
+    assert np.array_equal(sc.view(np.uint16), ref_sc.view(np.uint16)), f"{op} {fmt} {dtype}: scales differ"
+
+
+@pytest.mark.parametrize("D", [32, 64, 128, 160, 256])
+def test_pack_equals_cpu_op(D):
+    """GPU PackK / PackV q4_0 equal the CPU op's output byte for byte (large tensor, every D class)."""
+    rng = np.random.default_rng(D)
+    x = (rng.standard_normal((2, 3, 1001, D), dtype=np.float32) * 2).astype(np.float16)
+    for op, fmt in (("PackK", None), ("PackV", "q4_0")):
+        g = gpu_pack(x, op, fmt)
+        c = ob.run_pack(x, op, fmt)
+        assert np.array_equal(g[0], c[0]) and np.array_equal(g[1].view(np.uint16), c[1].view(np.uint16)), (op, D)
+
+
+# ---- Dot4Attention: the CPU suite's case table on every route ----------------------------------------------------
+
+@pytest.mark.parametrize("name,route", [(c.name, r) for c in TA.CASES for r in TA.routes_for(c)])
+def test_matches_reference_gpu(name, route):
+    c = TA.CASE_BY_NAME[name]
+    inputs, ref, dead = TA.case_data(name)
+    out = gpu_attention(*inputs, v_format=c.v_format, causal=c.causal, route=route,
+                        split_k_min_keys=c.split_k_min_keys, scale=c.scale)
+    what = f"{c} route={route} EP=CUDA"
+    check_nmse(out, ref, TA.REF_TOL, what)
+    if dead.any():
+        assert (out[dead] == 0).all(), f"{what}: rows with no visible key are not 0"
+
+
+@pytest.mark.parametrize("name", [c.name for c in TA.CASES if c.Sq <= 8 and c.Sk > 0 and c.dtype == "float32"])
+def test_routes_agree_gpu(name):
+    c = TA.CASE_BY_NAME[name]
+    inputs, _, _ = TA.case_data(name)
+    outs = {r: gpu_attention(*inputs, v_format=c.v_format, causal=c.causal, route=r,
+                             split_k_min_keys=c.split_k_min_keys, scale=c.scale) for r in TA.ROUTES}
+    for r in ("decode", "split_k", "auto"):
+        err = R.nmse(outs[r], outs["prefill"])
+        assert err <= 1e-8, f"{c}: route {r} vs prefill NMSE {err:.3e}"
+
+
+# Shapes the CPU table does not reach: bigger GQA groups (row chunks), long prefill, many splits, D classes.
+EXTRA = [  # B, Hq, Hkv, Sq, Sk, D, dtype, v_format, causal, route
+    (1, 32, 8, 1, 20000, 128, "float16", "q4_0", 1, "auto"),
+    (1, 24, 4, 1, 9000, 256, "float16", "float", 1, "split_k"),
+    (2, 16, 1, 8, 3000, 64, "float32", "q8_0", 1, "decode"),    # 128 rows per KV head: 8 row chunks
+    (2, 16, 1, 8, 5000, 96, "float16", "q4_0", 1, "split_k"),
+    (1, 8, 2, 777, 777, 128, "float16", "q8_0", 1, "prefill"),
+    (1, 4, 4, 1000, 1500, 224, "float32", "float", 1, "prefill"),
+    (1, 2, 1, 129, 4000, 160, "float16", "q4_0", 0, "prefill"),
+    (1, 64, 8, 3, 70000, 128, "float16", "q4_0", 1, "split_k"),
+]
+
+
+@pytest.mark.parametrize("idx", range(len(EXTRA)), ids=[f"{e[1]}-{e[2]}-Sq{e[3]}-Sk{e[4]}-D{e[5]}-{e[7]}-{e[9]}"
+                                                      for e in EXTRA])
+def test_extra_shapes_gpu(idx):
+    B, Hq, Hkv, Sq, Sk, D, dtype, vf, causal, route = EXTRA[idx]
+    rng = np.random.default_rng(1000 + idx)
+    q, k, v = gaussian_qkv(rng, B, Hq, Hkv, Sq, Sk, D, dtype)
+    kp, ks = R.pack_k(k)
+    value, vs = pack_value(v, vf)
+    ref = R.attention(q, kp, ks, value, vs, causal=causal, v_format=vf)
+    out = gpu_attention(q, kp, ks, value, vs, v_format=vf, causal=causal, route=route)
+    check_nmse(out, ref, TA.REF_TOL, f"{EXTRA[idx]} EP=CUDA")
+
+
+@pytest.mark.parametrize("idx", range(len(TA.QUALITY)),
+                         ids=[f"D{d}-{vf}-{dt}-Sq{s[3]}-Sk{s[4]}" for d, vf, s, dt, _ in TA.QUALITY])
+def test_quality_gpu(idx):
+    """End to end on the GPU: PackK / PackV on CUDA, then Dot4Attention, vs float attention."""
+    D, vf, shape, dtype, causal = TA.QUALITY[idx]
+    q, k, v, base = TA.quality_data(idx)
+    kp, ks = gpu_pack(k, "PackK")
+    value, v_scales = (v, None) if vf == "float" else gpu_pack(v, "PackV", vf)
+    out = gpu_attention(q, kp, ks, value, v_scales, v_format=vf, causal=causal)
+    check_nmse(out, R.attention(q, kp, ks, value, v_scales, causal=causal, v_format=vf), TA.REF_TOL, "vs reference")
+    err = R.nmse(out.astype(np.float32), base)
+    assert err <= TA.QUALITY_TOL[vf], f"NMSE vs float attention {err:.3e}"
+
+
+@pytest.mark.parametrize("shape", [(0, 4, 7, 64, 2, 16), (3, 4, 0, 64, 2, 16), (1, 0, 1, 32, 0, 16)],
+                         ids=["B0", "Sq0", "H0"])
+def test_empty_dims_gpu(shape):
+    B, Hq, Sq, D, Hkv, Sk = shape
+    rng = np.random.default_rng(0)
+    q, k, v = gaussian_qkv(rng, B, Hq, Hkv, Sq, Sk, D, "float16")
+    kp, ks = R.pack_k(k)
+    for route in ("auto", "prefill"):
+        out = gpu_attention(q, kp, ks, v, route=route)
+        assert out.shape == q.shape and out.dtype == q.dtype
+
+
+# ---- a small representative set for compute-sanitizer (memcheck / racecheck) ---------------------------------------
+
+SANITIZER_SET = ["gqa4_b3_leftpad", "mha6_bias", "gqa8_sq300", "splitk_sk4099_pad", "sk0_decode",
+                 "bool_dead_rows_prefill", "scale_mask_qk"]
+
+
+@pytest.mark.parametrize("name", SANITIZER_SET)
+def test_sanitizer_set(name):
+    """Run under `compute-sanitizer --tool memcheck|racecheck python -m pytest tests/test_gpu.py -k sanitizer`."""
+    c = TA.CASE_BY_NAME[name]
+    inputs, ref, _ = TA.case_data(name)
+    for route in TA.routes_for(c):
+        out = gpu_attention(*inputs, v_format=c.v_format, causal=c.causal, route=route,
+                            split_k_min_keys=c.split_k_min_keys, scale=c.scale)
+        check_nmse(out, ref, TA.REF_TOL, f"{c} route={route}")
+    x = _pack_inputs("float16")
+    for op, fmt in (("PackK", None), ("PackV", "q4_0")):
+        gpu_pack(x, op, fmt)

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Compile-checks the HIP device code of every GPU kernel source (custom_ops/**/*.cu, one source for CUDA and HIP)
+# for AMD gfx90a (CDNA2), gfx942 (CDNA3) and gfx1100 (RDNA3), on a machine with no GPU and no ROCm install,
+# with Debian bookworm's packages only:
+#   gfx90a   hipcc (Debian's HIP 5.2 on clang-15) with its ROCm device libraries
+#   gfx1100  the same, with an oclc_isa_version_1100.bc made from the 1030 one (Debian's device libs stop at
+#            gfx1036): llvm-dis, change the ISA version constant, llvm-as
+#   gfx942   clang-19 (-x hip --offload-arch=gfx942 -nogpulib; Debian's device libs predate gfx942)
+# Each source is compiled device-only to assembly (full code generation, no host pass, no device link), and
+# the assembly must contain the arch's 4-way int8 dot instruction where the source uses one (sdot4 on CDNA,
+# sudot4 on RDNA3), so a silently taken scalar fallback fails the check.
+# Usage: tools/hip_compile_check.sh [ARCH...]   (default: gfx90a gfx942 gfx1100). Installs packages with
+# apt-get when run as root and they are missing. Exit status 0 when every (source, arch) compiles.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+archs=("$@")
+[[ ${#archs[@]} -gt 0 ]] || archs=(gfx90a gfx942 gfx1100)
+
+need=()
+command -v hipcc >/dev/null || need+=(hipcc libamdhip64-dev)
+command -v clang++-19 >/dev/null || need+=(clang-19 lld-19)
+command -v /usr/lib/llvm-15/bin/llvm-dis >/dev/null || need+=(llvm-15)
+if [[ ${#need[@]} -gt 0 ]]; then
+  if [[ $(id -u) -ne 0 ]]; then echo "missing packages: ${need[*]} (run as root to install)" >&2; exit 2; fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# Device libraries: Debian's set plus a generated gfx1100 ISA-version library.
+devlib_src=/usr/lib/x86_64-linux-gnu/amdgcn/bitcode
+devlib=$work/bitcode
+cp -r "$devlib_src" "$devlib"
+if [[ ! -f $devlib/oclc_isa_version_1100.bc ]]; then
+  /usr/lib/llvm-15/bin/llvm-dis "$devlib/oclc_isa_version_1030.bc" -o "$work/isa1030.ll"
+  sed -e 's/10300/11000/g' "$work/isa1030.ll" > "$work/isa1100.ll"
+  /usr/lib/llvm-15/bin/llvm-as "$work/isa1100.ll" -o "$devlib/oclc_isa_version_1100.bc"
+fi
+
+mapfile -t sources < <(cd "$root" && find custom_ops -name '*.cu' | sort)
+common=(-std=c++17 -O3 -I"$root/custom_ops" -DDOT4ATTN_WITH_GPU=1 -DDOT4ATTN_WITH_HIP=1 --cuda-device-only -S
+        -Wno-unused-command-line-argument)
+fail=0
+for arch in "${archs[@]}"; do
+  case $arch in
+    gfx942) cc=(clang++-19 -x hip --offload-arch="$arch" -nogpulib); dot='v_dot4c\?_i32_i8' ;;
+    gfx90a) cc=(env HIP_PLATFORM=amd hipcc --offload-arch="$arch" --rocm-device-lib-path="$devlib"); dot='v_dot4c\?_i32_i8' ;;
+    gfx11*) cc=(env HIP_PLATFORM=amd hipcc --offload-arch="$arch" --rocm-device-lib-path="$devlib"); dot='v_dot4_i32_iu8' ;;
+    *) echo "unknown arch $arch" >&2; exit 2 ;;
+  esac
+  for src in "${sources[@]}"; do
+    out=$work/$(basename "$src" .cu).$arch.s
+    if "${cc[@]}" "${common[@]}" "$root/$src" -o "$out" 2>"$work/err"; then
+      status=ok
+      # the files that instantiate the attention tile kernel must contain the dot instruction
+      if [[ $src == */decode_gpu.cu || $src == */prefill_gpu.cu ]] && ! grep -q "$dot" "$out"; then
+        status="FAILED (no $dot in the code: the dot4 builtin was not used)"
+        fail=1
+      fi
+      echo "$arch  $src: $status"
+    else
+      echo "$arch  $src: FAILED"
+      sed 's/^/    /' "$work/err" | grep -v "linker' input unused" | head -30
+      fail=1
+    fi
+  done
+done
+exit $fail
