@@ -1,0 +1,90 @@
+"""Smoke test of the bench harness (`dot4attn bench`): a tiny config, a few seconds, no timing assertions."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from dot4attn import bench
+
+RESULT_FIELDS = {"case", "candidate", "median_ms", "min_ms", "p25_ms", "p75_ms", "repeats", "kv_bytes",
+                 "speedup_vs_gqa_f32", "nmse_vs_gqa_f32"}
+
+
+def _args(tmp_path, *extra):
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    return parser.parse_args(["--heads", "4,2,32", "--decode-sk", "64", "--prefill-sk", "32", "--repeats", "3",
+                              "--warmup", "1", "--threads", "1", "--thread-pool", "per-session",
+                              "--out", str(tmp_path), *extra])
+
+
+def _library_available() -> bool:
+    try:
+        from dot4attn import get_library_path
+
+        get_library_path()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _check_report(tmp_path, candidates):
+    report = json.loads((tmp_path / "bench.json").read_text())
+    for key in ("schema", "device", "threads", "thread_pool", "machine", "candidates", "baseline", "method",
+                "gqa_verification", "results", "targets", "elapsed_s"):
+        assert key in report, key
+    assert report["device"] == "cpu" and report["threads"] == 1 and report["baseline"] == "gqa_f32"
+    cases = {(r["case"]["kind"], r["case"]["Sq"], r["case"]["Sk"]) for r in report["results"]}
+    assert cases == {("decode", 1, 64), ("prefill", 32, 32)}
+    for r in report["results"]:
+        assert RESULT_FIELDS <= set(r), set(r)
+        assert r["repeats"] == 3 and r["median_ms"] > 0 and r["kv_bytes"] > 0
+        assert r["case"]["Hq"] == 4 and r["case"]["Hkv"] == 2 and r["case"]["D"] == 32
+    assert {r["candidate"] for r in report["results"]} == set(candidates)
+    for r in report["results"]:
+        if r["candidate"] != "gqa_f32":  # every candidate computes the same attention as the baseline
+            assert r["nmse_vs_gqa_f32"] is not None and r["nmse_vs_gqa_f32"] < 5e-2, r
+    # the targets are about (32, 8, 128) at Sk=16384, not measured here
+    assert [t["met"] for t in report["targets"]] == [None, None]
+    assert (tmp_path / "bench.png").stat().st_size > 0
+    return report
+
+
+def test_bench_baselines(tmp_path):
+    """GQA (share-buffer, verified against the reference) and numpy only: needs no op library."""
+    rc = bench.run_bench(_args(tmp_path, "--candidates", "gqa_f32,gqa_f16,numpy"))
+    assert rc == 0
+    report = _check_report(tmp_path, ["gqa_f32", "gqa_f16", "numpy"])
+    assert report["gqa_verification"] and all(v["ok"] and v["share_buffer"] for v in report["gqa_verification"])
+
+
+@pytest.mark.skipif(not _library_available(), reason="dot4attn op library not built")
+def test_bench_all_candidates(tmp_path):
+    rc = bench.run_bench(_args(tmp_path, "--no-verify"))
+    assert rc == 0
+    report = _check_report(tmp_path, list(bench.CANDIDATES))
+    routes = {(r["case"]["kind"], r["route"]) for r in report["results"] if r["candidate"].startswith("d4a_")}
+    assert routes == {("decode", "decode"), ("prefill", "prefill")}
+
+
+def test_bench_unknown_candidate(tmp_path):
+    assert bench.run_bench(_args(tmp_path, "--candidates", "gqa_f32,nope")) == 2
+
+
+def test_bench_cuda_without_cuda(tmp_path, capsys):
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this machine has a CUDA EP: the CUDA bench would really run")
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("torch sees a CUDA GPU: the CUDA bench would really run")
+    except ImportError:
+        pass
+    assert bench.run_bench(_args(tmp_path, "--device", "cuda")) == 2
+    err = capsys.readouterr().err
+    assert "--device cuda" in err and ("bench_cuda" in err or "no CUDA device" in err)
