@@ -335,6 +335,35 @@ constexpr int PV_MR = 8;
 constexpr int PV_MR = 2;
 #endif
 
+// A whole 32-dim block of V row j (PV_CH vectors). q4_0 decodes its 16 bytes at once: nibbles split and
+// interleaved back into element order with one unpack pair; (u - 8) * s = fma(u, s, -8 s) is exact.
+template <int KIND>
+static inline void load_v_block(const void* v, const float* vsf, int64_t j, int d0, int D, vf* x) {
+#if defined(__AVX512F__) || defined(__AVX2__)
+  if constexpr (KIND == kVQ4) {
+    const float s = vsf[j * (D / kBlock) + d0 / kBlock];
+    const __m128i b =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(v) + j * (D / 2) + d0 / 2));
+    const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
+    const __m128i e0 = _mm_unpacklo_epi8(lo, hi);  // elements 0..15
+    const __m128i e1 = _mm_unpackhi_epi8(lo, hi);  // elements 16..31
+    const vf vs = vset1(s), voff = vset1(-8.f * s);
+#if defined(__AVX512F__)
+    x[0] = vfma(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(e0)), vs, voff);
+    x[1] = vfma(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(e1)), vs, voff);
+#else
+    x[0] = vfma(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(e0)), vs, voff);
+    x[1] = vfma(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(e0, 8))), vs, voff);
+    x[2] = vfma(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(e1)), vs, voff);
+    x[3] = vfma(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(e1, 8))), vs, voff);
+#endif
+    return;
+  }
+#endif
+  for (int c = 0; c < PV_CH; ++c) x[c] = load_v<KIND>(v, vsf, j, d0 + c * W, D);
+}
+
 template <int KIND, int MR>
 static inline void pv_rows(const float* p, int m0, const void* v, const float* vsf, int nk, int D, float* acc) {
   for (int d0 = 0; d0 < D; d0 += kBlock) {
@@ -343,7 +372,7 @@ static inline void pv_rows(const float* p, int m0, const void* v, const float* v
       for (int c = 0; c < PV_CH; ++c) a[r][c] = vload(acc + int64_t(m0 + r) * D + d0 + c * W);
     for (int j = 0; j < nk; ++j) {
       vf x[PV_CH];
-      for (int c = 0; c < PV_CH; ++c) x[c] = load_v<KIND>(v, vsf, j, d0 + c * W, D);
+      load_v_block<KIND>(v, vsf, j, d0, D, x);
       for (int r = 0; r < MR; ++r) {
         const vf pb = vset1(p[int64_t(m0 + r) * NK + j]);
         for (int c = 0; c < PV_CH; ++c) a[r][c] = vfma(pb, x[c], a[r][c]);
