@@ -73,6 +73,7 @@ void load_rows(const AttentionParams& p, int64_t b, int64_t hkv, int64_t i0, int
   rb.acc.resize(size_t(rb.M) * D);
   rb.limit.resize(rb.M);
   rb.mask_off.resize(rb.M);
+  const CpuKernels& kern = cpu_kernels();
   float row[kMaxHeadDim];
   for (int64_t g = 0; g < G; ++g) {
     const int64_t h = hkv * G + g;
@@ -80,8 +81,7 @@ void load_rows(const AttentionParams& p, int64_t b, int64_t hkv, int64_t i0, int
       const int64_t m = g * n_i + (i - i0);
       const int64_t src = ((b * p.Hq + h) * p.Sq + i) * D;
       if (p.half) {
-        const uint16_t* x = static_cast<const uint16_t*>(p.q) + src;
-        for (int d = 0; d < D; ++d) row[d] = half_to_float(x[d]);
+        kern.halves_to_floats(static_cast<const uint16_t*>(p.q) + src, row, D);
       } else {
         std::memcpy(row, static_cast<const float*>(p.q) + src, sizeof(float) * D);
       }
@@ -97,6 +97,7 @@ void load_rows(const AttentionParams& p, int64_t b, int64_t hkv, int64_t i0, int
 
 void store_rows(const AttentionParams& p, const RowBlock& rb) {
   const int D = p.D;
+  const CpuKernels& kern = cpu_kernels();
   const int64_t G = p.group(), n_i = rb.i1 - rb.i0;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t h = rb.hkv * G + g;
@@ -107,8 +108,9 @@ void store_rows(const AttentionParams& p, const RowBlock& rb) {
       const float inv = l > 0.f ? 1.f / l : 0.f;
       const float* a = rb.acc.data() + m * D;
       if (p.half) {
-        uint16_t* o = static_cast<uint16_t*>(p.out) + dst;
-        for (int d = 0; d < D; ++d) o[d] = float_to_half(a[d] * inv);
+        float row[kMaxHeadDim];
+        for (int d = 0; d < D; ++d) row[d] = a[d] * inv;
+        kern.floats_to_halves(row, static_cast<uint16_t*>(p.out) + dst, D);
       } else {
         float* o = static_cast<float*>(p.out) + dst;
         for (int d = 0; d < D; ++d) o[d] = a[d] * inv;

@@ -90,16 +90,18 @@ int64_t gpu_parallel_units(void* stream) {
 
 }  // namespace dot4attn
 
-// ---- a C entry point for the CUDA benchmark (python/dot4attn/bench_cuda.py, through ctypes) -------------------
+// ---- C entry points for the CUDA benchmark and the kernel checks (python/dot4attn/bench_cuda.py,
+// tools/gpu_check_decode.py, through ctypes) ----------------------------------------------------------------------
 // Runs Dot4Attention on device pointers and a stream the caller owns, bypassing ONNX Runtime, so kernel time
 // can be measured with CUDA events. route: 0 auto, 1 prefill, 2 decode, 3 split_k; v_format: 0 float, 1 q8_0,
 // 2 q4_0. With scratch == nullptr it only reports the scratch bytes (and n_splits) it needs and returns 0.
-// Returns 0 on success, 1 on error (message in err, up to err_len bytes).
-extern "C" __attribute__((visibility("default"))) int dot4attn_gpu_attention(
+// Returns 0 on success, 1 on error (message in err, up to err_len bytes). The _masked variant adds the optional
+// mask (mask_kind 0 none, 1 bool, 2 additive T; element strides for b, h, i, j, 0 where broadcast).
+extern "C" __attribute__((visibility("default"))) int dot4attn_gpu_attention_masked(
     int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, int64_t Sk, int D, int half, int v_format, int causal,
     int route, float scale, int64_t split_k_min_keys, const void* q, const void* k, const void* k_scales,
     const void* v, const void* v_scales, void* out, void* scratch, size_t* scratch_bytes, int64_t* n_splits,
-    void* stream, char* err, size_t err_len) {
+    void* stream, char* err, size_t err_len, int mask_kind, const void* mask, const int64_t* mask_strides) {
   using namespace dot4attn;
   try {
     AttentionParams p;
@@ -110,10 +112,15 @@ extern "C" __attribute__((visibility("default"))) int dot4attn_gpu_attention(
     p.v_format = v_format == 1 ? VFormat::kQ8_0 : v_format == 2 ? VFormat::kQ4_0 : VFormat::kFloat;
     p.q = q; p.k = static_cast<const int8_t*>(k); p.k_scales = static_cast<const uint16_t*>(k_scales);
     p.v = v; p.v_scales = static_cast<const uint16_t*>(v_scales); p.out = out;
+    if (mask_kind != 0 && mask != nullptr) {
+      p.mask_kind = mask_kind == 1 ? MaskKind::kBool : MaskKind::kAdditive;
+      p.mask = mask;
+      for (int i = 0; i < 4; ++i) p.mask_stride[i] = mask_strides ? mask_strides[i] : 0;
+    }
     p.route = route == 1 ? Route::kPrefill : route == 2 ? Route::kDecode : route == 3 ? Route::kSplitK
                                                                                         : choose_route(p, split_k_min_keys);
     if (p.route == Route::kSplitK)
-      p.n_splits = choose_splits(p.B * p.Hkv, p.Sk, gpu_parallel_units(stream), 2, 128);
+      p.n_splits = choose_splits(p.B * p.Hkv, p.Sk, gpu_parallel_units(stream), 4, 128);  // as attention_op.cc
     const size_t need = attention_gpu_scratch_bytes(p);
     if (scratch_bytes) *scratch_bytes = need;
     if (n_splits) *n_splits = p.n_splits;
@@ -128,4 +135,14 @@ extern "C" __attribute__((visibility("default"))) int dot4attn_gpu_attention(
     }
     return 1;
   }
+}
+
+extern "C" __attribute__((visibility("default"))) int dot4attn_gpu_attention(
+    int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, int64_t Sk, int D, int half, int v_format, int causal,
+    int route, float scale, int64_t split_k_min_keys, const void* q, const void* k, const void* k_scales,
+    const void* v, const void* v_scales, void* out, void* scratch, size_t* scratch_bytes, int64_t* n_splits,
+    void* stream, char* err, size_t err_len) {
+  return dot4attn_gpu_attention_masked(B, Hq, Hkv, Sq, Sk, D, half, v_format, causal, route, scale,
+                                       split_k_min_keys, q, k, k_scales, v, v_scales, out, scratch, scratch_bytes,
+                                       n_splits, stream, err, err_len, 0, nullptr, nullptr);
 }

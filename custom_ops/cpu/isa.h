@@ -52,6 +52,9 @@ using AttendFn = void (*)(const AttendRows& rows, const AttendKv& kv, const Atte
 struct CpuKernels {
   const char* name;
   AttendFn attend;
+  // float16 <-> float32 over n values (F16C where the ISA has it; round to nearest even either way).
+  void (*halves_to_floats)(const uint16_t* src, float* dst, int64_t n);
+  void (*floats_to_halves)(const float* src, uint16_t* dst, int64_t n);
 };
 
 CpuIsa cpu_isa();                     // chosen (env override, else best supported); throws on a bad override

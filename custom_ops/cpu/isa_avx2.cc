@@ -8,7 +8,7 @@ namespace isa_avx2 {
 }  // namespace isa_avx2
 
 const CpuKernels& cpu_kernels_avx2() {
-  static const CpuKernels k{"avx2", isa_avx2::attend};
+  static const CpuKernels k{"avx2", isa_avx2::attend, isa_avx2::halves_to_floats, isa_avx2::floats_to_halves};
   return k;
 }
 }  // namespace dot4attn

@@ -8,7 +8,7 @@ namespace isa_avx512vnni {
 }  // namespace isa_avx512vnni
 
 const CpuKernels& cpu_kernels_avx512vnni() {
-  static const CpuKernels k{"avx512vnni", isa_avx512vnni::attend};
+  static const CpuKernels k{"avx512vnni", isa_avx512vnni::attend, isa_avx512vnni::halves_to_floats, isa_avx512vnni::floats_to_halves};
   return k;
 }
 }  // namespace dot4attn

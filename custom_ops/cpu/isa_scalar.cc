@@ -8,7 +8,7 @@ namespace isa_scalar {
 }  // namespace isa_scalar
 
 const CpuKernels& cpu_kernels_scalar() {
-  static const CpuKernels k{"scalar", isa_scalar::attend};
+  static const CpuKernels k{"scalar", isa_scalar::attend, isa_scalar::halves_to_floats, isa_scalar::floats_to_halves};
   return k;
 }
 }  // namespace dot4attn

@@ -105,12 +105,27 @@ static inline vf vload_q4(const uint8_t* p) {  // 2 bytes -> 4 values
 #endif
 
 // float16 bits -> float32 for n contiguous values.
-static inline void halves_to_floats(const uint16_t* src, float* dst, int n) {
-  int i = 0;
+static inline void halves_to_floats(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
 #if defined(__AVX512F__) || defined(__AVX2__)
   for (; i + W <= n; i += W) vstore(dst + i, vload_h(src + i));
 #endif
   for (; i < n; ++i) dst[i] = half_to_float(src[i]);
+}
+
+// float32 -> float16 bits, round to nearest even (vcvtps2ph with imm 0 rounds exactly like float_to_half).
+static inline void floats_to_halves(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(__AVX2__)
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+  for (; i < n; ++i) dst[i] = float_to_half(src[i]);
 }
 
 // 2^x in place for x <= 0 (-inf -> 0). Degree-7 Taylor on [-0.5, 0.5] after rounding: rel. error < 3e-9.
