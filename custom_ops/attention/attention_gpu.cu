@@ -2,6 +2,7 @@
 // the split-K scratch, and dispatches the resolved route (decode / split_k / prefill). Everything is enqueued
 // on the EP's stream; no host synchronisation and no device allocation happen here.
 #include <cmath>
+#include <map>
 #include <mutex>
 
 #include "attention/attention_backends.h"
@@ -34,19 +35,23 @@ TileArgs make_tile_args(const AttentionParams& p) {
   return a;
 }
 
-int max_shared_bytes() {
+// Device attributes are asked on every launch and cost microseconds: cache them per (device, attribute).
+int device_attribute(gpuDeviceAttr_t attr, int fallback) {
   static std::mutex mu;
-  static int cached[64] = {0};
+  static std::map<std::pair<int, int>, int> cache;
   int dev = 0;
-  D4A_GPU_CHECK(gpuGetDevice(&dev));
+  if (gpuGetDevice(&dev) != gpuSuccess || dev < 0) return fallback;
   std::lock_guard<std::mutex> lock(mu);
-  if (dev >= 0 && dev < 64 && cached[dev] > 0) return cached[dev];
-  int bytes = 0;
-  if (gpuDeviceGetAttribute(&bytes, gpuDevAttrMaxSharedMemoryPerBlockOptin, dev) != gpuSuccess || bytes <= 0)
-    bytes = 48 * 1024;
-  if (dev >= 0 && dev < 64) cached[dev] = bytes;
-  return bytes;
+  const auto key = std::make_pair(dev, int(attr));
+  const auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int v = 0;
+  if (gpuDeviceGetAttribute(&v, attr, dev) != gpuSuccess || v <= 0) v = fallback;
+  cache[key] = v;
+  return v;
 }
+
+int max_shared_bytes() { return device_attribute(gpuDevAttrMaxSharedMemoryPerBlockOptin, 48 * 1024); }
 
 }  // namespace gpu
 
@@ -76,16 +81,7 @@ void attention_gpu(const AttentionParams& p, void* scratch, void* stream) {
 
 int64_t gpu_parallel_units(void* stream) {
   (void)stream;  // ORT makes the stream's device current before Compute
-  static std::mutex mu;
-  static int cached[64] = {0};
-  int dev = 0;
-  if (gpuGetDevice(&dev) != gpuSuccess || dev < 0) return 1;
-  std::lock_guard<std::mutex> lock(mu);
-  if (dev < 64 && cached[dev] > 0) return cached[dev];
-  int sms = 0;
-  if (gpuDeviceGetAttribute(&sms, gpuDevAttrMultiProcessorCount, dev) != gpuSuccess || sms <= 0) sms = 1;
-  if (dev < 64) cached[dev] = sms;
-  return sms;
+  return gpu::device_attribute(gpuDevAttrMultiProcessorCount, 1);
 }
 
 }  // namespace dot4attn
@@ -120,7 +116,7 @@ extern "C" __attribute__((visibility("default"))) int dot4attn_gpu_attention_mas
     p.route = route == 1 ? Route::kPrefill : route == 2 ? Route::kDecode : route == 3 ? Route::kSplitK
                                                                                         : choose_route(p, split_k_min_keys);
     if (p.route == Route::kSplitK)
-      p.n_splits = choose_splits(p.B * p.Hkv, p.Sk, gpu_parallel_units(stream), 4, 128);  // as attention_op.cc
+      p.n_splits = choose_splits(p.B * p.Hkv, p.Sk, gpu_parallel_units(stream), 2, 128);  // as attention_op.cc
     const size_t need = attention_gpu_scratch_bytes(p);
     if (scratch_bytes) *scratch_bytes = need;
     if (n_splits) *n_splits = p.n_splits;

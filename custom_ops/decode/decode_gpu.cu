@@ -1,14 +1,21 @@
-// Dot4Attention decode route on the GPU (Sq <= 8): one block per (batch, KV head) owns every grouped query head
-// and every query row (g x Sq rows in blocks of 4, 8 or 16 rows; more rows go in 16-row chunks that are adjacent
-// in launch order, run side by side and share the K/V tiles through L2), so each K/V row is read from memory
-// once for all of them. The same launcher runs split_k's stage 1 (a.n_splits > 1, partial outputs).
+// Dot4Attention decode route on the GPU (Sq <= 8), also split_k's stage 1 (a.n_splits > 1, partial outputs).
+// Runs the dedicated decode kernel (gpu/decode_kernel.cuh): one block per (batch, KV head, split) holding all
+// g x Sq rows (chunks of 8 rows beyond 8, adjacent in launch order so they share K/V through L2), warps streaming
+// their own key chunks. Configurations the decode kernel cannot take (misaligned pointers, no shared-memory fit)
+// and DOT4ATTN_GPU_DECODE=tile run the tile kernel (gpu/attention_tile.cuh) as before.
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
 #include "gpu/attention_gpu_internal.h"
+#include "gpu/decode_kernel.cuh"
 
 namespace dot4attn {
 namespace gpu {
 
 namespace {
 
+// ---- the tile-kernel path (fallback) ------------------------------------------------------------------------
 template <int VK, int DMAX>
 void launch_rb(const TileArgs& a, int rb, gpuStream_t s) {
   if (rb == 4) launch_tile<VK, DMAX, 4, 4, 3>(a, s);
@@ -23,9 +30,7 @@ void launch_d(const TileArgs& a, int rb, gpuStream_t s) {
   else launch_rb<VK, 256>(a, rb, s);
 }
 
-}  // namespace
-
-void launch_decode_tiles(const TileArgs& a0, gpuStream_t s) {
+void launch_tile_path(const TileArgs& a0, gpuStream_t s) {
   TileArgs a = a0;
   const int64_t rows = a.g * a.Sq;
   const int rb = rows <= 4 ? 4 : rows <= 8 ? 8 : 16;
@@ -37,6 +42,106 @@ void launch_decode_tiles(const TileArgs& a0, gpuStream_t s) {
     case kVQ8: launch_d<kVQ8>(a, rb, s); break;
     default: launch_d<kVQ4>(a, rb, s); break;
   }
+}
+
+// ---- the decode-kernel path -----------------------------------------------------------------------------------
+struct DecodeEnv {
+  bool tile = false;  // DOT4ATTN_GPU_DECODE=tile: always the tile kernel (comparison, fallback)
+  int nw = 0, nst = 0;  // DOT4ATTN_DECODE_NW / _NST: force warps / stages (tuning); 0 = automatic
+};
+
+const DecodeEnv& decode_env() {
+  static const DecodeEnv e = [] {
+    DecodeEnv d;
+    const char* m = std::getenv("DOT4ATTN_GPU_DECODE");
+    d.tile = m != nullptr && std::strcmp(m, "tile") == 0;
+    if (const char* v = std::getenv("DOT4ATTN_DECODE_NW")) d.nw = std::atoi(v);
+    if (const char* v = std::getenv("DOT4ATTN_DECODE_NST")) d.nst = std::atoi(v);
+    return d;
+  }();
+  return e;
+}
+
+int warp_size() { return device_attribute(gpuDevAttrWarpSize, 32); }
+
+// Launches the decode kernel for one (VK, D, RB); false when no configuration fits the shared memory.
+template <int VK, int D, int RB>
+bool launch_decode_cfg(TileArgs a, int ws, gpuStream_t s) {
+  const DecodeEnv& env = decode_env();
+  const int limit = max_shared_bytes();
+  const int cap = kDecodeMaxThreads / ws;
+  // Warps: no more than the key chunks of one block; split_k's many short-lived blocks do best with 4 warps
+  // (more blocks per multiprocessor), the decode route's few blocks with all 8 (H200 measurements).
+  const int64_t keys = a.split_len < a.Sk ? a.split_len : a.Sk;
+  int want = int((keys + ws - 1) / ws < cap ? (keys + ws - 1) / ws : cap);
+  const int split_warps = 128 / ws;  // 4 on wave32
+  if (a.part_acc != nullptr && want > split_warps) want = split_warps;
+  if (env.nw > 0 && env.nw <= cap) want = env.nw;
+  // Stages: 2 (a chunk in flight per warp while another is computed; 3 only cost occupancy), else 1.
+  int nw = 0, nst = 0;
+  for (int st = 2; st >= 1 && nw == 0; --st) {
+    const int use = env.nst > 0 ? (env.nst < 3 ? env.nst : 3) : st;
+    for (int w = want; w >= 1 && nw == 0; --w)
+      if (DecodeLayout(VK, D, RB, ws, w, use).total <= limit) nw = w, nst = use;
+  }
+  if (nw == 0) return false;
+  a.nst = nst;
+  const DecodeLayout L(VK, D, RB, ws, nw, nst);
+  auto kern = decode_kernel<VK, D, RB, 3>;
+  if (L.total > 48 * 1024) D4A_GPU_CHECK(gpuFuncSetAttribute(kern, gpuFuncAttributeMaxDynamicSharedMemorySize, L.total));
+  const int64_t blocks = a.n_chunks * a.n_splits * a.B * a.Hkv;
+  if (blocks > 0x7fffffffLL) throw std::runtime_error("Dot4Attention GPU: more than 2^31-1 blocks");
+  kern<<<unsigned(blocks), unsigned(nw * ws), L.total, s>>>(a);
+  D4A_GPU_CHECK(gpuGetLastError());
+  return true;
+}
+
+template <int VK, int RB>
+bool launch_decode_d(const TileArgs& a, int ws, gpuStream_t s) {
+  switch (a.D) {
+    case 32: return launch_decode_cfg<VK, 32, RB>(a, ws, s);
+    case 64: return launch_decode_cfg<VK, 64, RB>(a, ws, s);
+    case 96: return launch_decode_cfg<VK, 96, RB>(a, ws, s);
+    case 128: return launch_decode_cfg<VK, 128, RB>(a, ws, s);
+    case 160: return launch_decode_cfg<VK, 160, RB>(a, ws, s);
+    case 192: return launch_decode_cfg<VK, 192, RB>(a, ws, s);
+    case 224: return launch_decode_cfg<VK, 224, RB>(a, ws, s);
+    case 256: return launch_decode_cfg<VK, 256, RB>(a, ws, s);
+    default: return false;
+  }
+}
+
+template <int VK>
+bool launch_decode_rb(const TileArgs& a, int rb, int ws, gpuStream_t s) {
+  if (rb == 1) return launch_decode_d<VK, 1>(a, ws, s);
+  if (rb == 4) return launch_decode_d<VK, 4>(a, ws, s);
+  return launch_decode_d<VK, 8>(a, ws, s);
+}
+
+bool launch_decode_kernel(const TileArgs& a0, gpuStream_t s) {
+  if (decode_env().tile) return false;
+  // cp.async wants 16-byte aligned K/V rows and 4-byte aligned scale runs (ORT's buffers always are).
+  auto al = [](const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; };
+  if (!al(a0.k, 16) || !al(a0.v, 16) || !al(a0.ks, 4) || (a0.vs != nullptr && !al(a0.vs, 4))) return false;
+  const int ws = warp_size();
+  if (ws != 32 && ws != 64) return false;
+  TileArgs a = a0;
+  const int64_t rows = a.g * a.Sq;
+  const int rb = rows == 1 ? 1 : rows <= 4 ? 4 : 8;
+  a.n_chunks = (rows + rb - 1) / rb;
+  a.reverse_chunks = 0;
+  switch (a.vk) {
+    case kVF32: return launch_decode_rb<kVF32>(a, rb, ws, s);
+    case kVF16: return launch_decode_rb<kVF16>(a, rb, ws, s);
+    case kVQ8: return launch_decode_rb<kVQ8>(a, rb, ws, s);
+    default: return launch_decode_rb<kVQ4>(a, rb, ws, s);
+  }
+}
+
+}  // namespace
+
+void launch_decode_tiles(const TileArgs& a, gpuStream_t s) {
+  if (!launch_decode_kernel(a, s)) launch_tile_path(a, s);
 }
 
 void run_decode(const AttentionParams& p, gpuStream_t s) {

@@ -464,7 +464,9 @@ __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const TileArgs a) {
 }
 
 // Host side: launch one configuration.
-int max_shared_bytes();  // opt-in shared memory per block of the current device (attention_gpu.cu, cached)
+// Cached per-device attribute (attention_gpu.cu), and the opt-in shared memory per block built on it.
+int device_attribute(gpuDeviceAttr_t attr, int fallback);
+int max_shared_bytes();
 
 template <int VK, int DMAX, int RB, int RPT, int ST>
 void launch_tile(const TileArgs& a0, gpuStream_t stream) {

@@ -20,6 +20,7 @@
 // ---- runtime API ---------------------------------------------------------------------------------------------
 #if defined(D4A_HIP)
 using gpuStream_t = hipStream_t;
+using gpuDeviceAttr_t = hipDeviceAttribute_t;
 using gpuError_t = hipError_t;
 #define gpuSuccess hipSuccess
 #define gpuGetLastError hipGetLastError
@@ -27,12 +28,14 @@ using gpuError_t = hipError_t;
 #define gpuGetDevice hipGetDevice
 #define gpuDeviceGetAttribute hipDeviceGetAttribute
 #define gpuDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
+#define gpuDevAttrWarpSize hipDeviceAttributeWarpSize
 #define gpuDevAttrMaxSharedMemoryPerBlockOptin hipDeviceAttributeSharedMemPerBlockOptin
 #define gpuMemsetAsync hipMemsetAsync
 #define gpuFuncSetAttribute(f, attr, v) hipFuncSetAttribute(reinterpret_cast<const void*>(f), attr, v)
 #define gpuFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
 #else
 using gpuStream_t = cudaStream_t;
+using gpuDeviceAttr_t = cudaDeviceAttr;
 using gpuError_t = cudaError_t;
 #define gpuSuccess cudaSuccess
 #define gpuGetLastError cudaGetLastError
@@ -40,6 +43,7 @@ using gpuError_t = cudaError_t;
 #define gpuGetDevice cudaGetDevice
 #define gpuDeviceGetAttribute cudaDeviceGetAttribute
 #define gpuDevAttrMultiProcessorCount cudaDevAttrMultiProcessorCount
+#define gpuDevAttrWarpSize cudaDevAttrWarpSize
 #define gpuDevAttrMaxSharedMemoryPerBlockOptin cudaDevAttrMaxSharedMemoryPerBlockOptin
 #define gpuMemsetAsync cudaMemsetAsync
 #define gpuFuncSetAttribute(f, attr, v) cudaFuncSetAttribute(f, attr, v)
@@ -73,6 +77,27 @@ __device__ __forceinline__ int shfl_xor(int v, int lane_mask) {
   return __shfl_xor(v, lane_mask, D4A_WARP);
 #else
   return __shfl_xor_sync(0xffffffffu, v, lane_mask, 32);
+#endif
+}
+
+// Value of `v` in lane `src` of the warp (indexed shuffle).
+__device__ __forceinline__ float shfl(float v, int src) {
+#if defined(D4A_HIP)
+  return __shfl(v, src, D4A_WARP);
+#else
+  return __shfl_sync(0xffffffffu, v, src, 32);
+#endif
+}
+
+// Barrier + shared-memory ordering among the lanes of one warp (wavefront): a warp's lanes exchange data through
+// shared memory without a block barrier.
+__device__ __forceinline__ void warp_sync() {
+#if defined(D4A_HIP)
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+  __builtin_amdgcn_wave_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+#else
+  __syncwarp();
 #endif
 }
 

@@ -1,0 +1,395 @@
+// The dedicated Dot4Attention decode kernel (decode route and split_k stage 1; prefill keeps the tile kernel).
+// Decode is memory-bound by nature, so this kernel is shaped to read every K/V byte once and spend as few
+// instructions per key as the contract allows:
+//
+//   * one block per (batch, KV head, key split[, chunk of RB rows]); all RB = g x Sq rows (grouped heads x
+//     query rows) live in the block, so a K/V row is fetched once for all of them. Q is quantized once into
+//     shared memory (int8 + float32 scale per 32-block, exactly the contract).
+//   * every warp streams its own chunks of KC = warp-size keys (chunks w, w + nw, ...) through its own
+//     nst-stage cp.async pipeline (K rows padded to D+16 bytes so lane-per-row 16-byte reads are conflict
+//     free, V and the fp16 scale runs unpadded), so warps never wait on each other inside the key loop.
+//   * Q.K: one lane per key, D/4 dot4s per row against Q words broadcast from shared memory, no reductions.
+//   * online softmax per warp in the log2 domain: one warp max per row and chunk; the running sum stays
+//     per lane (alpha is warp-uniform) and is reduced once at the end.
+//   * P.V: a lane owns 8 columns of one key slot (D/8 lanes per key, warp/(D/8) keys per step) and dequantizes
+//     those 8 values once for all RB rows (q4_0: one 32-bit load = 8 nibbles; the block scale is folded into p).
+//   * the end: key slots are summed by shuffles, warps' (m, l, acc) are combined in shared memory, and the block
+//     writes the normalised output (decode) or the split partials for the existing merge (split_k).
+// The math is the contract's up to float32 rounding: logits = scale * sum_blocks((sq * sk) * dot), invisible keys
+// -inf, rows with no visible key give exact zeros (decode) or l = 0 partials (dropped by the merge).
+#pragma once
+
+#include "gpu/attention_tile.cuh"
+
+namespace dot4attn {
+namespace gpu {
+
+constexpr int kDecodeMaxThreads = 256;
+
+// Shared-memory layout (bytes) for warp size ws, nw warps, nst stages; identical on host and device.
+struct DecodeLayout {
+  int kc, nb, kstr, st_k, st_ks, st_v, st_vs, stage, pbytes, warp_bytes;
+  int off_qs, off_qsc, off_kmax, off_mrow, off_wm, off_wl, off_warps, total;
+  __host__ __device__ static int up16(int x) { return (x + 15) & ~15; }
+  __host__ __device__ DecodeLayout(int vk, int d, int rb, int ws, int nw, int nst) {
+    kc = ws;
+    nb = d / 32;
+    kstr = d + 16;  // D multiple of 32: rows 16 bytes apart mod 128 -> conflict-free 16-byte lane reads
+    st_k = kc * kstr;
+    st_ks = up16(kc * nb * 2 + 4);  // the scale run plus one leading half-word when it starts 2 bytes off
+    st_v = up16(kc * v_row_bytes(vk, d));
+    st_vs = (vk == kVQ8 || vk == kVQ4) ? st_ks : 0;
+    stage = st_k + st_ks + st_v + st_vs;
+    pbytes = up16(kc * rb * 4);
+    warp_bytes = nst * stage + pbytes;
+    int o = 0;
+    off_qs = o; o += up16(rb * d);
+    off_qsc = o; o += up16(rb * nb * 4);
+    off_kmax = o; o += up16(rb * 8);
+    off_mrow = o; o += up16(rb * 8);
+    off_wm = o; o += up16(nw * rb * 4);
+    off_wl = o; o += up16(nw * rb * 4);
+    off_warps = o; o += nw * warp_bytes;  // after the key loop: the [nw][rb][d] float32 combine buffer
+    total = o;
+  }
+};
+
+__device__ __forceinline__ float bits_f(uint32_t u) {
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
+
+// Copies `cnt` fp16 scales starting at element e0 of src (4-byte aligned base) into dst with 4-byte cp.async
+// pieces; the run starts at dst half-word (returned shift), 0 or 1. Past-the-run bytes are zero-filled.
+template <int WS>
+__device__ __forceinline__ void copy_scales(uint8_t* dst, const uint16_t* src, int64_t e0, int cnt, int lane) {
+  const int sh = int(e0 & 1);
+  const uint8_t* al = reinterpret_cast<const uint8_t*>(src + (e0 - sh));
+  const int bytes_total = 2 * (sh + cnt);
+  for (int w = lane; 4 * w < bytes_total; w += WS) {
+    const int rem = bytes_total - 4 * w;
+    cp_async4(dst + 4 * w, al + 4 * w, rem >= 4 ? 4 : rem);
+  }
+}
+
+// 8 consecutive V values of one key (columns c0..c0+7, inside one 32-block) as float; quantized formats return
+// the integer levels (the block scale is applied to p by the caller).
+template <int VK, int D>
+__device__ __forceinline__ void load_v8(const uint8_t* vrow, int c0, float (&v)[8]) {
+  if constexpr (VK == kVF32) {
+    const float4 a = *reinterpret_cast<const float4*>(vrow + 4 * c0);
+    const float4 b = *reinterpret_cast<const float4*>(vrow + 4 * c0 + 16);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+  } else if constexpr (VK == kVF16) {
+    const uint4 h = *reinterpret_cast<const uint4*>(vrow + 2 * c0);
+    h2x2f(h.x, v[0], v[1]); h2x2f(h.y, v[2], v[3]); h2x2f(h.z, v[4], v[5]); h2x2f(h.w, v[6], v[7]);
+  } else if constexpr (VK == kVQ8) {
+    const uint2 q = *reinterpret_cast<const uint2*>(vrow + c0);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      v[e] = float(int(int8_t(q.x >> (8 * e))));
+      v[4 + e] = float(int(int8_t(q.y >> (8 * e))));
+    }
+  } else {
+    // nibble n -> float(n - 8) exactly: the bits 0x4B000000 | n are 2^23 + n.
+    const uint32_t q = *reinterpret_cast<const uint32_t*>(vrow + c0 / 2);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = bits_f(0x4B000000u | ((q >> (4 * e)) & 15u)) - 8388616.f;
+  }
+}
+
+template <int VK, int D, int RB, int ST>
+__global__ void __launch_bounds__(kDecodeMaxThreads) decode_kernel(const TileArgs a) {
+  constexpr int WS = D4A_WARP, KC = WS, NB = D / 32, KSTR = D + 16;
+  constexpr int VROW = v_row_bytes(VK, D);
+  constexpr bool VQ = VK == kVQ8 || VK == kVQ4;
+  constexpr int LPK = D / 8;          // P.V lanes per key (8 columns each)
+  constexpr int KPI = WS / LPK;       // keys per P.V step
+  constexpr int NPK = D / 16;         // 16-byte K pieces per lane per chunk (KC = WS rows of D bytes)
+  constexpr int NPV = VROW / 16;      // 16-byte V pieces per lane per chunk
+  static_assert(D % 32 == 0 && D <= 256 && KPI >= 1 && VROW % 16 == 0, "decode shape");
+
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int nw = int(blockDim.x) / WS, nst = a.nst;
+  const DecodeLayout L(VK, D, RB, WS, nw, nst);
+  const int t = threadIdx.x, lane = t % WS, w = t / WS;
+  int8_t* qs = reinterpret_cast<int8_t*>(smem + L.off_qs);
+  float* qsc = reinterpret_cast<float*>(smem + L.off_qsc);
+  int64_t* kmax_s = reinterpret_cast<int64_t*>(smem + L.off_kmax);
+  int64_t* mrow_s = reinterpret_cast<int64_t*>(smem + L.off_mrow);
+  float* wm = reinterpret_cast<float*>(smem + L.off_wm);
+  float* wl = reinterpret_cast<float*>(smem + L.off_wl);
+  uint8_t* wbase = smem + L.off_warps + w * L.warp_bytes;
+  float* P = reinterpret_cast<float*>(wbase + nst * L.stage);  // [KC][RB] probabilities of this warp's chunk
+
+  // ---- which (row chunk, split, batch, kv head) ------------------------------------------------------------
+  const int64_t bid = int64_t(blockIdx.x);
+  const int64_t chunk = bid % a.n_chunks, rest = bid / a.n_chunks;
+  const int64_t split = rest % a.n_splits, bh = rest / a.n_splits;
+  const int64_t b = bh / a.Hkv, hkv = bh % a.Hkv;
+  const int64_t row0 = chunk * RB;
+  const int nrows = int(a.g * a.Sq - row0 < RB ? a.g * a.Sq - row0 : RB);
+
+  // Row facts (every thread computes them: they bound the key range before any barrier).
+  int64_t kmin_all = INT64_MAX, kmax_all = -1;
+#pragma unroll
+  for (int r = 0; r < RB; ++r) {
+    if (r < nrows) {
+      const int64_t i = (row0 + r) % a.Sq;
+      int64_t km = a.causal ? a.Sk - a.Sq + i : a.Sk - 1;
+      if (km > a.Sk - 1) km = a.Sk - 1;
+      kmin_all = km < kmin_all ? km : kmin_all;
+      kmax_all = km > kmax_all ? km : kmax_all;
+    }
+  }
+  const int64_t kbeg = split * a.split_len;
+  int64_t kend = kbeg + a.split_len < a.Sk ? kbeg + a.split_len : a.Sk;
+  if (kend > kmax_all + 1) kend = kmax_all + 1;
+  const int64_t nck = kend > kbeg ? (kend - kbeg + KC - 1) / KC : 0;    // chunks of the block
+  const int my_n = nck > w ? int((nck - w + nw - 1) / nw) : 0;           // chunks of this warp
+
+  const int64_t head_row = bh * a.Sk;
+  const int8_t* kg = a.k + head_row * D;
+  const uint8_t* vg = static_cast<const uint8_t*>(a.v) + head_row * VROW;
+
+  auto issue = [&](int it) {
+    if (it < my_n) {
+      uint8_t* st = wbase + (it % nst) * L.stage;
+      const int64_t j0 = kbeg + int64_t(w + int64_t(it) * nw) * KC;
+      const int n = int(kend - j0 < KC ? kend - j0 : KC);
+      const int8_t* ksrc = kg + j0 * D;
+#pragma unroll
+      for (int i = 0; i < NPK; ++i) {
+        const int p = lane + WS * i;
+        const int row = p / NPK;
+        const bool ok = 16 * p < n * D;
+        cp_async16(st + 16 * p + 16 * row, ok ? ksrc + 16 * p : ksrc, ok);
+      }
+      const uint8_t* vsrc = vg + j0 * VROW;
+#pragma unroll
+      for (int i = 0; i < NPV; ++i) {
+        const int p = lane + WS * i;
+        const bool ok = 16 * p < n * VROW;
+        cp_async16(st + L.st_k + L.st_ks + 16 * p, ok ? vsrc + 16 * p : vsrc, ok);
+      }
+      copy_scales<WS>(st + L.st_k, a.ks, (head_row + j0) * NB, n * NB, lane);
+      if constexpr (VQ) copy_scales<WS>(st + L.st_k + L.st_ks + L.st_v, a.vs, (head_row + j0) * NB, n * NB, lane);
+    }
+    cp_async_commit();
+  };
+
+  // K/V of the first chunks are in flight while Q is quantized.
+  for (int s = 0; s < nst - 1; ++s) issue(s);
+
+  // ---- Q: quantize once (float32 scale per 32-block), row facts to shared memory ----------------------------
+  // One aligned 32-lane group per (row, block), one element per lane: amax by group shuffles and one division
+  // per lane keep this prologue short (it is on the critical path of short key ranges).
+  for (int task = t / 32; task < RB * NB; task += int(blockDim.x) / 32) {
+    const int r = task / NB, blk = task % NB, e = t % 32;
+    float x = 0.f;
+    if (r < nrows) {
+      const int64_t rr = row0 + r, hq = hkv * a.g + rr / a.Sq, i = rr % a.Sq;
+      x = load_t(a.q, ((b * a.Hq + hq) * a.Sq + i) * D + blk * 32 + e, a.half);
+    }
+    const float sc = div_rn(group32_max(fabsf(x)), 127.f);
+    float qv = sc == 0.f ? 0.f : rintf(div_rn(x, sc));
+    qv = fminf(fmaxf(qv, -127.f), 127.f);
+    qs[r * D + blk * 32 + e] = int8_t(int(qv));
+    if (e == 0) qsc[r * NB + blk] = sc;
+  }
+  for (int r = t; r < RB; r += int(blockDim.x)) {
+    int64_t km = -1, mo = 0;
+    if (r < nrows) {
+      const int64_t rr = row0 + r, hq = hkv * a.g + rr / a.Sq, i = rr % a.Sq;
+      km = a.causal ? a.Sk - a.Sq + i : a.Sk - 1;
+      if (km > a.Sk - 1) km = a.Sk - 1;
+      mo = b * a.ms0 + hq * a.ms1 + i * a.ms2;
+    }
+    kmax_s[r] = km;
+    mrow_s[r] = mo;
+  }
+  __syncthreads();
+
+  // ---- per-lane state ------------------------------------------------------------------------------------------
+  float m_run[RB], l_ln[RB], acc[RB][8];
+#pragma unroll
+  for (int r = 0; r < RB; ++r) {
+    m_run[r] = -INFINITY;
+    l_ln[r] = 0.f;
+#pragma unroll
+    for (int c = 0; c < 8; ++c) acc[r][c] = 0.f;
+  }
+  const int pv_slot = lane / LPK, cg = lane % LPK;
+
+  for (int it = 0; it < my_n; ++it) {
+    issue(it + nst - 1);
+    if (ST >= 3 && nst >= 3) cp_async_wait<ST >= 3 ? 2 : 0>();
+    else if (nst == 2) cp_async_wait<1>();
+    else cp_async_wait<0>();
+    warp_sync();
+
+    const uint8_t* st = wbase + (it % nst) * L.stage;
+    const int64_t j0 = kbeg + int64_t(w + int64_t(it) * nw) * KC;
+    const int n = int(kend - j0 < KC ? kend - j0 : KC);
+    const int sh = int(((head_row + j0) * NB) & 1);  // half-word shift of the scale runs (copy_scales)
+    const uint16_t* kss = reinterpret_cast<const uint16_t*>(st + L.st_k) + sh;
+
+    // ---- logits: lane = key ----
+    float s[RB];
+#pragma unroll
+    for (int r = 0; r < RB; ++r) s[r] = 0.f;
+    {
+      const int8_t* krow = reinterpret_cast<const int8_t*>(st) + lane * KSTR;
+#pragma unroll
+      for (int blk = 0; blk < NB; ++blk) {
+        const int4 k0 = *reinterpret_cast<const int4*>(krow + blk * 32);
+        const int4 k1 = *reinterpret_cast<const int4*>(krow + blk * 32 + 16);
+        const float ksf = h2f(kss[lane * NB + blk]);
+#pragma unroll
+        for (int r = 0; r < RB; ++r) {
+          const int4 q0 = *reinterpret_cast<const int4*>(qs + r * D + blk * 32);
+          const int4 q1 = *reinterpret_cast<const int4*>(qs + r * D + blk * 32 + 16);
+          int dot = 0;
+          dot = dot4(k0.x, q0.x, dot); dot = dot4(k0.y, q0.y, dot);
+          dot = dot4(k0.z, q0.z, dot); dot = dot4(k0.w, q0.w, dot);
+          dot = dot4(k1.x, q1.x, dot); dot = dot4(k1.y, q1.y, dot);
+          dot = dot4(k1.z, q1.z, dot); dot = dot4(k1.w, q1.w, dot);
+          s[r] += (qsc[r * NB + blk] * ksf) * float(dot);
+        }
+      }
+    }
+    // Full chunks that every row sees and no mask: no per-element checks.
+    const bool check = a.mask_kind != 0 || n < KC || j0 + KC - 1 > kmin_all;
+    float pr[RB];
+#pragma unroll
+    for (int r = 0; r < RB; ++r) {
+      float x = s[r] * a.scale_log2;
+      if (check) {
+        const int64_t jg = j0 + lane;
+        bool vis = lane < n && jg <= kmax_s[r];
+        if (vis && a.mask_kind != 0) {
+          const int64_t mo = mrow_s[r] + jg * a.ms3;
+          if (a.mask_kind == 1) vis = static_cast<const uint8_t*>(a.mask)[mo] != 0;
+          else x = (s[r] * a.scale + load_t(a.mask, mo, a.half)) * kLog2e;  // additive, log2 units
+        }
+        if (!vis) x = -INFINITY;
+      }
+      // ---- online softmax (log2 domain); m is warp-uniform, the sum stays per lane ----
+      const float m_new = fmaxf(m_run[r], warp_max(x));
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      const float alpha = exp2f(m_run[r] - m_use);
+      const float p = exp2f(x - m_use);
+      l_ln[r] = l_ln[r] * alpha + p;
+      m_run[r] = m_new;
+      pr[r] = p;
+      if (alpha != 1.f) {  // warp-uniform: after the first chunks the running max rarely moves
+#pragma unroll
+        for (int c = 0; c < 8; ++c) acc[r][c] *= alpha;
+      }
+    }
+    if constexpr (RB % 4 == 0) {
+#pragma unroll
+      for (int r = 0; r < RB; r += 4)
+        *reinterpret_cast<float4*>(P + lane * RB + r) = make_float4(pr[r], pr[r + 1], pr[r + 2], pr[r + 3]);
+    } else {
+#pragma unroll
+      for (int r = 0; r < RB; ++r) P[lane * RB + r] = pr[r];
+    }
+    warp_sync();
+
+    // ---- P.V: lane = (key slot, 8 columns) ----
+    if (pv_slot < KPI) {
+      const uint8_t* vt = st + L.st_k + L.st_ks;
+      const uint16_t* vss = reinterpret_cast<const uint16_t*>(st + L.st_k + L.st_ks + L.st_v) + sh;
+#pragma unroll 2
+      for (int j = pv_slot; j < n; j += KPI) {
+        float v[8];
+        load_v8<VK, D>(vt + j * VROW, cg * 8, v);
+        float pj[RB];
+        if constexpr (RB % 4 == 0) {
+#pragma unroll
+          for (int r = 0; r < RB; r += 4) {
+            const float4 q = *reinterpret_cast<const float4*>(P + j * RB + r);
+            pj[r] = q.x; pj[r + 1] = q.y; pj[r + 2] = q.z; pj[r + 3] = q.w;
+          }
+        } else {
+#pragma unroll
+          for (int r = 0; r < RB; ++r) pj[r] = P[j * RB + r];
+        }
+        if constexpr (VQ) {
+          const float vsc = h2f(vss[j * NB + cg / 4]);
+#pragma unroll
+          for (int r = 0; r < RB; ++r) pj[r] *= vsc;
+        }
+#pragma unroll
+        for (int r = 0; r < RB; ++r)
+#pragma unroll
+          for (int c = 0; c < 8; ++c) acc[r][c] = fmaf(pj[r], v[c], acc[r][c]);
+      }
+    }
+    warp_sync();  // the stage and P are rewritten by the next iteration
+  }
+  cp_async_wait<0>();
+
+  // ---- combine: key slots by shuffles, then warps in shared memory ----------------------------------------
+#pragma unroll
+  for (int r = 0; r < RB; ++r) l_ln[r] = warp_sum(l_ln[r]);
+#pragma unroll
+  for (int k = 1; k < KPI; ++k) {
+#pragma unroll
+    for (int r = 0; r < RB; ++r)
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const float o = shfl(acc[r][c], lane + k * LPK);
+        if (pv_slot == 0) acc[r][c] += o;
+      }
+  }
+  __syncthreads();  // every warp is done with its stages: they become the combine buffer
+  float* red = reinterpret_cast<float*>(smem + L.off_warps);  // [nw][RB][D]
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < RB; ++r) {
+      wm[w * RB + r] = m_run[r];
+      wl[w * RB + r] = l_ln[r];
+    }
+  }
+  if (pv_slot == 0) {
+#pragma unroll
+    for (int r = 0; r < RB; ++r) {
+      float* dst = red + (w * RB + r) * D + cg * 8;
+      *reinterpret_cast<float4*>(dst) = make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+      *reinterpret_cast<float4*>(dst + 4) = make_float4(acc[r][4], acc[r][5], acc[r][6], acc[r][7]);
+    }
+  }
+  __syncthreads();
+  for (int e = t; e < nrows * D; e += int(blockDim.x)) {
+    const int r = e / D, c = e % D;
+    float M = -INFINITY;
+    for (int k = 0; k < nw; ++k) M = fmaxf(M, wm[k * RB + r]);
+    const float Mu = M == -INFINITY ? 0.f : M;
+    float o = 0.f, l = 0.f;
+    for (int k = 0; k < nw; ++k) {
+      const float f = exp2f(wm[k * RB + r] - Mu);
+      o += f * red[(k * RB + r) * D + c];
+      l += f * wl[k * RB + r];
+    }
+    const int64_t rr = row0 + r, hq = hkv * a.g + rr / a.Sq, i = rr % a.Sq;
+    const int64_t grow = (b * a.Hq + hq) * a.Sq + i;
+    if (a.part_acc) {
+      const int64_t prow = split * (a.B * a.Hq * a.Sq) + grow;
+      a.part_acc[prow * D + c] = o;
+      if (c == 0) {
+        a.part_ml[prow * 2] = M;
+        a.part_ml[prow * 2 + 1] = l;
+      }
+    } else {
+      const float y = l > 0.f ? o / l : 0.f;
+      if (a.half) static_cast<uint16_t*>(a.out)[grow * D + c] = f2h(y);
+      else static_cast<float*>(a.out)[grow * D + c] = y;
+    }
+  }
+}
+
+}  // namespace gpu
+}  // namespace dot4attn

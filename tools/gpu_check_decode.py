@@ -1,0 +1,149 @@
+"""Kernel-level correctness check of the GPU decode / split_k routes (no ONNX Runtime): Dot4Attention through the
+library's dot4attn_gpu_attention_masked C entry on torch tensors vs python/dot4attn/reference.py, over a
+representative set (decode and split_k forced; D 32..256; g 1/4/8; Sq 1/4/8 (up to 64 rows per KV head); bool /
+additive masks through broadcast strides; causal 0/1; f16 / f32; float / q8_0 / q4_0 V; Sk 0/1/63/512/4097/70000;
+rows with no visible key). Prints a pass/fail table; exit status 1 on any failure.
+    DOT4ATTN_LIBRARY=build/gpu/libdot4attn_ops.so python3 tools/gpu_check_decode.py [--small] [--out FILE]
+--small: a few quick cases (for compute-sanitizer).
+"""
+import argparse, ctypes, sys
+import numpy as np
+import torch
+
+sys.path.insert(0, "python")
+import dot4attn  # noqa: E402
+from dot4attn import reference as R  # noqa: E402
+
+ROUTES = {"decode": 2, "split_k": 3}
+VFMT = {"float": 0, "q8_0": 1, "q4_0": 2}
+
+
+def lib():
+    f = ctypes.CDLL(dot4attn.get_library_path()).dot4attn_gpu_attention_masked
+    i64, i32, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+    f.argtypes = [i64, i64, i64, i64, i64, i32, i32, i32, i32, i32, ctypes.c_float, i64, vp, vp, vp, vp, vp, vp,
+                  vp, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(i64), vp, ctypes.c_char_p, ctypes.c_size_t,
+                  i32, vp, ctypes.POINTER(i64)]
+    f.restype = i32
+    return f
+
+
+def run_case(f, rng, B, Hq, Hkv, Sq, Sk, D, vf, causal, route, mask, half):
+    dt = np.float16 if half else np.float32
+    q = (rng.standard_normal((B, Hq, Sq, D), dtype=np.float32) * 3).astype(dt)
+    k = rng.standard_normal((B, Hkv, Sk, D), dtype=np.float32).astype(np.float16)
+    v = rng.standard_normal((B, Hkv, Sk, D), dtype=np.float32).astype(dt)
+    kp, ks = R.pack_k(k)
+    vp, vs = (v, None) if vf == "float" else R.pack_v(v, vf)
+    m = None
+    if mask == "bool":  # [B, Hq, Sq, Sk], ~20 % hidden, row (0, 0, 0) fully hidden (a dead row)
+        m = rng.random((B, Hq, Sq, Sk)) > 0.2
+        m[0, 0, 0, :] = False
+    elif mask == "bool_bcast":  # [1, 1, Sq, Sk]
+        m = rng.random((1, 1, Sq, Sk)) > 0.5
+    elif mask == "add":  # [B, 1, Sq, Sk] additive, some -inf, one row all -inf
+        m = (rng.standard_normal((B, 1, Sq, Sk)) * 2).astype(dt)
+        m[rng.random(m.shape) < 0.1] = -np.inf
+        m[0, 0, Sq - 1, :] = -np.inf
+    ref = R.attention(q, kp, ks, vp, vs, m, causal=causal, v_format=vf)
+    T = lambda a: torch.from_numpy(np.ascontiguousarray(a)).cuda()  # noqa: E731
+    tq, tk, tks, tv = T(q), T(kp), T(ks.view(np.int16)), T(vp)
+    tvs = None if vs is None else T(vs.view(np.int16))
+    tm, strides = None, None
+    if m is not None:
+        tm = T(m.astype(np.uint8) if m.dtype == np.bool_ else m)
+        st = [s // m.itemsize if n > 1 else 0 for s, n in zip(m.strides, m.shape)]
+        strides = (ctypes.c_int64 * 4)(*st)
+    out = torch.full(q.shape, float("nan"), dtype=tq.dtype, device="cuda")
+    err = ctypes.create_string_buffer(512)
+    nbytes, nsp = ctypes.c_size_t(0), ctypes.c_int64(0)
+    mk = 0 if m is None else (1 if m.dtype == np.bool_ else 2)
+    stream = torch.cuda.current_stream().cuda_stream
+    args = (B, Hq, Hkv, Sq, Sk, D, int(half), VFMT[vf], causal, ROUTES[route], 0.0, 2048)
+    ptrs = lambda scratch: (tq.data_ptr(), tk.data_ptr(), tks.data_ptr(), tv.data_ptr(),  # noqa: E731
+                            None if tvs is None else tvs.data_ptr(), out.data_ptr(), scratch)
+    tail = (stream, err, 512, mk, None if tm is None else tm.data_ptr(), strides)
+    if f(*args, *ptrs(None), ctypes.byref(nbytes), ctypes.byref(nsp), *tail):
+        raise RuntimeError(err.value.decode())
+    scratch = torch.empty(max(1, nbytes.value), dtype=torch.uint8, device="cuda") if nbytes.value else None
+    if f(*args, *ptrs(None if scratch is None else scratch.data_ptr()), None, None, *tail):
+        raise RuntimeError(err.value.decode())
+    torch.cuda.synchronize()
+    o = out.cpu().numpy()
+    e = R.nmse(o, ref)
+    dead = np.all(ref == 0, axis=-1)  # rows with no visible key: exact zeros
+    dead_ok = bool(np.all(o[dead] == 0)) if dead.any() else True
+    ok = bool(np.isfinite(o).all() and e <= 1e-6 and dead_ok)
+    return ok, e, int(nsp.value), int(dead.sum()), dead_ok
+
+
+# (B, Hq, Hkv, Sq, Sk, D, v_format, causal, route, mask, half)
+CASES = [
+    (1, 8, 8, 1, 512, 128, "q4_0", 1, "decode", None, 1),
+    (1, 32, 8, 1, 512, 128, "q4_0", 1, "decode", None, 1),
+    (1, 32, 8, 1, 512, 128, "float", 1, "decode", None, 1),
+    (1, 32, 8, 1, 512, 128, "q8_0", 0, "decode", None, 0),
+    (1, 32, 8, 1, 4097, 128, "float", 1, "split_k", None, 1),
+    (1, 32, 8, 1, 4097, 128, "q4_0", 1, "split_k", None, 0),
+    (1, 32, 4, 1, 70000, 128, "q4_0", 1, "split_k", None, 1),
+    (1, 32, 4, 1, 70000, 128, "float", 1, "split_k", None, 1),
+    (1, 24, 4, 1, 70000, 256, "q8_0", 1, "split_k", None, 1),
+    (2, 16, 2, 4, 63, 64, "q8_0", 1, "decode", "bool", 0),
+    (2, 16, 2, 4, 63, 64, "q4_0", 1, "split_k", "bool", 1),
+    (1, 8, 2, 8, 512, 32, "q4_0", 1, "split_k", "add", 1),
+    (1, 8, 2, 8, 512, 32, "float", 0, "decode", "add", 0),
+    (1, 4, 4, 8, 1, 256, "float", 1, "decode", None, 0),
+    (1, 4, 4, 8, 1, 256, "q4_0", 1, "split_k", None, 1),
+    (1, 8, 1, 8, 4097, 256, "q8_0", 0, "split_k", "bool", 1),
+    (1, 8, 1, 8, 4097, 256, "float", 1, "decode", "bool_bcast", 0),
+    (1, 8, 2, 1, 0, 128, "q4_0", 1, "decode", None, 1),
+    (1, 8, 2, 1, 0, 128, "float", 1, "split_k", None, 0),
+    (1, 12, 4, 2, 777, 96, "q4_0", 1, "decode", None, 1),
+    (1, 12, 4, 2, 4097, 160, "q8_0", 1, "split_k", "add", 1),
+    (2, 6, 3, 3, 1000, 224, "float", 0, "split_k", None, 0),
+    (1, 6, 3, 1, 1000, 192, "float", 1, "decode", None, 0),
+    (3, 4, 1, 1, 63, 32, "q8_0", 1, "decode", None, 1),
+    (1, 4, 1, 4, 4097, 32, "float", 1, "split_k", "bool", 0),
+    (1, 8, 8, 1, 70000, 64, "q4_0", 0, "split_k", None, 1),
+    (1, 16, 2, 4, 512, 64, "float", 1, "split_k", "add", 1),
+    (1, 32, 8, 4, 4097, 128, "q4_0", 1, "decode", "bool_bcast", 1),
+    (1, 32, 8, 8, 512, 128, "q8_0", 1, "split_k", None, 0),
+    (1, 64, 8, 8, 512, 128, "q4_0", 1, "decode", "add", 1),
+    (1, 64, 8, 8, 4097, 64, "float", 1, "split_k", "bool", 1),
+    (1, 2, 2, 1, 1, 128, "q4_0", 1, "split_k", None, 1),
+    (1, 2, 1, 5, 33, 32, "q8_0", 1, "decode", None, 0),
+    (2, 32, 8, 1, 16384, 128, "q4_0", 1, "split_k", None, 1),
+]
+SMALL = [CASES[i] for i in (1, 5, 9, 11, 13, 17, 19, 21)]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--small", action="store_true")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    f = lib()
+    rng = np.random.default_rng(0)
+    lines = ["| # | B,Hq,Hkv,Sq,Sk,D | V | causal | route | mask | T | splits | dead rows | nmse | result |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    fails = 0
+    for n, c in enumerate(SMALL if a.small else CASES):
+        B, Hq, Hkv, Sq, Sk, D, vf, causal, route, mask, half = c
+        try:
+            ok, e, ns, nd, dok = run_case(f, rng, *c)
+            res = "PASS" if ok else ("FAIL" + ("" if dok else " (dead rows not zero)"))
+        except Exception as ex:  # noqa: BLE001
+            ok, e, ns, nd, res = False, float("nan"), 0, 0, f"ERROR {ex}"
+        fails += not ok
+        lines.append(f"| {n} | {B},{Hq},{Hkv},{Sq},{Sk},{D} | {vf} | {causal} | {route} | {mask or '-'} | "
+                     f"{'f16' if half else 'f32'} | {ns} | {nd} | {e:.1e} | {res} |")
+        print(lines[-1], flush=True)
+    lines.append(f"\n{len(lines) - 2 - fails} passed, {fails} failed")
+    print(lines[-1])
+    if a.out:
+        open(a.out, "w").write("\n".join(lines) + "\n")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
