@@ -27,6 +27,23 @@ def scaled(op, x, s, tag):
     return pattern.OrValue([op.Mul(x, s), op.Div(x, s), x], tag_var=tag, tag_values=["Mul", "Div", "None"])
 
 
+def scaled_logits(op, query, kt, query_scale, key_scale, qk_scale):
+    """Q·K^T with the scale applied to q, to k^T and/or to the product (each as Mul, Div or absent)."""
+    q = scaled(op, query, query_scale, "query_scaling")
+    return scaled(op, op.MatMul(q, scaled(op, kt, key_scale, "key_scaling")), qk_scale, "qk_scaling")
+
+
+def with_additive_mask(op, s, mask):
+    return pattern.OrValue([op.Add(s, mask), s], tag_var="has_mask", tag_values=[True, False])
+
+
+def softmax_pv(op, s, value, nan_fill):
+    """Softmax over keys, the optional Where(IsNaN(p), 0, p) guard, then P·V."""
+    p = op.Softmax(s, axis=-1)
+    p = pattern.OrValue([op.Where(op.IsNaN(p), nan_fill, p), p], tag_var="nan_guard", tag_values=[True, False])
+    return op.MatMul(p, value)
+
+
 class UnfusedAttentionBase(pattern.RewriteRuleClassBase):
     """Shared check/rewrite; subclasses give the pattern."""
 
@@ -54,14 +71,9 @@ class UnfusedDynamo(UnfusedAttentionBase):
     rule_name = "unfused_dynamo"
 
     def pattern(self, op, query, key, value, mask, query_scale, key_scale, qk_scale, nan_fill):
-        q = scaled(op, query, query_scale, "query_scaling")
         kt = op.Reshape(op.Transpose(op.Reshape(key, pattern.ANY_VALUE), perm=[0, 2, 1]), pattern.ANY_VALUE)
-        kt = scaled(op, kt, key_scale, "key_scaling")
-        s = scaled(op, op.MatMul(q, kt), qk_scale, "qk_scaling")
-        s = pattern.OrValue([op.Add(s, mask), s], tag_var="has_mask", tag_values=[True, False])
-        p = op.Softmax(s, axis=-1)
-        p = pattern.OrValue([op.Where(op.IsNaN(p), nan_fill, p), p], tag_var="nan_guard", tag_values=[True, False])
-        return op.MatMul(p, value)
+        s = scaled_logits(op, query, kt, query_scale, key_scale, qk_scale)
+        return softmax_pv(op, with_additive_mask(op, s, mask), value, nan_fill)
 
 
 def rules(state):

@@ -9,24 +9,18 @@
 """
 from __future__ import annotations
 
-from onnxscript.rewriter import pattern
 from onnxscript.rewriter._basics import MatchFailureError
 
 from . import _common
-from .unfused_dynamo import UnfusedAttentionBase, key_transposed, scaled
+from .unfused_dynamo import UnfusedAttentionBase, key_transposed, scaled_logits, softmax_pv, with_additive_mask
 
 
 class UnfusedTorchScriptAddMask(UnfusedAttentionBase):
     rule_name = "unfused_torchscript"
 
     def pattern(self, op, query, key, value, mask, query_scale, key_scale, qk_scale, nan_fill):
-        q = scaled(op, query, query_scale, "query_scaling")
-        kt = scaled(op, op.Transpose(key, perm=[0, 1, 3, 2]), key_scale, "key_scaling")
-        s = scaled(op, op.MatMul(q, kt), qk_scale, "qk_scaling")
-        s = pattern.OrValue([op.Add(s, mask), s], tag_var="has_mask", tag_values=[True, False])
-        p = op.Softmax(s, axis=-1)
-        p = pattern.OrValue([op.Where(op.IsNaN(p), nan_fill, p), p], tag_var="nan_guard", tag_values=[True, False])
-        return op.MatMul(p, value)
+        s = scaled_logits(op, query, op.Transpose(key, perm=[0, 1, 3, 2]), query_scale, key_scale, qk_scale)
+        return softmax_pv(op, with_additive_mask(op, s, mask), value, nan_fill)
 
 
 class UnfusedWhereMask(UnfusedAttentionBase):
@@ -35,13 +29,8 @@ class UnfusedWhereMask(UnfusedAttentionBase):
     rule_name = "unfused_where_mask"
 
     def pattern(self, op, query, key, value, mask, fill, query_scale, key_scale, qk_scale, nan_fill):
-        q = scaled(op, query, query_scale, "query_scaling")
-        kt = scaled(op, key_transposed(op, key), key_scale, "key_scaling")
-        s = scaled(op, op.MatMul(q, kt), qk_scale, "qk_scaling")
-        s = op.Where(mask, s, fill)
-        p = op.Softmax(s, axis=-1)
-        p = pattern.OrValue([op.Where(op.IsNaN(p), nan_fill, p), p], tag_var="nan_guard", tag_values=[True, False])
-        return op.MatMul(p, value)
+        s = scaled_logits(op, query, key_transposed(op, key), query_scale, key_scale, qk_scale)
+        return softmax_pv(op, op.Where(mask, s, fill), value, nan_fill)
 
     def check(self, context, query, key, value, mask=None, fill=None, **b):
         f = _common._value_of(fill)

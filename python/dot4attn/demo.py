@@ -2,7 +2,6 @@
 comparison, the KV-cache memory table and the speed. Runs in about a minute on 2 CPU cores."""
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
