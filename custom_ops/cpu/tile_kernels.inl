@@ -28,14 +28,6 @@ static inline vf vload_h(const uint16_t* p) {
 static inline vf vload_i8(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
-// 8 bytes of q4_0 -> 16 values (u - 8): interleave low/high nibbles back into element order.
-static inline vf vload_q4(const uint8_t* p) {
-  const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  const __m128i lo = _mm_and_si128(w, _mm_set1_epi16(0x0f));
-  const __m128i hi = _mm_srli_epi16(w, 4);
-  const __m128i bytes = _mm_or_si128(lo, _mm_slli_epi16(hi, 8));
-  return _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(bytes), _mm512_set1_epi32(8)));
-}
 #elif defined(__AVX2__)
 constexpr int W = 8;
 using vf = __m256;
@@ -61,15 +53,6 @@ static inline vf vload_h(const uint16_t* p) {
 }
 static inline vf vload_i8(const int8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
-static inline vf vload_q4(const uint8_t* p) {  // 4 bytes -> 8 values
-  int32_t raw;
-  std::memcpy(&raw, p, 4);
-  const __m128i w = _mm_cvtepu8_epi16(_mm_cvtsi32_si128(raw));
-  const __m128i lo = _mm_and_si128(w, _mm_set1_epi16(0x0f));
-  const __m128i hi = _mm_srli_epi16(w, 4);
-  const __m128i bytes = _mm_or_si128(lo, _mm_slli_epi16(hi, 8));
-  return _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(bytes), _mm256_set1_epi32(8)));
 }
 #else
 // Portable: a 4-lane struct the compiler may or may not vectorise; no ISA intrinsics.
@@ -332,13 +315,17 @@ static void qk_tile(const AttendRows& r, const int8_t* k, const float* ksf, int 
 // held in registers.
 enum VKind { kVF32, kVF16, kVQ8, kVQ4 };
 
+// One vector of V row j at dims d0.. (q4_0 only on the portable path: the SIMD paths decode whole blocks).
 template <int KIND>
 static inline vf load_v(const void* v, const float* vsf, int64_t j, int d0, int D) {
-  if (KIND == kVF32) return vload(static_cast<const float*>(v) + j * D + d0);
-  if (KIND == kVF16) return vload_h(static_cast<const uint16_t*>(v) + j * D + d0);
+  if constexpr (KIND == kVF32) return vload(static_cast<const float*>(v) + j * D + d0);
+  if constexpr (KIND == kVF16) return vload_h(static_cast<const uint16_t*>(v) + j * D + d0);
   const float s = vsf[j * (D / kBlock) + d0 / kBlock];
-  if (KIND == kVQ8) return vmul(vload_i8(static_cast<const int8_t*>(v) + j * D + d0), vset1(s));
-  return vmul(vload_q4(static_cast<const uint8_t*>(v) + j * (D / 2) + d0 / 2), vset1(s));
+  if constexpr (KIND == kVQ8) return vmul(vload_i8(static_cast<const int8_t*>(v) + j * D + d0), vset1(s));
+#if !defined(__AVX512F__) && !defined(__AVX2__)
+  if constexpr (KIND == kVQ4) return vmul(vload_q4(static_cast<const uint8_t*>(v) + j * (D / 2) + d0 / 2), vset1(s));
+#endif
+  return vzero();  // not reached: every KIND that calls this is handled above
 }
 
 // One pass covers a whole 32-dim block (CH vectors) so each broadcast of p[m][j] feeds CH FMAs; MR rows of
@@ -373,10 +360,11 @@ static inline void load_v_block(const void* v, const float* vsf, int64_t j, int 
     x[2] = vfma(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(e1)), vs, voff);
     x[3] = vfma(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(e1, 8))), vs, voff);
 #endif
-    return;
-  }
+  } else
 #endif
-  for (int c = 0; c < PV_CH; ++c) x[c] = load_v<KIND>(v, vsf, j, d0 + c * W, D);
+  {
+    for (int c = 0; c < PV_CH; ++c) x[c] = load_v<KIND>(v, vsf, j, d0 + c * W, D);
+  }
 }
 
 template <int KIND, int MR>
@@ -502,9 +490,7 @@ static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& ma
   }
   const bool has_mask = mask.kind != MaskKind::kNone;
   const int kind = kv.format == VFormat::kQ8_0 ? kVQ8 : kv.format == VFormat::kQ4_0 ? kVQ4 : kv.v_half ? kVF16 : kVF32;
-  const int64_t v_row_elems = kv.format == VFormat::kQ4_0 ? D / 2 : D;
-  const size_t v_elem_bytes = kind == kVF32 ? 4 : kind == kVF16 ? 2 : 1;
-  const int64_t v_tile_bytes = int64_t(NK) * v_row_elems * int64_t(v_elem_bytes);
+  const int64_t v_row_bytes = kind == kVF32 ? 4 * D : kind == kVF16 ? 2 * D : kind == kVQ8 ? D : D / 2;
   for (int64_t k0 = k_begin; k0 < k_end; k0 += NK) {
     const int nk = int(std::min<int64_t>(NK, k_end - k0));
     // Decode streams K/V from DRAM once; the hardware prefetchers alone leave most of the bandwidth unused,
@@ -512,8 +498,7 @@ static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& ma
     if (k0 + NK < k_end) {
       const int nk_next = int(std::min<int64_t>(NK, k_end - k0 - NK));
       prefetch_range(kv.k + (k0 + NK) * D, int64_t(nk_next) * D);
-      prefetch_range(static_cast<const char*>(kv.v) + (k0 + NK) * v_row_elems * int64_t(v_elem_bytes),
-                     std::min<int64_t>(v_tile_bytes, int64_t(nk_next) * v_row_elems * int64_t(v_elem_bytes)));
+      prefetch_range(static_cast<const char*>(kv.v) + (k0 + NK) * v_row_bytes, nk_next * v_row_bytes);
       prefetch_range(kv.ks + (k0 + NK) * nb, int64_t(nk_next) * nb * 2);
       if (kv.vs) prefetch_range(kv.vs + (k0 + NK) * nb, int64_t(nk_next) * nb * 2);
     }
@@ -521,7 +506,7 @@ static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& ma
     qk_tile(r, kv.k + k0 * D, ksf, nk, logits);
     if (has_mask || k0 + nk > clean_end) mask_tile(r, mask, k0, nk, logits);
     softmax_tile(M, D, nk, logits, st);
-    const void* vt = static_cast<const char*>(kv.v) + k0 * v_row_elems * v_elem_bytes;
+    const void* vt = static_cast<const char*>(kv.v) + k0 * v_row_bytes;
     switch (kind) {
       case kVF32: pv_tile<kVF32>(logits, M, vt, nullptr, nk, D, st.acc); break;
       case kVF16: pv_tile<kVF16>(logits, M, vt, nullptr, nk, D, st.acc); break;
