@@ -1,9 +1,11 @@
 // The CPU attention tile kernel, written once and compiled per ISA (isa_scalar.cc, isa_avx2.cc,
 // isa_avx512vnni.cc include it inside their own namespace). Structure, per tile of NK keys:
-//   1. Q·K: int32 dot4 per 32-block (VNNI vpdpbusd / AVX2 maddubs / scalar), scaled per block, summed in f32.
+//   1. Q·K: int32 dot4 per 32-block (VNNI vpdpbusd on K transposed per 16 keys, see vnni_tiles.inl / AVX2
+//      maddubs / scalar), scaled per block, summed in f32.
 //   2. masks: only on tiles that need them (causal tail, explicit masks); prefix tiles skip every check.
 //   3. online softmax in base 2 (scales were folded with log2(e) when Q was quantized).
-//   4. P·V: V dequantized on the fly (f32, f16, q8_0, q4_0), register-blocked over rows.
+//   4. P·V: V dequantized on the fly (f32, f16, q8_0, q4_0), register-blocked over rows (AVX-512: q8_0 / q4_0
+//      with the V block scale folded into p, vnni_tiles.inl).
 
 constexpr int NK = 64;  // keys per tile
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -111,155 +113,39 @@ static inline void floats_to_halves(const float* src, uint16_t* dst, int64_t n) 
   for (; i < n; ++i) dst[i] = float_to_half(src[i]);
 }
 
-// 2^x in place for x <= 0 (-inf -> 0). Degree-7 Taylor on [-0.5, 0.5] after rounding: rel. error < 3e-9.
-static inline void exp2_inplace(float* x, int n) {
-  int i = 0;
+// 2^x for x <= 0 (-inf -> 0), one vector. Degree-7 Taylor on [-0.5, 0.5] after rounding: rel. error < 3e-9.
+#if defined(__AVX512F__) || defined(__AVX2__)
+static inline vf vexp2(vf v) {
+  const vf c = vmax(v, vset1(-126.f));
 #if defined(__AVX512F__)
-  for (; i + W <= n; i += W) {
-    const __m512 v = _mm512_loadu_ps(x + i);
-    const __mmask16 dead = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-126.f), _CMP_LT_OQ);
-    const __m512 c = _mm512_max_ps(v, _mm512_set1_ps(-126.f));
-    const __m512 r = _mm512_roundscale_ps(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(c, r);
-    __m512 p = _mm512_set1_ps(1.5252733804e-5f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393e-4f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108665e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650696e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718056e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-    _mm512_storeu_ps(x + i, _mm512_maskz_mov_ps(_knot_mask16(dead), _mm512_scalef_ps(p, r)));
-  }
-#elif defined(__AVX2__)
-  for (; i + W <= n; i += W) {
-    const __m256 v = _mm256_loadu_ps(x + i);
-    const __m256 alive = _mm256_cmp_ps(v, _mm256_set1_ps(-126.f), _CMP_GE_OQ);
-    const __m256 c = _mm256_max_ps(v, _mm256_set1_ps(-126.f));
-    const __m256 r = _mm256_round_ps(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m256 f = _mm256_sub_ps(c, r);
-    __m256 p = _mm256_set1_ps(1.5252733804e-5f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.5403530393e-4f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108665e-2f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650696e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718056e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(r), _mm256_set1_epi32(127)), 23);
-    _mm256_storeu_ps(x + i, _mm256_and_ps(alive, _mm256_mul_ps(p, _mm256_castsi256_ps(e))));
-  }
+  const __mmask16 dead = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-126.f), _CMP_LT_OQ);
+  const vf r = _mm512_roundscale_ps(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+  const vf alive = _mm256_cmp_ps(v, _mm256_set1_ps(-126.f), _CMP_GE_OQ);
+  const vf r = _mm256_round_ps(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 #endif
-  for (; i < n; ++i) x[i] = std::exp2(x[i]);
+  const vf f = c - r;
+  vf p = vset1(1.5252733804e-5f);
+  p = vfma(p, f, vset1(1.5403530393e-4f));
+  p = vfma(p, f, vset1(1.3333558146e-3f));
+  p = vfma(p, f, vset1(9.6181291076e-3f));
+  p = vfma(p, f, vset1(5.5504108665e-2f));
+  p = vfma(p, f, vset1(2.4022650696e-1f));
+  p = vfma(p, f, vset1(6.9314718056e-1f));
+  p = vfma(p, f, vset1(1.f));
+#if defined(__AVX512F__)
+  return _mm512_maskz_mov_ps(_knot_mask16(dead), _mm512_scalef_ps(p, r));
+#else
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(r), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(alive, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+#endif
 }
+#endif
 
 // ------------------------------------------------------------------------------------------------------------
 // Q·K for one tile: logits[m * NK + j] = sum_b qs[m][b] * ks[j][b] * dot(q[m, b], k[j, b]).
 #if defined(__AVX512VNNI__)
-// vpdpbusd multiplies unsigned by signed bytes: feed q + 128 (q xor 0x80) as the unsigned side and start each
-// accumulator at -128 * sum(k) (per 4-byte lane, computed once per key and shared by every row).
-// A 64-byte chunk holds two blocks (lanes 0-7 and 8-15). Four keys are reduced together: a transpose-add
-// turns their four int32 vectors into one whose 128-bit quarters hold the 4 keys' partial sums, so one
-// convert + scale + FMA serves 4 logits instead of a full horizontal sum per logit.
-static inline __m512i sum4_keys(__m512i d0, __m512i d1, __m512i d2, __m512i d3) {
-  const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(d0, d1), _mm512_unpackhi_epi32(d0, d1));
-  const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(d2, d3), _mm512_unpackhi_epi32(d2, d3));
-  const __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
-  // quarters: [q0: keys 0-3 of bytes 0-15] [q1: bytes 16-31] [q2: 32-47] [q3: 48-63]; fold q1 into q0, q3 into q2.
-  return _mm512_add_epi32(u, _mm512_shuffle_i32x4(u, u, _MM_SHUFFLE(2, 3, 0, 1)));
-}
-
-static inline float hsum256(__m256 f) {
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(f), _mm256_extractf128_ps(f, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_add_ss(h, _mm_movehdup_ps(h));
-  return _mm_cvtss_f32(h);
-}
-
-static void qk_tile(const AttendRows& r, const int8_t* k, const float* ksf, int nk, float* logits) {
-  const int D = r.D, nb = D / kBlock, n64 = D / 64;
-  const bool tail = (D % 64) != 0;  // one trailing 32-byte block
-  const int nk4 = nk & ~3;
-  __m512i corr[NK][4];
-  __m256i corr_t[NK];
-  __m512 ks4[NK / 4][4];  // per key quad and chunk: quarter 0 = ks[j..j+3][2c], quarter 2 = ks[j..j+3][2c+1]
-  const __m512i c128 = _mm512_set1_epi8(char(0x80));
-  for (int j = 0; j < nk; ++j) {
-    const int8_t* kj = k + int64_t(j) * D;
-    for (int c = 0; c < n64; ++c) {
-      const __m512i kv = _mm512_loadu_si512(kj + c * 64);
-      corr[j][c] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), c128, kv));
-    }
-    if (tail) {
-      const __m256i kv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kj + n64 * 64));
-      corr_t[j] = _mm256_sub_epi32(_mm256_setzero_si256(),
-                                   _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(char(0x80)), kv));
-    }
-  }
-  for (int j = 0; j < nk4; j += 4) {
-    for (int c = 0; c < n64; ++c) {
-      const __m128 lo = _mm_setr_ps(ksf[j * nb + 2 * c], ksf[(j + 1) * nb + 2 * c], ksf[(j + 2) * nb + 2 * c],
-                                    ksf[(j + 3) * nb + 2 * c]);
-      const __m128 hi = _mm_setr_ps(ksf[j * nb + 2 * c + 1], ksf[(j + 1) * nb + 2 * c + 1],
-                                    ksf[(j + 2) * nb + 2 * c + 1], ksf[(j + 3) * nb + 2 * c + 1]);
-      ks4[j / 4][c] = _mm512_insertf32x4(_mm512_castps128_ps512(lo), hi, 2);
-    }
-  }
-  for (int m = 0; m < r.M; ++m) {
-    const int8_t* qm = r.q + int64_t(m) * D;
-    const float* qsm = r.qs + int64_t(m) * nb;
-    __m512i qu[4];
-    __m512 qsv[4];
-    for (int c = 0; c < n64; ++c) {
-      qu[c] = _mm512_xor_si512(_mm512_loadu_si512(qm + c * 64), c128);
-      qsv[c] = _mm512_insertf32x8(_mm512_set1_ps(qsm[2 * c]), _mm256_set1_ps(qsm[2 * c + 1]), 1);
-    }
-    __m256i qu_t = _mm256_setzero_si256();
-    if (tail)
-      qu_t = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qm + n64 * 64)),
-                              _mm256_set1_epi8(char(0x80)));
-    float* out = logits + int64_t(m) * NK;
-    for (int j = 0; j < nk4; j += 4) {
-      const int8_t* kj = k + int64_t(j) * D;
-      __m512 acc = _mm512_setzero_ps();
-      for (int c = 0; c < n64; ++c) {
-        const __m512i d0 = _mm512_dpbusd_epi32(corr[j][c], qu[c], _mm512_loadu_si512(kj + c * 64));
-        const __m512i d1 = _mm512_dpbusd_epi32(corr[j + 1][c], qu[c], _mm512_loadu_si512(kj + D + c * 64));
-        const __m512i d2 = _mm512_dpbusd_epi32(corr[j + 2][c], qu[c], _mm512_loadu_si512(kj + 2 * D + c * 64));
-        const __m512i d3 = _mm512_dpbusd_epi32(corr[j + 3][c], qu[c], _mm512_loadu_si512(kj + 3 * D + c * 64));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum4_keys(d0, d1, d2, d3)), _mm512_mul_ps(qsv[c], ks4[j / 4][c]), acc);
-      }
-      __m128 s4 = _mm_add_ps(_mm512_castps512_ps128(acc), _mm512_extractf32x4_ps(acc, 2));
-      if (tail) {
-        float t[4];
-        for (int q = 0; q < 4; ++q) {
-          const __m256i dp = _mm256_dpbusd_epi32(
-              corr_t[j + q], qu_t, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kj + q * D + n64 * 64)));
-          t[q] = hsum256(_mm256_cvtepi32_ps(dp)) * (qsm[nb - 1] * ksf[(j + q) * nb + nb - 1]);
-        }
-        s4 = _mm_add_ps(s4, _mm_loadu_ps(t));
-      }
-      _mm_storeu_ps(out + j, s4);
-    }
-    for (int j = nk4; j < nk; ++j) {  // last keys of a short tile, one at a time
-      const int8_t* kj = k + int64_t(j) * D;
-      __m512 acc = _mm512_setzero_ps();
-      for (int c = 0; c < n64; ++c) {
-        const __m512i dp = _mm512_dpbusd_epi32(corr[j][c], qu[c], _mm512_loadu_si512(kj + c * 64));
-        const __m512 ksv = _mm512_insertf32x8(_mm512_set1_ps(ksf[j * nb + 2 * c]),
-                                              _mm256_set1_ps(ksf[j * nb + 2 * c + 1]), 1);
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), _mm512_mul_ps(qsv[c], ksv), acc);
-      }
-      float sum = _mm512_reduce_add_ps(acc);
-      if (tail) {
-        const __m256i dp = _mm256_dpbusd_epi32(
-            corr_t[j], qu_t, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kj + n64 * 64)));
-        sum += hsum256(_mm256_cvtepi32_ps(dp)) * (qsm[nb - 1] * ksf[j * nb + nb - 1]);
-      }
-      out[j] = sum;
-    }
-  }
-}
+// qk_tile_t in vnni_tiles.inl (included after P·V below): K transposed per 16-key group.
 #elif defined(__AVX2__)
 // maddubs multiplies unsigned by signed bytes too: use |q| and k * sign(q). |q|, |k| <= 127, so the pairwise
 // int16 sums (<= 2 * 127 * 127) never saturate.
@@ -403,6 +289,10 @@ static void pv_tile(const float* p, int M, const void* v, const float* vsf, int 
   pv_rest<KIND, PV_MR - 1>(M - m0, p, m0, v, vsf, nk, D, acc);
 }
 
+#if defined(__AVX512VNNI__)
+#include "cpu/vnni_tiles.inl"  // qk_tile_t (transposed K) and pv_tile_q (scale-folded q8_0 / q4_0 P·V)
+#endif
+
 // ------------------------------------------------------------------------------------------------------------
 // Masks of one tile (keys k0 .. k0+nk) for the rows that need them.
 static void mask_tile(const AttendRows& r, const AttendMask& mask, int64_t k0, int nk, float* logits) {
@@ -447,16 +337,22 @@ static void softmax_tile(int M, int D, int nk, float* logits, AttendState& st) {
       std::fill(row, row + nk, 0.f);
       continue;
     }
-    for (int j = 0; j < nk; ++j) row[j] -= m_new;
-    exp2_inplace(row, nk);
+    // p = 2^(logit - max) and its sum in one pass.
     float sum = 0.f;
     int j1 = 0;
+#if defined(__AVX512F__) || defined(__AVX2__)
     if (nk >= W) {
       vf vs = vzero();
-      for (; j1 + W <= nk; j1 += W) vs = vfma(vload(row + j1), vset1(1.f), vs);
+      const vf mv = vset1(m_new);
+      for (; j1 + W <= nk; j1 += W) {
+        const vf x = vexp2(vload(row + j1) - mv);
+        vstore(row + j1, x);
+        vs = vs + x;
+      }
       sum = vhsum(vs);
     }
-    for (int j = j1; j < nk; ++j) sum += row[j];
+#endif
+    for (int j = j1; j < nk; ++j) sum += row[j] = std::exp2(row[j] - m_new);
     if (m_new != m_old) {
       const float alpha = m_old == kNegInf ? 0.f : std::exp2(m_old - m_new);
       float* a = st.acc + int64_t(m) * D;
@@ -468,9 +364,36 @@ static void softmax_tile(int M, int D, int nk, float* logits, AttendState& st) {
   }
 }
 
-static inline void prefetch_range(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 3);
+// Prefetch of one tile's K/V rows and scales. HINT: 3 = into L1 (prefetcht0), 1 = into L2 (prefetcht2 class).
+template <int HINT>
+static inline void prefetch_tile(const AttendKv& kv, int64_t k0, int nk, int D, int64_t v_row_bytes) {
+  const int nb = D / kBlock;
+  auto range = [](const void* p, int64_t bytes) {
+    const char* c = static_cast<const char*>(p);
+    for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, HINT);
+  };
+  range(kv.k + k0 * D, int64_t(nk) * D);
+  range(static_cast<const char*>(kv.v) + k0 * v_row_bytes, nk * v_row_bytes);
+  range(kv.ks + k0 * nb, int64_t(nk) * nb * 2);
+  if (kv.vs) range(kv.vs + k0 * nb, int64_t(nk) * nb * 2);
+}
+
+// Decode streams K/V from DRAM once and is latency-bound per thread unless many lines are in flight: the tile
+// two ahead is requested into L2 and the current one into L1 as a burst at its start (the loads that follow
+// then find their lines already on the way). Tunable for other machines: DOT4ATTN_CPU_PREFETCH_AHEAD (tiles,
+// 0 = off), DOT4ATTN_CPU_PREFETCH_NOW (0/1).
+struct PrefetchCfg {
+  int l2_dist = 2;
+  bool l1_now = true;
+};
+static const PrefetchCfg& prefetch_cfg() {
+  static const PrefetchCfg c = [] {
+    PrefetchCfg x;
+    if (const char* e = std::getenv("DOT4ATTN_CPU_PREFETCH_AHEAD")) x.l2_dist = std::atoi(e);
+    if (const char* e = std::getenv("DOT4ATTN_CPU_PREFETCH_NOW")) x.l1_now = std::atoi(e) != 0;
+    return x;
+  }();
+  return c;
 }
 
 static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& mask, int64_t k_begin,
@@ -483,6 +406,13 @@ static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& ma
   float* logits = logits_buf.data();
   float* ksf = ksf_buf.data();
   float* vsf = vsf_buf.data();
+#if defined(__AVX512VNNI__)
+  thread_local std::vector<int32_t> qcorr;
+  q_corrections(r, qcorr);
+#define PV_TILE_Q(kind) pv_tile_q<kind>
+#else
+#define PV_TILE_Q(kind) pv_tile<kind>
+#endif
   // Tiles that end at or before every row's causal limit, without an explicit mask, need no masking at all.
   int64_t clean_end = k_end;
   if (r.k_limit) {
@@ -491,19 +421,20 @@ static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& ma
   const bool has_mask = mask.kind != MaskKind::kNone;
   const int kind = kv.format == VFormat::kQ8_0 ? kVQ8 : kv.format == VFormat::kQ4_0 ? kVQ4 : kv.v_half ? kVF16 : kVF32;
   const int64_t v_row_bytes = kind == kVF32 ? 4 * D : kind == kVF16 ? 2 * D : kind == kVQ8 ? D : D / 2;
+  const PrefetchCfg& pf = prefetch_cfg();
   for (int64_t k0 = k_begin; k0 < k_end; k0 += NK) {
     const int nk = int(std::min<int64_t>(NK, k_end - k0));
-    // Decode streams K/V from DRAM once; the hardware prefetchers alone leave most of the bandwidth unused,
-    // so ask for the next tile while this one is computed.
-    if (k0 + NK < k_end) {
-      const int nk_next = int(std::min<int64_t>(NK, k_end - k0 - NK));
-      prefetch_range(kv.k + (k0 + NK) * D, int64_t(nk_next) * D);
-      prefetch_range(static_cast<const char*>(kv.v) + (k0 + NK) * v_row_bytes, nk_next * v_row_bytes);
-      prefetch_range(kv.ks + (k0 + NK) * nb, int64_t(nk_next) * nb * 2);
-      if (kv.vs) prefetch_range(kv.vs + (k0 + NK) * nb, int64_t(nk_next) * nb * 2);
+    if (pf.l1_now) prefetch_tile<3>(kv, k0, nk, D, v_row_bytes);
+    if (pf.l2_dist > 0 && k0 + pf.l2_dist * NK < k_end) {
+      const int64_t pk = k0 + pf.l2_dist * NK;
+      prefetch_tile<1>(kv, pk, int(std::min<int64_t>(NK, k_end - pk)), D, v_row_bytes);
     }
     halves_to_floats(kv.ks + k0 * nb, ksf, nk * nb);
+#if defined(__AVX512VNNI__)
+    qk_tile_t(r, qcorr.data(), kv.k + k0 * D, ksf, nk, logits);
+#else
     qk_tile(r, kv.k + k0 * D, ksf, nk, logits);
+#endif
     if (has_mask || k0 + nk > clean_end) mask_tile(r, mask, k0, nk, logits);
     softmax_tile(M, D, nk, logits, st);
     const void* vt = static_cast<const char*>(kv.v) + k0 * v_row_bytes;
@@ -512,12 +443,13 @@ static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& ma
       case kVF16: pv_tile<kVF16>(logits, M, vt, nullptr, nk, D, st.acc); break;
       case kVQ8:
         halves_to_floats(kv.vs + k0 * nb, vsf, nk * nb);
-        pv_tile<kVQ8>(logits, M, vt, vsf, nk, D, st.acc);
+        PV_TILE_Q(kVQ8)(logits, M, vt, vsf, nk, D, st.acc);
         break;
       default:
         halves_to_floats(kv.vs + k0 * nb, vsf, nk * nb);
-        pv_tile<kVQ4>(logits, M, vt, vsf, nk, D, st.acc);
+        PV_TILE_Q(kVQ4)(logits, M, vt, vsf, nk, D, st.acc);
         break;
     }
   }
 }
+#undef PV_TILE_Q
