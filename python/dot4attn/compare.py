@@ -17,10 +17,29 @@ _NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)
        "tensor(uint8)": np.uint8, "tensor(int64)": np.int64, "tensor(bool)": np.bool_, "tensor(int32)": np.int32}
 
 
-def make_session(path: str, providers=None, threads: int | None = None):
+# Agreement bars of a rewritten model vs its original over compare()'s prompt + decode steps (tests/test_passes.py on
+# the CPU EP, tests/test_gpu_models.py on CUDA). q4_0 V is held to KL only: random weights give near-ties between the
+# top tokens, and 4-bit V error flips those.
+MIN_TOP1 = 0.95
+MAX_MEAN_KL = {"float": 1e-3, "q8_0": 1e-3, "q4_0": 0.1}
+
+
+def quality_failures(c: "Comparison", v_format: str) -> list[str]:
+    """The bars `c` misses for a rewrite with this V format (empty: it passes)."""
+    bad = []
+    if v_format != "q4_0" and c.top1 < MIN_TOP1:
+        bad.append(f"top-1 {c.top1:.4f} < {MIN_TOP1}")
+    if c.mean_kl > MAX_MEAN_KL[v_format]:
+        bad.append(f"mean KL {c.mean_kl:.3e} > {MAX_MEAN_KL[v_format]:.0e}")
+    return bad
+
+
+def make_session(path: str, providers=None, threads: int | None = None, session_options=None):
+    """An InferenceSession of `path` with the dot4attn ops registered when the model uses them. `session_options`
+    lets a caller add its own settings (e.g. profiling); it is modified here."""
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
+    so = session_options or ort.SessionOptions()
     if threads:
         so.intra_op_num_threads = threads
     so.log_severity_level = 3
@@ -39,9 +58,9 @@ def make_session(path: str, providers=None, threads: int | None = None):
 
 
 class DecoderSession:
-    def __init__(self, path: str, providers=None, threads: int | None = None):
+    def __init__(self, path: str, providers=None, threads: int | None = None, session_options=None):
         self.path = str(path)
-        self.sess = make_session(path, providers, threads)
+        self.sess = make_session(path, providers, threads, session_options)
         self.inputs = {i.name: i for i in self.sess.get_inputs()}
         self.output_names = [o.name for o in self.sess.get_outputs()]
         self.cache_specs = {}
