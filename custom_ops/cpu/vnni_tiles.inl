@@ -75,15 +75,18 @@ static void transpose_scales(const float* s, int nb, int nk, float* sT) {
   }
 }
 
+static inline int64_t qk_prefetch_steps(int nb, int nk) { return int64_t(nb) * ((nk + 15) / 16); }
+
 // 16 logits (one key group) for R rows. acc starts at the rows' -128 * sum(q) per block; two accumulator sets
 // (even / odd dwords) keep enough independent vpdpbusd chains in flight for small R.
 template <int R>
 static inline void qk_group(const int8_t* q, const float* qs, const int32_t* qcorr, int D, const uint32_t* kt,
-                            const float* ksT, float* out) {
+                            const float* ksT, float* out, PrefetchQueue& pfq) {
   const int nb = D / kBlock;
   __m512 lg[R];
   for (int r = 0; r < R; ++r) lg[r] = _mm512_setzero_ps();
   for (int b = 0; b < nb; ++b) {
+    pf_step(pfq);
     __m512i a0[R], a1[R];
     for (int r = 0; r < R; ++r) {
       a0[r] = _mm512_set1_epi32(qcorr[r * nb + b]);
@@ -110,10 +113,10 @@ static inline void qk_group(const int8_t* q, const float* qs, const int32_t* qco
 
 template <int R>
 static inline void qk_rows_rest(int rest, const int8_t* q, const float* qs, const int32_t* qcorr, int D,
-                                const uint32_t* kt, const float* ksT, float* out) {
+                                const uint32_t* kt, const float* ksT, float* out, PrefetchQueue& pfq) {
   if constexpr (R > 0) {
-    if (rest == R) qk_group<R>(q, qs, qcorr, D, kt, ksT, out);
-    else qk_rows_rest<R - 1>(rest, q, qs, qcorr, D, kt, ksT, out);
+    if (rest == R) qk_group<R>(q, qs, qcorr, D, kt, ksT, out, pfq);
+    else qk_rows_rest<R - 1>(rest, q, qs, qcorr, D, kt, ksT, out, pfq);
   }
 }
 
@@ -131,7 +134,7 @@ static void q_corrections(const AttendRows& r, std::vector<int32_t>& qcorr) {
 
 // logits[m * NK + j] for the tile's nk keys (lanes up to the next multiple of 16 hold junk the softmax never reads).
 static void qk_tile_t(const AttendRows& r, const int32_t* qcorr, const int8_t* k, const float* ksf, int nk,
-                      float* logits) {
+                      float* logits, PrefetchQueue& pfq) {
   constexpr int RMAX = 8;
   const int D = r.D, nb = D / kBlock;
   alignas(64) uint32_t kt[kMaxHeadDim / 4 * kKeyGroup];
@@ -142,9 +145,9 @@ static void qk_tile_t(const AttendRows& r, const int32_t* qcorr, const int8_t* k
     int m0 = 0;
     for (; m0 + RMAX <= r.M; m0 += RMAX)
       qk_group<RMAX>(r.q + int64_t(m0) * D, r.qs + m0 * nb, qcorr + m0 * nb, D, kt, ksT + j0,
-                     logits + int64_t(m0) * NK + j0);
+                     logits + int64_t(m0) * NK + j0, pfq);
     qk_rows_rest<RMAX - 1>(r.M - m0, r.q + int64_t(m0) * D, r.qs + m0 * nb, qcorr + m0 * nb, D, kt, ksT + j0,
-                           logits + int64_t(m0) * NK + j0);
+                           logits + int64_t(m0) * NK + j0, pfq);
   }
 }
 
@@ -165,7 +168,8 @@ static inline void interleave32(__m512 ev, __m512 od, float* dst) {
 }
 
 template <int KIND, int MR>
-static inline void pv_rows_q(const float* p, int m0, const void* v, const float* vsT, int nk, int D, float* acc) {
+static inline void pv_rows_q(const float* p, int m0, const void* v, const float* vsT, int nk, int D, float* acc,
+                             PrefetchQueue& pfq) {
   alignas(64) float ps[MR][NK];
   const __m512 table = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
   const int nkv = (nk + 15) & ~15;
@@ -181,6 +185,7 @@ static inline void pv_rows_q(const float* p, int m0, const void* v, const float*
       else a[r][0] = _mm512_loadu_ps(ar), a[r][1] = _mm512_loadu_ps(ar + 16);
     }
     for (int j = 0; j < nk; ++j) {
+      if ((j & 3) == 0) pf_step(pfq);
       __m512 x0, x1;
       if constexpr (KIND == kVQ4) {
         const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128(
@@ -208,19 +213,20 @@ static inline void pv_rows_q(const float* p, int m0, const void* v, const float*
 
 template <int KIND, int MR>
 static inline void pv_rest_q(int rest, const float* p, int m0, const void* v, const float* vsT, int nk, int D,
-                             float* acc) {
+                             float* acc, PrefetchQueue& pfq) {
   if constexpr (MR > 0) {
-    if (rest == MR) pv_rows_q<KIND, MR>(p, m0, v, vsT, nk, D, acc);
-    else pv_rest_q<KIND, MR - 1>(rest, p, m0, v, vsT, nk, D, acc);
+    if (rest == MR) pv_rows_q<KIND, MR>(p, m0, v, vsT, nk, D, acc, pfq);
+    else pv_rest_q<KIND, MR - 1>(rest, p, m0, v, vsT, nk, D, acc, pfq);
   }
 }
 
 // vsf: the tile's V scales as floats [nk][nb].
 template <int KIND>
-static void pv_tile_q(const float* p, int M, const void* v, const float* vsf, int nk, int D, float* acc) {
+static void pv_tile_q(const float* p, int M, const void* v, const float* vsf, int nk, int D, float* acc,
+                      PrefetchQueue& pfq) {
   alignas(64) float vsT[kMaxHeadDim / kBlock * NK];
   transpose_scales(vsf, D / kBlock, nk, vsT);
   int m0 = 0;
-  for (; m0 + PV_MR <= M; m0 += PV_MR) pv_rows_q<KIND, PV_MR>(p, m0, v, vsT, nk, D, acc);
-  pv_rest_q<KIND, PV_MR - 1>(M - m0, p, m0, v, vsT, nk, D, acc);
+  for (; m0 + PV_MR <= M; m0 += PV_MR) pv_rows_q<KIND, PV_MR>(p, m0, v, vsT, nk, D, acc, pfq);
+  pv_rest_q<KIND, PV_MR - 1>(M - m0, p, m0, v, vsT, nk, D, acc, pfq);
 }
