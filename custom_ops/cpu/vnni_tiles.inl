@@ -62,12 +62,28 @@ static void transpose_keys(const int8_t* k, int D, int n, uint32_t* kt) {
   }
 }
 
-// sT[b * NK + j] = s[j * nb + b] for j < nk (zeros above): block scales as vectors over keys.
+// sT[b * NK + j] = s[j * nb + b] for j < nk (zeros above): block scales as vectors over keys. `s` is a tile
+// buffer of NK * nb floats (entries past nk are stale but readable). D = 128 (nb = 4) takes 4 two-source permutes
+// and 4 lane shuffles per 16 keys; other D use gathers (slow on some cores, ~16 loads each).
 static void transpose_scales(const float* s, int nb, int nk, float* sT) {
   for (int j0 = 0; j0 < NK; j0 += kKeyGroup) {
     const __m512i lane = _mm512_add_epi32(_mm512_set1_epi32(j0), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
                                                                                      11, 12, 13, 14, 15));
     const __mmask16 valid = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(nk));
+    if (nb == 4) {
+      // z_i: keys j0 + 4i .. + 3, 4 blocks each. t: [block 2h: keys 0..7 | block 2h+1: keys 0..7] (of 8 keys).
+      const float* g = s + j0 * 4;
+      const __m512 z0 = _mm512_loadu_ps(g), z1 = _mm512_loadu_ps(g + 16), z2 = _mm512_loadu_ps(g + 32),
+                   z3 = _mm512_loadu_ps(g + 48);
+      for (int h = 0; h < 2; ++h) {
+        const __m512i idx = _mm512_add_epi32(_mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29),
+                                             _mm512_set1_epi32(2 * h));
+        const __m512 t0 = _mm512_permutex2var_ps(z0, idx, z1), t1 = _mm512_permutex2var_ps(z2, idx, z3);
+        _mm512_store_ps(sT + (2 * h) * NK + j0, _mm512_maskz_mov_ps(valid, _mm512_shuffle_f32x4(t0, t1, 0x44)));
+        _mm512_store_ps(sT + (2 * h + 1) * NK + j0, _mm512_maskz_mov_ps(valid, _mm512_shuffle_f32x4(t0, t1, 0xEE)));
+      }
+      continue;
+    }
     const __m512i base = _mm512_mullo_epi32(lane, _mm512_set1_epi32(nb));
     for (int b = 0; b < nb; ++b)
       _mm512_store_ps(sT + b * NK + j0, _mm512_mask_i32gather_ps(_mm512_setzero_ps(), valid,
