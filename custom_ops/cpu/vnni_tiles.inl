@@ -93,6 +93,13 @@ static void transpose_scales(const float* s, int nb, int nk, float* sT) {
 
 static inline int64_t qk_prefetch_steps(int nb, int nk) { return int64_t(nb) * ((nk + 15) / 16); }
 
+// acc + dot4(a (unsigned bytes), the signed dword at p broadcast): vpdpbusd with an embedded-broadcast memory
+// operand (compilers emit a separate vpbroadcastd for _mm512_set1_epi32(*p), one more vector uop per dot).
+static inline __m512i dpbusd_bcst(__m512i acc, __m512i a, const int8_t* p) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*reinterpret_cast<const int32_t*>(p)));
+  return acc;
+}
+
 // 16 logits (one key group) for R rows. acc starts at the rows' -128 * sum(q) per block; two accumulator sets
 // (even / odd dwords) keep enough independent vpdpbusd chains in flight for small R.
 template <int R>
@@ -112,11 +119,9 @@ static inline void qk_group(const int8_t* q, const float* qs, const int32_t* qco
     for (int c = 0; c < 8; c += 2) {
       const __m512i k0 = _mm512_load_si512(kb + c * 16), k1 = _mm512_load_si512(kb + (c + 1) * 16);
       for (int r = 0; r < R; ++r) {
-        int32_t w0, w1;
-        std::memcpy(&w0, q + int64_t(r) * D + b * kBlock + c * 4, 4);
-        std::memcpy(&w1, q + int64_t(r) * D + b * kBlock + c * 4 + 4, 4);
-        a0[r] = _mm512_dpbusd_epi32(a0[r], k0, _mm512_set1_epi32(w0));
-        a1[r] = _mm512_dpbusd_epi32(a1[r], k1, _mm512_set1_epi32(w1));
+        const int8_t* qw = q + int64_t(r) * D + b * kBlock + c * 4;
+        a0[r] = dpbusd_bcst(a0[r], k0, qw);
+        a1[r] = dpbusd_bcst(a1[r], k1, qw + 4);
       }
     }
     const __m512 skv = _mm512_load_ps(ksT + b * NK);
