@@ -1,0 +1,620 @@
+// Dot4Attention prefill on NVIDIA tensor cores (sm_80+), FlashAttention-2 style. CUDA only: HIP builds (and
+// any shape this kernel does not take) keep the scalar tile kernel of attention_tile.cuh.
+//
+// Block = 4 warps = 64 rows of one (batch, KV head) row space (rows are (grouped query head, query row) pairs,
+// exactly like the tile kernel, so GQA shares every K/V tile among the group's heads); each warp owns 16 rows
+// (one mma M tile) for the whole key walk, so the online softmax state lives in registers. Keys are walked in
+// 64-key tiles through an nst-stage cp.async pipeline (K payload, raw V, fp16 scale runs).
+//
+//  * Q.K: int8 Q (quantized per 32-block on the fly, float32 scale, as the contract says) x int8 K with
+//    mma.m16n8k32.s8.s8.s32, one mma per (16 rows x 8 keys x one 32-block) because each block has its own
+//    scales. The int32 accumulator starts at 0x4B400000 (the float 1.5 * 2^23): |dot| <= 32*127*127 < 2^22, so
+//    its bits read as a float are exactly 1.5*2^23 + dot, and fma(c, sk, -1.5*2^23*sk) == dot*sk rounded once
+//    (1.5*2^23*sk is exact: sk is fp16). That turns int->float conversion (quarter rate) + two multiplies into
+//    two full-rate FFMAs per element and block: logit2 += (sq*scale*log2e) * (dot*sk).
+//    K fragments come straight from the int8 rows by ldmatrix (rows padded to D+16 bytes: conflict free); the
+//    per-tile (sk, -M*sk) pairs are prepared once per block in shared memory as float4 per key pair.
+//  * online softmax in registers (log2 domain, ex2.approx), each thread owns 2 rows x 16 keys of the tile; the
+//    row sum stays per thread until the end (quad reduce once). Prefix tiles that every row of the warp sees
+//    skip all masking; only the causal diagonal / Sk tail / explicit masks check per element.
+//  * P.V: P rounded to f16 in registers (the QK accumulator layout is the A fragment layout of m16n8k16), V as
+//    f16 in shared memory read by ldmatrix.trans, mma.m16n8k16.f32.f16.f16.f32 (float32 accumulation).
+//    float16 V is copied as is; q8_0 / q4_0 are dequantized (value * scale, one f16 rounding, exact levels via
+//    the 0x6400|n trick) and float32 V is rounded to f16 once per tile by the whole block into one buffer.
+//    Accuracy: f16 P and f16 V each add ~2^-12 relative error per term, NMSE ~1e-7 (contract bound 1e-6).
+//  * causal: heaviest query chunks launch first (position-major block order when Sq % 64 == 0), a block stops
+//    at the last key its rows can see, a warp skips tiles its rows cannot see at all (exact: p would be 0).
+//
+// Shared memory per block (D=128, f16 V, 2 stages): 66 KB -> 3 blocks (12 warps) per SM on H100/H200.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "gpu/attention_tile.cuh"
+
+#if defined(D4A_CUDA)
+#define D4A_HAS_PREFILL_MMA 1
+
+namespace dot4attn {
+namespace gpu {
+namespace pmma {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kKeys = 64;           // keys per tile
+constexpr int kMagicI = 0x4B400000;  // float 1.5 * 2^23 as bits
+constexpr float kMagicF = 12582912.0f;
+
+// MT: 16-row m tiles per warp (1: 64 rows per block; 2: 128 rows, every K / V fragment read from shared memory
+// feeds two mmas: half the ldmatrix traffic per row, more registers).
+template <int VK, int D, int MT>
+struct Traits {
+  static constexpr int kRows = 16 * MT * kWarps;  // query rows per block
+  static constexpr int NB = D / 32;
+  static constexpr int KSTR = D + 16;      // K row bytes in shared memory (+16: ldmatrix conflict free)
+  static constexpr int QSTR = D + 16;      // int8 Q row bytes
+  static constexpr int VSTR = 2 * D + 16;  // f16 V row bytes
+  static constexpr bool kConv = VK != kVF16;               // V needs converting to f16
+  static constexpr bool kVq = VK == kVQ8 || VK == kVQ4;    // V has block scales
+  static constexpr int VRAW = kConv ? v_row_bytes(VK, D) : VSTR;  // V row bytes in a stage
+  static constexpr int ST_K = kKeys * KSTR;
+  static constexpr int ST_V = kKeys * VRAW;
+  static constexpr int ST_KS = kKeys * NB * 2;
+  static constexpr int ST_VS = kVq ? kKeys * NB * 2 : 0;
+  static constexpr int STAGE = ST_K + ST_V + ST_KS + ST_VS;  // every part a multiple of 16 bytes
+  static constexpr int OFF_Q = 0;                             // int8 [kRows][QSTR]
+  static constexpr int OFF_SQ = OFF_Q + kRows * QSTR;         // float [kRows][NB] Q block scales
+  static constexpr int OFF_KSF = OFF_SQ + kRows * NB * 4;     // float4 [NB][32 key pairs] (sk0, sk1, -M sk0, -M sk1)
+  static constexpr int OFF_VH = OFF_KSF + NB * 32 * 16;       // f16 [64][VSTR] converted V (kConv only)
+  static constexpr int OFF_ST = OFF_VH + (kConv ? kKeys * VSTR : 0);
+  static constexpr bool kQReg = D * MT <= 128;  // Q fragments in registers (else reloaded from shared memory)
+  static int smem_bytes(int nst) { return OFF_ST + nst * STAGE; }
+};
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldsm_x4(unsigned addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(unsigned addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+
+// c (int32, starts at the magic bias) += A(16x32 s8, row) * B(32x8 s8, col)
+__device__ __forceinline__ void mma_s8(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// d (f32) += A(16x16 f16, row) * B(16x8 f16, col)
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float ex2(float x) {  // 2^x, -inf -> +0
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+__device__ __forceinline__ uint32_t hmul2_u(uint32_t a, __half2 s) {
+  __half2 x = *reinterpret_cast<const __half2*>(&a);
+  x = __hmul2(x, s);
+  return *reinterpret_cast<const uint32_t*>(&x);
+}
+
+__device__ __forceinline__ uint32_t hsub2_u(uint32_t a, uint32_t b) {
+  __half2 x = *reinterpret_cast<const __half2*>(&a);
+  const __half2 y = *reinterpret_cast<const __half2*>(&b);
+  x = __hsub2(x, y);
+  return *reinterpret_cast<const uint32_t*>(&x);
+}
+
+// Facts of a run of rows [r0, r1) of one (b, hkv) row space: smallest and largest last-visible key index
+// (causal: Sk - Sq + i, clamped to Sk - 1). kmax is non-decreasing in i inside a head, so the extremes come
+// from the run's first / last query position, or 0 / Sq-1 when the run crosses a head boundary.
+__device__ __forceinline__ void run_kminmax(const TileArgs& a, int64_t r0, int64_t r1, int64_t& kmin,
+                                            int64_t& kmax) {
+  if (r1 <= r0) {
+    kmin = INT64_MAX;
+    kmax = -1;
+    return;
+  }
+  int64_t i_lo = r0 % a.Sq, i_hi = (r1 - 1) % a.Sq;
+  if (r0 / a.Sq != (r1 - 1) / a.Sq) {
+    i_lo = 0;
+    i_hi = a.Sq - 1;
+  }
+  auto f = [&](int64_t i) {
+    int64_t k = a.causal ? a.Sk - a.Sq + i : a.Sk - 1;
+    return k > a.Sk - 1 ? a.Sk - 1 : k;
+  };
+  kmin = f(i_lo);
+  kmax = f(i_hi);
+}
+
+// ncq > 0: causal with Sq % 64 == 0, blocks in position-major order (heaviest query chunk of every head first).
+// MINB: blocks per SM promised to ptxas (3 caps D <= 128 at 168 registers: 12 warps per SM).
+template <int VK, int D, int MT, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB) prefill_mma_kernel(const TileArgs a, const int64_t ncq) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using Tr = Traits<VK, D, MT>;
+  constexpr int kRows = Tr::kRows;
+  constexpr int RW = 16 * MT;  // rows per warp
+  constexpr int NH = 2 * MT;   // rows per thread (gid, gid + 8 of each m tile)
+  constexpr int NB = Tr::NB;
+  constexpr int ND = D / 8;  // output n tiles
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
+  const int nst = a.nst;
+
+  // ---- which (batch, kv head, row chunk) ---------------------------------------------------------------------
+  const int64_t idx = int64_t(blockIdx.x);
+  int64_t bh, chunk;
+  if (ncq > 0) {
+    const int64_t U = a.B * a.Hkv * a.g;
+    const int64_t level = idx / U, u = idx % U;
+    bh = u / a.g;
+    chunk = (u % a.g) * ncq + (ncq - 1 - level);
+  } else {
+    bh = idx / a.n_chunks;
+    chunk = idx % a.n_chunks;
+    if (a.reverse_chunks) chunk = a.n_chunks - 1 - chunk;
+  }
+  const int64_t b = bh / a.Hkv, hkv = bh % a.Hkv;
+  const int64_t rows_here = a.g * a.Sq;
+  const int64_t row0 = chunk * kRows;
+  const int64_t row_end = row0 + kRows < rows_here ? row0 + kRows : rows_here;
+
+  int64_t kmin_blk, kmax_blk, kmin_w, kmax_w;
+  run_kminmax(a, row0, row_end, kmin_blk, kmax_blk);
+  {
+    const int64_t w0 = row0 + warp * RW;
+    const int64_t w1 = w0 + RW < row_end ? w0 + RW : row_end;
+    run_kminmax(a, w0, w1, kmin_w, kmax_w);
+  }
+  const int64_t kend = kmax_blk + 1 < a.Sk ? kmax_blk + 1 : a.Sk;
+  const int64_t nkt = kend > 0 ? (kend + kKeys - 1) / kKeys : 0;
+
+  int8_t* Qs = reinterpret_cast<int8_t*>(smem + Tr::OFF_Q);
+  float* SQ = reinterpret_cast<float*>(smem + Tr::OFF_SQ);
+  float4* KSF = reinterpret_cast<float4*>(smem + Tr::OFF_KSF);
+  uint8_t* VH = smem + Tr::OFF_VH;
+  uint8_t* stages = smem + Tr::OFF_ST;
+
+  const int64_t head_row = bh * a.Sk;  // first K/V row of this (b, hkv)
+  // Loop-invariant parts are recomputed per tile on purpose (unroll 1): hoisted per-chunk addresses would cost
+  // dozens of registers for the whole key walk.
+  auto issue_tile = [&](int64_t tile) {
+    if (tile < nkt) {
+      uint8_t* st = stages + int(tile % nst) * Tr::STAGE;
+      const int64_t j0 = tile * kKeys;
+      const int nv = int(kend - j0 < kKeys ? kend - j0 : kKeys);  // keys of the tile inside the range
+      constexpr int kch = D / 16;
+      const int8_t* kg = a.k + (head_row + j0) * D;
+#pragma unroll 1
+      for (int c = tid; c < kKeys * kch; c += kThreads) {
+        const int j = c / kch, part = c % kch;
+        const bool ok = j < nv;
+        cp_async16(st + j * Tr::KSTR + part * 16, kg + (ok ? j * D : 0) + part * 16, ok);
+      }
+      constexpr int vrow = v_row_bytes(VK, D), vch = vrow / 16;
+      const uint8_t* vg = static_cast<const uint8_t*>(a.v) + (head_row + j0) * vrow;
+#pragma unroll 1
+      for (int c = tid; c < kKeys * vch; c += kThreads) {
+        const int j = c / vch, part = c % vch;
+        const bool ok = j < nv;
+        cp_async16(st + Tr::ST_K + j * Tr::VRAW + part * 16, vg + (ok ? j * vrow : 0) + part * 16, ok);
+      }
+      // fp16 scale runs: NB is even, so every 4-byte piece is two scales of one key (both valid or not)
+      const int valid = nv * NB;
+      const uint16_t* ksg = a.ks + (head_row + j0) * NB;
+      const uint16_t* vsg = Tr::kVq ? a.vs + (head_row + j0) * NB : nullptr;
+      uint16_t* kst = reinterpret_cast<uint16_t*>(st + Tr::ST_K + Tr::ST_V);
+      uint16_t* vst = reinterpret_cast<uint16_t*>(st + Tr::ST_K + Tr::ST_V + Tr::ST_KS);
+#pragma unroll 1
+      for (int c = tid; c < kKeys * NB / 2; c += kThreads) {
+        const int e = 2 * c;
+        const bool ok = e < valid;
+        cp_async4(kst + e, ksg + (ok ? e : 0), ok ? 4 : 0);
+        if constexpr (Tr::kVq) cp_async4(vst + e, vsg + (ok ? e : 0), ok ? 4 : 0);
+      }
+    }
+    cp_async_commit();
+  };
+
+  // Start the first tiles before quantizing Q (they do not depend on it).
+  for (int s = 0; s < nst - 1; ++s) issue_tile(s);
+
+  // ---- Q: each warp quantizes its RW rows (one lane per element, one (row, block) at a time) --------------
+  int8_t* qw = Qs + warp * RW * Tr::QSTR;
+  for (int r = 0; r < RW; ++r) {
+    const int64_t rr = row0 + warp * RW + r;
+    const bool ok = rr < rows_here;
+    int64_t base = 0;
+    if (ok) {
+      const int64_t hq = hkv * a.g + rr / a.Sq, i = rr % a.Sq;
+      base = ((b * a.Hq + hq) * a.Sq + i) * D;
+    }
+#pragma unroll
+    for (int blk = 0; blk < NB; ++blk) {
+      const float x = ok ? load_t(a.q, base + blk * 32 + lane, a.half) : 0.f;
+      const float amax = group32_max(fabsf(x));
+      const float sc = div_rn(amax, 127.f);
+      float qv = sc == 0.f ? 0.f : rintf(div_rn(x, sc));
+      qv = fminf(fmaxf(qv, -127.f), 127.f);
+      qw[r * Tr::QSTR + blk * 32 + lane] = static_cast<int8_t>(int(qv));
+      if (lane == 0) SQ[(warp * RW + r) * NB + blk] = sc;
+    }
+  }
+  __syncwarp();
+
+  // A fragments of Q (m16n8k32 row layout via ldmatrix: matrices rows 0-7 / 8-15 x bytes 0-15 / 16-31)
+  const unsigned q_addr = smem_u32(qw + ((lane >> 3) & 1) * 8 * Tr::QSTR + (lane & 7) * Tr::QSTR + (lane >> 4) * 16);
+  uint32_t qa[MT][Tr::kQReg ? NB : 1][4];
+  if constexpr (Tr::kQReg) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int blk = 0; blk < NB; ++blk)
+        ldsm_x4(q_addr + mt * 16 * Tr::QSTR + blk * 32, qa[mt][blk][0], qa[mt][blk][1], qa[mt][blk][2],
+                qa[mt][blk][3]);
+  }
+  // row facts of this thread's rows: h = 2 * mt + (0: row gid, 1: row gid + 8) of m tile mt
+  float sq[NH][Tr::kQReg ? NB : 1];  // Q block scale * scale * log2 e (else read from shared memory)
+  int64_t kmx[NH], mrow[NH], orow[NH];
+  bool rok[NH];
+#pragma unroll
+  for (int h = 0; h < NH; ++h) {
+    const int rl = warp * RW + (h >> 1) * 16 + gid + 8 * (h & 1);
+    const int64_t rr = row0 + rl;
+    rok[h] = rr < rows_here;
+    if constexpr (Tr::kQReg) {
+#pragma unroll
+      for (int blk = 0; blk < NB; ++blk) sq[h][blk] = SQ[rl * NB + blk] * a.scale_log2;
+    }
+    kmx[h] = -1;
+    mrow[h] = 0;
+    orow[h] = 0;
+    if (rok[h]) {
+      const int64_t hq = hkv * a.g + rr / a.Sq, i = rr % a.Sq;
+      int64_t km = a.causal ? a.Sk - a.Sq + i : a.Sk - 1;
+      kmx[h] = km > a.Sk - 1 ? a.Sk - 1 : km;
+      mrow[h] = b * a.ms0 + hq * a.ms1 + i * a.ms2;
+      orow[h] = ((b * a.Hq + hq) * a.Sq + i) * D;
+    }
+  }
+
+  float oacc[MT][ND][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < ND; ++n) oacc[mt][n][0] = oacc[mt][n][1] = oacc[mt][n][2] = oacc[mt][n][3] = 0.f;
+  float m_run[NH], l_run[NH];
+#pragma unroll
+  for (int h = 0; h < NH; ++h) {
+    m_run[h] = -INFINITY;
+    l_run[h] = 0.f;
+  }
+
+  // per-lane ldmatrix offsets inside a tile
+  const int k_off = ((lane >> 4) * 8 + (lane & 7)) * Tr::KSTR + ((lane >> 3) & 1) * 16;  // QK: n tile pair
+  const int v_off = (((lane >> 3) & 1) * 8 + (lane & 7)) * Tr::VSTR + (lane >> 4) * 16;  // PV: trans
+
+  for (int64_t tile = 0; tile < nkt; ++tile) {
+    if (nst == 1) {  // one stage (large D, to fit 2 blocks per SM): no overlap inside the block
+      __syncthreads();  // everybody is done with tile - 1
+      issue_tile(tile);
+      cp_async_wait<0>();
+      __syncthreads();
+    } else {
+      if (nst >= 3) cp_async_wait<1>();
+      else cp_async_wait<0>();
+      __syncthreads();  // tile ready for all; everybody is done with tile - 1 (its stage, KSF, VH)
+      issue_tile(tile + nst - 1);
+    }
+
+    const uint8_t* st = stages + int(tile % nst) * Tr::STAGE;
+    const uint16_t* kst = reinterpret_cast<const uint16_t*>(st + Tr::ST_K + Tr::ST_V);
+    // ---- per tile, once per block: K scale pairs; V to f16 ----
+    for (int e = tid; e < NB * 32; e += kThreads) {
+      const int blk = e / 32, kp = e % 32;
+      const float s0 = h2f(kst[(2 * kp) * NB + blk]), s1 = h2f(kst[(2 * kp + 1) * NB + blk]);
+      KSF[e] = make_float4(s0, s1, -kMagicF * s0, -kMagicF * s1);
+    }
+    if constexpr (Tr::kConv) {
+      const uint8_t* vr = st + Tr::ST_K;
+      const __half* vsr = reinterpret_cast<const __half*>(st + Tr::ST_K + Tr::ST_V + Tr::ST_KS);
+      constexpr int C8 = D / 8;  // 8-column pieces per key
+#pragma unroll 4
+      for (int u = tid; u < kKeys * C8; u += kThreads) {
+        const int j = u / C8, c8 = u % C8;
+        uint4 o;
+        if constexpr (VK == kVF32) {
+          const float4 x0 = *reinterpret_cast<const float4*>(vr + j * Tr::VRAW + c8 * 32);
+          const float4 x1 = *reinterpret_cast<const float4*>(vr + j * Tr::VRAW + c8 * 32 + 16);
+          o = make_uint4(pack_h2(x0.x, x0.y), pack_h2(x0.z, x0.w), pack_h2(x1.x, x1.y), pack_h2(x1.z, x1.w));
+        } else if constexpr (VK == kVQ8) {
+          const uint2 w = *reinterpret_cast<const uint2*>(vr + j * Tr::VRAW + c8 * 8);
+          const __half2 s = __half2half2(vsr[j * NB + (c8 >> 2)]);
+          const uint32_t u0 = w.x ^ 0x80808080u, u1 = w.y ^ 0x80808080u;  // q + 128 per byte
+          const uint32_t bias = 0x64806480u;                               // (1152, 1152)
+          o.x = hmul2_u(hsub2_u(__byte_perm(u0, 0x64646464u, 0x4140), bias), s);
+          o.y = hmul2_u(hsub2_u(__byte_perm(u0, 0x64646464u, 0x4342), bias), s);
+          o.z = hmul2_u(hsub2_u(__byte_perm(u1, 0x64646464u, 0x4140), bias), s);
+          o.w = hmul2_u(hsub2_u(__byte_perm(u1, 0x64646464u, 0x4342), bias), s);
+        } else {
+          const uint32_t w = *reinterpret_cast<const uint32_t*>(vr + j * Tr::VRAW + c8 * 4);
+          const __half2 s = __half2half2(vsr[j * NB + (c8 >> 2)]);
+          const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+          const uint32_t x0 = __byte_perm(lo, hi, 0x5140), x1 = __byte_perm(lo, hi, 0x7362);  // e0..e3, e4..e7
+          const uint32_t bias = 0x64086408u;                                                 // (1032, 1032)
+          o.x = hmul2_u(hsub2_u(__byte_perm(x0, 0x64646464u, 0x4140), bias), s);
+          o.y = hmul2_u(hsub2_u(__byte_perm(x0, 0x64646464u, 0x4342), bias), s);
+          o.z = hmul2_u(hsub2_u(__byte_perm(x1, 0x64646464u, 0x4140), bias), s);
+          o.w = hmul2_u(hsub2_u(__byte_perm(x1, 0x64646464u, 0x4342), bias), s);
+        }
+        *reinterpret_cast<uint4*>(VH + j * Tr::VSTR + c8 * 16) = o;
+      }
+    }
+    __syncthreads();  // KSF / VH ready
+
+    const int64_t j0 = tile * kKeys;
+    if (j0 > kmax_w) continue;  // no row of this warp sees any key of the tile (uniform per warp)
+
+    // ---- S = Q.K (log2 units) ----
+    float S[MT][8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int n = 0; n < 8; ++n) S[mt][n][0] = S[mt][n][1] = S[mt][n][2] = S[mt][n][3] = 0.f;
+    const unsigned k_base = smem_u32(st) + k_off;
+#pragma unroll
+    for (int blk = 0; blk < NB; ++blk) {
+      uint32_t af[MT][4];
+      float sqv[NH];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        if constexpr (Tr::kQReg) {
+          af[mt][0] = qa[mt][blk][0]; af[mt][1] = qa[mt][blk][1];
+          af[mt][2] = qa[mt][blk][2]; af[mt][3] = qa[mt][blk][3];
+          sqv[2 * mt] = sq[2 * mt][blk];
+          sqv[2 * mt + 1] = sq[2 * mt + 1][blk];
+        } else {
+          ldsm_x4(q_addr + mt * 16 * Tr::QSTR + blk * 32, af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
+          sqv[2 * mt] = SQ[(warp * RW + mt * 16 + gid) * NB + blk] * a.scale_log2;
+          sqv[2 * mt + 1] = SQ[(warp * RW + mt * 16 + gid + 8) * NB + blk] * a.scale_log2;
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4(k_base + np * 16 * Tr::KSTR + blk * 32, b0, b1, b2, b3);
+        const float4 k0 = KSF[blk * 32 + (2 * np) * 4 + tig];
+        const float4 k1 = KSF[blk * 32 + (2 * np + 1) * 4 + tig];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          int c0[4] = {kMagicI, kMagicI, kMagicI, kMagicI};
+          int c1[4] = {kMagicI, kMagicI, kMagicI, kMagicI};
+          mma_s8(c0, af[mt], b0, b1);
+          mma_s8(c1, af[mt], b2, b3);
+          const float q0 = sqv[2 * mt], q1 = sqv[2 * mt + 1];
+          float* s0 = S[mt][2 * np];
+          float* s1 = S[mt][2 * np + 1];
+          s0[0] = fmaf(q0, fmaf(__int_as_float(c0[0]), k0.x, k0.z), s0[0]);
+          s0[1] = fmaf(q0, fmaf(__int_as_float(c0[1]), k0.y, k0.w), s0[1]);
+          s0[2] = fmaf(q1, fmaf(__int_as_float(c0[2]), k0.x, k0.z), s0[2]);
+          s0[3] = fmaf(q1, fmaf(__int_as_float(c0[3]), k0.y, k0.w), s0[3]);
+          s1[0] = fmaf(q0, fmaf(__int_as_float(c1[0]), k1.x, k1.z), s1[0]);
+          s1[1] = fmaf(q0, fmaf(__int_as_float(c1[1]), k1.y, k1.w), s1[1]);
+          s1[2] = fmaf(q1, fmaf(__int_as_float(c1[2]), k1.x, k1.z), s1[2]);
+          s1[3] = fmaf(q1, fmaf(__int_as_float(c1[3]), k1.y, k1.w), s1[3]);
+        }
+      }
+    }
+
+    // ---- masking: causal diagonal / Sk tail / explicit mask only ----
+    if (a.mask_kind != 0 || j0 + kKeys - 1 > kmin_w) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int h = 2 * mt + (e >> 1);
+            const int64_t j = j0 + n * 8 + tig * 2 + (e & 1);
+            bool vis = j <= kmx[h];
+            float x = S[mt][n][e];
+            if (vis && a.mask_kind != 0) {
+              const int64_t mo = mrow[h] + j * a.ms3;
+              if (a.mask_kind == 1) vis = static_cast<const uint8_t*>(a.mask)[mo] != 0;
+              else x += load_t(a.mask, mo, a.half) * kLog2e;
+            }
+            S[mt][n][e] = vis ? x : -INFINITY;
+          }
+        }
+    }
+
+    // ---- online softmax (rows gid, gid + 8 of each m tile; a quad shares a row) ----
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        mx[0] = fmaxf(mx[0], fmaxf(S[mt][n][0], S[mt][n][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(S[mt][n][2], S[mt][n][3]));
+      }
+      float alpha[2], mu[2];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int h = 2 * mt + hh;
+        mx[hh] = fmaxf(mx[hh], shfl_xor(mx[hh], 1));
+        mx[hh] = fmaxf(mx[hh], shfl_xor(mx[hh], 2));
+        const float mn = fmaxf(m_run[h], mx[hh]);
+        mu[hh] = mn == -INFINITY ? 0.f : mn;
+        alpha[hh] = ex2(m_run[h] - mu[hh]);
+        m_run[h] = mn;
+      }
+      float ls[2] = {0.f, 0.f};
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        S[mt][n][0] = ex2(S[mt][n][0] - mu[0]);
+        S[mt][n][1] = ex2(S[mt][n][1] - mu[0]);
+        S[mt][n][2] = ex2(S[mt][n][2] - mu[1]);
+        S[mt][n][3] = ex2(S[mt][n][3] - mu[1]);
+        ls[0] += S[mt][n][0] + S[mt][n][1];
+        ls[1] += S[mt][n][2] + S[mt][n][3];
+      }
+      l_run[2 * mt] = l_run[2 * mt] * alpha[0] + ls[0];
+      l_run[2 * mt + 1] = l_run[2 * mt + 1] * alpha[1] + ls[1];
+#pragma unroll
+      for (int n = 0; n < ND; ++n) {
+        oacc[mt][n][0] *= alpha[0]; oacc[mt][n][1] *= alpha[0];
+        oacc[mt][n][2] *= alpha[1]; oacc[mt][n][3] *= alpha[1];
+      }
+    }
+
+    // ---- O += P.V ----
+    const unsigned v_base = smem_u32(Tr::kConv ? static_cast<const void*>(VH) : static_cast<const void*>(st + Tr::ST_K)) + v_off;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      uint32_t pa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        pa[mt][0] = pack_h2(S[mt][2 * ks][0], S[mt][2 * ks][1]);
+        pa[mt][1] = pack_h2(S[mt][2 * ks][2], S[mt][2 * ks][3]);
+        pa[mt][2] = pack_h2(S[mt][2 * ks + 1][0], S[mt][2 * ks + 1][1]);
+        pa[mt][3] = pack_h2(S[mt][2 * ks + 1][2], S[mt][2 * ks + 1][3]);
+      }
+#pragma unroll
+      for (int ndp = 0; ndp < ND / 2; ++ndp) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4_t(v_base + ks * 16 * Tr::VSTR + ndp * 32, b0, b1, b2, b3);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_f16(oacc[mt][2 * ndp], pa[mt], b0, b1);
+          mma_f16(oacc[mt][2 * ndp + 1], pa[mt], b2, b3);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue: quad-reduce the row sums, normalise, store (dead rows: l = 0 -> exact zeros) ----
+#pragma unroll
+  for (int h = 0; h < NH; ++h) {
+    float l = l_run[h];
+    l += shfl_xor(l, 1);
+    l += shfl_xor(l, 2);
+    l_run[h] = l > 0.f ? 1.f / l : 0.f;
+  }
+#pragma unroll
+  for (int h = 0; h < NH; ++h) {
+    if (!rok[h]) continue;
+    const float inv = l_run[h];
+    const int mt = h >> 1, e0 = 2 * (h & 1);
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+      const float y0 = oacc[mt][n][e0] * inv, y1 = oacc[mt][n][e0 + 1] * inv;
+      const int64_t o = orow[h] + n * 8 + tig * 2;
+      if (a.half) *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(a.out) + o) = pack_h2(y0, y1);
+      else *reinterpret_cast<float2*>(static_cast<float*>(a.out) + o) = make_float2(y0, y1);
+    }
+  }
+#else
+  (void)a;
+  (void)ncq;
+  __trap();
+#endif
+}
+
+inline int env_int(const char* name, int fallback) {
+  const char* s = std::getenv(name);
+  return s && *s ? std::atoi(s) : fallback;
+}
+
+template <int VK, int D, int MT, int MINB>
+bool launch(const TileArgs& a0, gpuStream_t stream) {
+  using Tr = Traits<VK, D, MT>;
+  constexpr int kRows = Tr::kRows;
+  TileArgs a = a0;
+  const int limit = max_shared_bytes();
+  // default: 2 stages, or 1 where 2 would leave a single block per SM (D = 256 with f16 / f32 V)
+  int nst = env_int("DOT4ATTN_PREFILL_NST", Tr::smem_bytes(2) + 1024 > limit / 2 ? 1 : 2);
+  nst = nst < 1 ? 1 : nst > 3 ? 3 : nst;
+  while (nst > 1 && Tr::smem_bytes(nst) > limit) --nst;
+  const int bytes = Tr::smem_bytes(nst);
+  if (bytes > limit) return false;
+  a.nst = nst;
+  int64_t ncq = 0, blocks;
+  const int64_t rows = a.g * a.Sq;
+  if (a.causal && a.Sq % kRows == 0) {
+    ncq = a.Sq / kRows;
+    blocks = a.B * a.Hkv * a.g * ncq;
+  } else {
+    a.n_chunks = (rows + kRows - 1) / kRows;
+    a.reverse_chunks = a.causal;
+    blocks = a.B * a.Hkv * a.n_chunks;
+  }
+  if (blocks <= 0) return true;
+  if (blocks > 0x7fffffffLL) return false;
+  auto kern = prefill_mma_kernel<VK, D, MT, MINB>;
+  D4A_GPU_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  kern<<<unsigned(blocks), kThreads, bytes, stream>>>(a, ncq);
+  D4A_GPU_CHECK(gpuGetLastError());
+  return true;
+}
+
+template <int VK>
+bool launch_vk(const TileArgs& a, gpuStream_t s) {
+  // Tuning knobs: DOT4ATTN_PREFILL_MT = 1 / 2 m tiles per warp (D <= 128); DOT4ATTN_PREFILL_MINB = 1 (no
+  // register cap) or 3 (168 registers, 3 blocks per SM; MT = 1 only).
+  const int mt = env_int("DOT4ATTN_PREFILL_MT", 1);
+  const bool cap = env_int("DOT4ATTN_PREFILL_MINB", 3) >= 2;
+  switch (a.D) {
+    case 64: return mt == 2 ? launch<VK, 64, 2, 1>(a, s) : cap ? launch<VK, 64, 1, 3>(a, s) : launch<VK, 64, 1, 1>(a, s);
+    case 128: return mt == 2 ? launch<VK, 128, 2, 1>(a, s) : cap ? launch<VK, 128, 1, 3>(a, s) : launch<VK, 128, 1, 1>(a, s);
+    case 256: return launch<VK, 256, 1, 1>(a, s);
+    default: return false;
+  }
+}
+
+// The tensor-core prefill when the device and the arguments allow it; false: the caller runs the tile kernel.
+inline bool try_prefill_mma(const TileArgs& a, gpuStream_t s) {
+  const char* force = std::getenv("DOT4ATTN_GPU_PREFILL");
+  if (force && std::strcmp(force, "tile") == 0) return false;
+  if (device_attribute(cudaDevAttrComputeCapabilityMajor, 0) < 8) return false;
+  if (a.D != 64 && a.D != 128 && a.D != 256) return false;
+  auto al = [](const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; };
+  if (!al(a.k, 16) || !al(a.v, 16) || !al(a.ks, 4) || (a.vs && !al(a.vs, 4)) || !al(a.out, a.half ? 4 : 8))
+    return false;
+  switch (a.vk) {
+    case kVF32: return launch_vk<kVF32>(a, s);
+    case kVF16: return launch_vk<kVF16>(a, s);
+    case kVQ8: return launch_vk<kVQ8>(a, s);
+    default: return launch_vk<kVQ4>(a, s);
+  }
+}
+
+}  // namespace pmma
+}  // namespace gpu
+}  // namespace dot4attn
+
+#endif  // D4A_CUDA
