@@ -602,11 +602,15 @@ inline bool try_prefill_mma(const TileArgs& a, gpuStream_t s) {
   if (force && std::strcmp(force, "tile") == 0) return false;
   if (device_attribute(cudaDevAttrComputeCapabilityMajor, 0) < 8) return false;
   if (a.D != 64 && a.D != 128 && a.D != 256) return false;
+  // float32 T keeps float32 P·V (the tile kernel): routes must agree to float32 rounding (NMSE ~1e-8), and f16 P
+  // and f16-staged V put the tensor-core path at ~4e-8 from the other routes (and f32 V could overflow f16).
+  // For float16 T that error is below the output's own f16 rounding.
+  if (!a.half) return false;
   auto al = [](const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; };
   if (!al(a.k, 16) || !al(a.v, 16) || !al(a.ks, 4) || (a.vs && !al(a.vs, 4)) || !al(a.out, a.half ? 4 : 8))
     return false;
   switch (a.vk) {
-    case kVF32: return launch_vk<kVF32>(a, s);
+    case kVF32: return false;  // float V is T: float32 only with a float32 query
     case kVF16: return launch_vk<kVF16>(a, s);
     case kVQ8: return launch_vk<kVQ8>(a, s);
     default: return launch_vk<kVQ4>(a, s);
