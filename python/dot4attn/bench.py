@@ -282,25 +282,34 @@ def _ov(a: np.ndarray):
 # models
 
 
-def gqa_model(hq: int, hkv: int, dtype):
-    """One com.microsoft.GroupQueryAttention node (no rotary) with a BNSH KV cache of dtype `dtype`."""
+def gqa_model(hq: int, hkv: int, dtype, int8_cache: bool = False):
+    """One com.microsoft.GroupQueryAttention node (no rotary) with a BNSH KV cache of dtype `dtype`.
+
+    int8_cache: the cache is int8 with one float32 scale for K and V (`k_quant_type = v_quant_type =
+    "PER_TENSOR"`, `kv_cache_bit_width = 8`, input `kv_scale` fed to both k_scale and v_scale: ORT's XQA decode
+    kernel wants them to be one tensor). CUDA EP only (onnxruntime >= 1.23)."""
     from onnx import TensorProto, helper
 
     t = TensorProto.FLOAT if np.dtype(dtype) == np.float32 else TensorProto.FLOAT16
-    node = helper.make_node(
-        "GroupQueryAttention",
-        ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length"],
-        ["output", "present_key", "present_value"], domain="com.microsoft", num_heads=hq, kv_num_heads=hkv)
+    tc = TensorProto.INT8 if int8_cache else t
+    inputs = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length"]
+    attrs = dict(num_heads=hq, kv_num_heads=hkv)
+    if int8_cache:
+        inputs += ["", "", "", "", "", "kv_scale", "kv_scale"]  # cos, sin, position_ids, bias, head_sink
+        attrs.update(k_quant_type="PER_TENSOR", v_quant_type="PER_TENSOR", kv_cache_bit_width=8)
+    node = helper.make_node("GroupQueryAttention", inputs, ["output", "present_key", "present_value"],
+                            domain="com.microsoft", **attrs)
 
     def vi(name, tt, rank):
         return helper.make_tensor_value_info(name, tt, [f"{name}_{i}" for i in range(rank)])
 
-    graph = helper.make_graph(
-        [node], "gqa",
-        [vi("query", t, 3), vi("key", t, 3), vi("value", t, 3), vi("past_key", t, 4), vi("past_value", t, 4),
-         vi("seqlens_k", TensorProto.INT32, 1), helper.make_tensor_value_info("total_sequence_length",
-                                                                              TensorProto.INT32, [])],
-        [vi("output", t, 3), vi("present_key", t, 4), vi("present_value", t, 4)])
+    graph_inputs = [vi("query", t, 3), vi("key", t, 3), vi("value", t, 3), vi("past_key", tc, 4),
+                    vi("past_value", tc, 4), vi("seqlens_k", TensorProto.INT32, 1),
+                    helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, [])]
+    if int8_cache:
+        graph_inputs.append(helper.make_tensor_value_info("kv_scale", TensorProto.FLOAT, [1]))
+    graph = helper.make_graph([node], "gqa", graph_inputs,
+                              [vi("output", t, 3), vi("present_key", tc, 4), vi("present_value", tc, 4)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 9

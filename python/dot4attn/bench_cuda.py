@@ -7,7 +7,8 @@ GroupQueryAttention on the CUDA execution provider, in one process.
   device buffers, wall clock per run) is reported separately for decode.
 * Candidates: d4a_f16 / d4a_q8_0 / d4a_q4_0 (query f16, packed int8 K, V float16 / q8_0 / q4_0);
   sdpa_flash, sdpa_cudnn (torch.nn.functional.scaled_dot_product_attention, f16, GQA through enable_gqa);
-  ort_gqa_f16 (com.microsoft.GroupQueryAttention on the CUDA EP, f16 share-buffer cache, run on torch's stream
+  ort_gqa_f16 / ort_gqa_int8 (com.microsoft.GroupQueryAttention on the CUDA EP, f16 or ORT's own int8 (per-tensor
+  scale) share-buffer cache, run on torch's stream
   through the EP's user_compute_stream, decode only); ort_d4a_q4_0_session (wall clock per session run).
 * Decode: B=1, Sq=1 at Sk in {512, 4k, 16k, 64k, 128k}; prefill: causal Sq = Sk in {2k, 8k, 32k}; head shapes
   (32, 8, 128) and (24, 4, 256). Achieved GB/s (KV bytes / time) and % of the measured HBM read bandwidth.
@@ -137,8 +138,9 @@ def _sdpa(torch, backend, q, k, v, causal):
     return fn
 
 
-def _ort_gqa(torch, q, k, v):
-    """GroupQueryAttention on the CUDA EP in share-buffer mode, on torch's current stream."""
+def _ort_gqa(torch, q, k, v, int8_cache: bool = False):
+    """GroupQueryAttention on the CUDA EP in share-buffer mode, on torch's current stream. int8_cache: ORT's own
+    quantized cache (int8, one per-tensor float scale shared by K and V: the XQA decode kernel's fast case)."""
     import onnxruntime as ort
 
     from .bench import gqa_model
@@ -148,9 +150,15 @@ def _ort_gqa(torch, q, k, v):
     stream = torch.cuda.current_stream().cuda_stream
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    sess = ort.InferenceSession(gqa_model(Hq, Hkv, np.float16).SerializeToString(), so,
+    sess = ort.InferenceSession(gqa_model(Hq, Hkv, np.float16, int8_cache).SerializeToString(), so,
                                 providers=[("CUDAExecutionProvider", {"user_compute_stream": str(stream)})])
-    cache_k, cache_v = k.clone(), v.clone()
+    if int8_cache:
+        amax = float(torch.maximum(k.abs().max(), v.abs().max()))
+        scale = torch.tensor([amax / 127.0], dtype=torch.float32, device="cuda")
+        cache_k = torch.round(k.float() / scale).clamp(-127, 127).to(torch.int8)
+        cache_v = torch.round(v.float() / scale).clamp(-127, 127).to(torch.int8)
+    else:
+        cache_k, cache_v = k.clone(), v.clone()
     bsh = lambda x: x.transpose(1, 2).reshape(B, x.shape[2], -1).contiguous()  # noqa: E731
     vals = {"query": bsh(q), "key": bsh(k[:, :, Sk - Sq:]), "value": bsh(v[:, :, Sk - Sq:]),
             "seqlens_k": torch.full((B,), Sk - 1, dtype=torch.int32, device="cuda")}
@@ -159,8 +167,10 @@ def _ort_gqa(torch, q, k, v):
     bind = sess.io_binding()
 
     def bt(name, t, output=False):
-        et = {torch.float16: np.float16, torch.int32: np.int32}[t.dtype]
+        et = {torch.float16: np.float16, torch.int32: np.int32, torch.int8: np.int8, torch.float32: np.float32}[t.dtype]
         (bind.bind_output if output else bind.bind_input)(name, "cuda", 0, et, list(t.shape), t.data_ptr())
+    if int8_cache:
+        vals["kv_scale"] = scale
     for n, t in vals.items():
         bt(n, t)
     bind.bind_cpu_input("total_sequence_length", total)
@@ -303,6 +313,14 @@ def run_cuda_bench(args) -> dict:
                     del keep
                 except Exception as e:  # noqa: BLE001
                     record("decode", hq, hkv, d, sk, "ort_gqa_f16", None, extra={"error": str(e)[:200]})
+                try:  # ORT's own int8 KV cache (GroupQueryAttention k/v_quant_type, onnxruntime >= 1.23)
+                    fn, keep = _ort_gqa(torch, q, k, v, int8_cache=True)
+                    record("decode", hq, hkv, d, sk, "ort_gqa_int8", timer(fn), 2 * k.numel() + 4,
+                           extra={"nmse": _nmse(keep[0].reshape(B, 1, hq, d).transpose(1, 2), ref)
+                                  if ref is not None else None})
+                    del keep
+                except Exception as e:  # noqa: BLE001
+                    record("decode", hq, hkv, d, sk, "ort_gqa_int8", None, extra={"error": str(e)[:200]})
             for fmt in ("float", "q8_0", "q4_0"):
                 vp, vs = (v, None) if fmt == "float" else _pack(torch, v, fmt)
                 r = _D4A(torch, f, q, kp, ks, vp, vs, fmt, True)
