@@ -25,6 +25,9 @@
 //  * causal: heaviest query chunks launch first (position-major block order when Sq % 64 == 0), a block stops
 //    at the last key its rows can see, a warp skips tiles its rows cannot see at all (exact: p would be 0).
 //
+//  * D <= 128 (Q in registers): one block barrier per tile (Traits::kPipe layout): the (sk, -M*sk) pairs and f16 V
+//    of tile t+1 are prepared at the end of tile t into double buffers; raw q8_0 / q4_0 V is converted by the
+//    thread that copied it (no barrier needed), the scale runs arrive one tile ahead. D = 256 keeps two barriers.
 // Shared memory per block (D=128, f16 V, 2 stages): 66 KB -> 3 blocks (12 warps) per SM on H100/H200.
 #pragma once
 
@@ -71,6 +74,24 @@ struct Traits {
   static constexpr int OFF_ST = OFF_VH + (kConv ? kKeys * VSTR : 0);
   static constexpr bool kQReg = D * MT <= 128;  // Q fragments in registers (else reloaded from shared memory)
   static int smem_bytes(int nst) { return OFF_ST + nst * STAGE; }
+  // Pipelined layout (kPipe: Q in registers, f16 / q8_0 / q4_0 V): one block barrier per tile. K (and f16 V) in a
+  // 2-slot ring, the fp16 scale runs one tile ahead in their own 2 slots, raw q8_0 / q4_0 V in one buffer (each
+  // thread converts exactly the chunks it copied), KSF and the f16 V double-buffered. Q / SQ are only read in
+  // the prologue, so they overlay the second f16 V buffer where they fit.
+  static constexpr bool kPipe = kQReg && VK != kVF32;
+  static constexpr int P_KSF = 0;                        // float4 [2][NB * 32]
+  static constexpr int P_VHB = kKeys * VSTR;             // one f16 V buffer
+  static constexpr int P_VH = P_KSF + 2 * NB * 32 * 16;  // f16 [2][64][VSTR] (kConv)
+  static constexpr int QBYTES = kRows * QSTR + kRows * NB * 4;
+  static constexpr bool kQOver = kConv && QBYTES <= P_VHB;
+  static constexpr int P_Q = kQOver ? P_VH + P_VHB : P_VH + (kConv ? 2 * P_VHB : 0);
+  static constexpr int P_SQ = P_Q + kRows * QSTR;
+  static constexpr int P_VR = kQOver ? P_VH + 2 * P_VHB : P_SQ + kRows * NB * 4;  // raw V [64][VRAW] (kConv)
+  static constexpr int RING = ST_K + (kConv ? 0 : ST_V);  // K (+ f16 V) of one tile
+  static constexpr int P_RING = P_VR + (kConv ? ST_V : 0);
+  static constexpr int SC = ST_KS + ST_VS;  // scale runs of one tile
+  static constexpr int P_SC = P_RING + 2 * RING;
+  static constexpr int pipe_bytes = P_SC + 2 * SC;
 };
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
@@ -125,6 +146,30 @@ __device__ __forceinline__ uint32_t hsub2_u(uint32_t a, uint32_t b) {
   const __half2 y = *reinterpret_cast<const __half2*>(&b);
   x = __hsub2(x, y);
   return *reinterpret_cast<const uint32_t*>(&x);
+}
+
+// 8 f16 values (one 16-byte store) from 8 q8_0 bytes (w0, w1) / 8 q4_0 nibbles (w), times the block scale s.
+__device__ __forceinline__ uint4 cvt_q8(uint32_t w0, uint32_t w1, __half2 s) {
+  const uint32_t u0 = w0 ^ 0x80808080u, u1 = w1 ^ 0x80808080u;  // q + 128 per byte
+  const uint32_t bias = 0x64806480u;                               // (1152, 1152)
+  uint4 o;
+  o.x = hmul2_u(hsub2_u(__byte_perm(u0, 0x64646464u, 0x4140), bias), s);
+  o.y = hmul2_u(hsub2_u(__byte_perm(u0, 0x64646464u, 0x4342), bias), s);
+  o.z = hmul2_u(hsub2_u(__byte_perm(u1, 0x64646464u, 0x4140), bias), s);
+  o.w = hmul2_u(hsub2_u(__byte_perm(u1, 0x64646464u, 0x4342), bias), s);
+  return o;
+}
+
+__device__ __forceinline__ uint4 cvt_q4(uint32_t w, __half2 s) {
+  const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+  const uint32_t x0 = __byte_perm(lo, hi, 0x5140), x1 = __byte_perm(lo, hi, 0x7362);  // e0..e3, e4..e7
+  const uint32_t bias = 0x64086408u;                                                 // (1032, 1032)
+  uint4 o;
+  o.x = hmul2_u(hsub2_u(__byte_perm(x0, 0x64646464u, 0x4140), bias), s);
+  o.y = hmul2_u(hsub2_u(__byte_perm(x0, 0x64646464u, 0x4342), bias), s);
+  o.z = hmul2_u(hsub2_u(__byte_perm(x1, 0x64646464u, 0x4140), bias), s);
+  o.w = hmul2_u(hsub2_u(__byte_perm(x1, 0x64646464u, 0x4342), bias), s);
+  return o;
 }
 
 // Facts of a run of rows [r0, r1) of one (b, hkv) row space: smallest and largest last-visible key index
@@ -193,10 +238,11 @@ __global__ void __launch_bounds__(kThreads, MINB) prefill_mma_kernel(const TileA
   const int64_t kend = kmax_blk + 1 < a.Sk ? kmax_blk + 1 : a.Sk;
   const int64_t nkt = kend > 0 ? (kend + kKeys - 1) / kKeys : 0;
 
-  int8_t* Qs = reinterpret_cast<int8_t*>(smem + Tr::OFF_Q);
-  float* SQ = reinterpret_cast<float*>(smem + Tr::OFF_SQ);
-  float4* KSF = reinterpret_cast<float4*>(smem + Tr::OFF_KSF);
-  uint8_t* VH = smem + Tr::OFF_VH;
+  constexpr bool kPipe = Tr::kPipe;
+  int8_t* Qs = reinterpret_cast<int8_t*>(smem + (kPipe ? Tr::P_Q : Tr::OFF_Q));
+  float* SQ = reinterpret_cast<float*>(smem + (kPipe ? Tr::P_SQ : Tr::OFF_SQ));
+  float4* KSF = reinterpret_cast<float4*>(smem + (kPipe ? Tr::P_KSF : Tr::OFF_KSF));
+  uint8_t* VH = smem + (kPipe ? Tr::P_VH : Tr::OFF_VH);
   uint8_t* stages = smem + Tr::OFF_ST;
 
   const int64_t head_row = bh * a.Sk;  // first K/V row of this (b, hkv)
@@ -240,8 +286,102 @@ __global__ void __launch_bounds__(kThreads, MINB) prefill_mma_kernel(const TileA
     cp_async_commit();
   };
 
+  // ---- pipelined path (kPipe): fixed trip counts, every thread owns the same chunks in every tile ----
+  constexpr int kch = D / 16;                        // 16-byte K chunks per key
+  constexpr int vrow_b = v_row_bytes(VK, D), vch = vrow_b / 16;
+  constexpr int KIT = kKeys * kch / kThreads, VIT = kKeys * vch / kThreads;
+  static_assert(!kPipe || (kKeys * kch % kThreads == 0 && kKeys * vch % kThreads == 0 && kThreads % vch == 0),
+                "pipelined copy split");
+  auto issue_scales = [&](int64_t tile) {  // fp16 scale runs of `tile` into slot tile & 1
+    if (tile < nkt) {
+      const int64_t j0 = tile * kKeys;
+      const int nv = int(kend - j0 < kKeys ? kend - j0 : kKeys);
+      const int valid = nv * NB;
+      uint8_t* sc = smem + Tr::P_SC + int(tile & 1) * Tr::SC;
+      const uint16_t* ksg = a.ks + (head_row + j0) * NB;
+      const uint16_t* vsg = Tr::kVq ? a.vs + (head_row + j0) * NB : nullptr;
+#pragma unroll
+      for (int c = tid; c < kKeys * NB / 2; c += kThreads) {
+        const int e = 2 * c;
+        const bool ok = e < valid;
+        cp_async4(reinterpret_cast<uint16_t*>(sc) + e, ksg + (ok ? e : 0), ok ? 4 : 0);
+        if constexpr (Tr::kVq)
+          cp_async4(reinterpret_cast<uint16_t*>(sc + Tr::ST_KS) + e, vsg + (ok ? e : 0), ok ? 4 : 0);
+      }
+    }
+  };
+  // K (+ V) of `tile` and the scale runs of tile + 1, one commit group
+  auto issue_pipe = [&](int64_t tile) {
+    if (tile < nkt) {
+      const int64_t j0 = tile * kKeys;
+      const int nv = int(kend - j0 < kKeys ? kend - j0 : kKeys);
+      uint8_t* ring = smem + Tr::P_RING + int(tile & 1) * Tr::RING;
+      const int8_t* kg = a.k + (head_row + j0) * D;
+      const int jk = tid / kch, pk = tid % kch;
+#pragma unroll
+      for (int i = 0; i < KIT; ++i) {
+        const int j = jk + i * (kThreads / kch);
+        const bool ok = j < nv;
+        cp_async16(ring + j * Tr::KSTR + pk * 16, kg + (ok ? j * D + pk * 16 : 0), ok);
+      }
+      const uint8_t* vg = static_cast<const uint8_t*>(a.v) + (head_row + j0) * vrow_b;
+      uint8_t* vd = Tr::kConv ? smem + Tr::P_VR : ring + Tr::ST_K;
+      const int jv = tid / vch, pv = tid % vch;
+#pragma unroll
+      for (int i = 0; i < VIT; ++i) {
+        const int j = jv + i * (kThreads / vch);
+        const bool ok = j < nv;
+        cp_async16(vd + j * Tr::VRAW + pv * 16, vg + (ok ? j * vrow_b + pv * 16 : 0), ok);
+      }
+    }
+    issue_scales(tile + 1);
+    cp_async_commit();
+  };
+  // KSF and f16 V of `tile` into buffer tile & 1: the scale runs must be visible to all threads (a barrier after
+  // their group), the raw V only to this thread (it copied exactly these chunks; its own wait is enough).
+  auto prep_pipe = [&](int64_t tile) {
+    const int buf = int(tile & 1);
+    const uint8_t* sc = smem + Tr::P_SC + buf * Tr::SC;
+    const uint16_t* kst = reinterpret_cast<const uint16_t*>(sc);
+    float4* ksf = KSF + buf * (NB * 32);
+#pragma unroll
+    for (int e = tid; e < NB * 32; e += kThreads) {
+      const int blk = e / 32, kp = e % 32;
+      const float s0 = h2f(kst[(2 * kp) * NB + blk]), s1 = h2f(kst[(2 * kp + 1) * NB + blk]);
+      ksf[e] = make_float4(s0, s1, -kMagicF * s0, -kMagicF * s1);
+    }
+    if constexpr (Tr::kConv) {
+      const __half* vsr = reinterpret_cast<const __half*>(sc + Tr::ST_KS);
+      uint8_t* vh = VH + buf * Tr::P_VHB;
+      const int jv = tid / vch, pv = tid % vch;
+#pragma unroll
+      for (int i = 0; i < VIT; ++i) {
+        const int j = jv + i * (kThreads / vch);
+        const uint4 w = *reinterpret_cast<const uint4*>(smem + Tr::P_VR + j * Tr::VRAW + pv * 16);
+        if constexpr (VK == kVQ8) {  // 16 values of block pv / 2
+          const __half2 s2 = __half2half2(vsr[j * NB + (pv >> 1)]);
+          uint4* o = reinterpret_cast<uint4*>(vh + j * Tr::VSTR + pv * 32);
+          o[0] = cvt_q8(w.x, w.y, s2);
+          o[1] = cvt_q8(w.z, w.w, s2);
+        } else {  // q4_0: 32 values of block pv
+          const __half2 s2 = __half2half2(vsr[j * NB + pv]);
+          uint4* o = reinterpret_cast<uint4*>(vh + j * Tr::VSTR + pv * 64);
+          o[0] = cvt_q4(w.x, s2);
+          o[1] = cvt_q4(w.y, s2);
+          o[2] = cvt_q4(w.z, s2);
+          o[3] = cvt_q4(w.w, s2);
+        }
+      }
+    }
+  };
+
   // Start the first tiles before quantizing Q (they do not depend on it).
-  for (int s = 0; s < nst - 1; ++s) issue_tile(s);
+  if constexpr (kPipe) {
+    issue_scales(0);
+    issue_pipe(0);
+  } else {
+    for (int s = 0; s < nst - 1; ++s) issue_tile(s);
+  }
 
   // ---- Q: each warp quantizes its RW rows (one lane per element, one (row, block) at a time) --------------
   int8_t* qw = Qs + warp * RW * Tr::QSTR;
@@ -285,11 +425,11 @@ __global__ void __launch_bounds__(kThreads, MINB) prefill_mma_kernel(const TileA
   for (int h = 0; h < NH; ++h) {
     const int rl = warp * RW + (h >> 1) * 16 + gid + 8 * (h & 1);
     const int64_t rr = row0 + rl;
-    rok[h] = rr < rows_here;
     if constexpr (Tr::kQReg) {
 #pragma unroll
       for (int blk = 0; blk < NB; ++blk) sq[h][blk] = SQ[rl * NB + blk] * a.scale_log2;
     }
+    rok[h] = rr < rows_here;
     kmx[h] = -1;
     mrow[h] = 0;
     orow[h] = 0;
@@ -318,74 +458,16 @@ __global__ void __launch_bounds__(kThreads, MINB) prefill_mma_kernel(const TileA
   const int k_off = ((lane >> 4) * 8 + (lane & 7)) * Tr::KSTR + ((lane >> 3) & 1) * 16;  // QK: n tile pair
   const int v_off = (((lane >> 3) & 1) * 8 + (lane & 7)) * Tr::VSTR + (lane >> 4) * 16;  // PV: trans
 
-  for (int64_t tile = 0; tile < nkt; ++tile) {
-    if (nst == 1) {  // one stage (large D, to fit 2 blocks per SM): no overlap inside the block
-      __syncthreads();  // everybody is done with tile - 1
-      issue_tile(tile);
-      cp_async_wait<0>();
-      __syncthreads();
-    } else {
-      if (nst >= 3) cp_async_wait<1>();
-      else cp_async_wait<0>();
-      __syncthreads();  // tile ready for all; everybody is done with tile - 1 (its stage, KSF, VH)
-      issue_tile(tile + nst - 1);
-    }
-
-    const uint8_t* st = stages + int(tile % nst) * Tr::STAGE;
-    const uint16_t* kst = reinterpret_cast<const uint16_t*>(st + Tr::ST_K + Tr::ST_V);
-    // ---- per tile, once per block: K scale pairs; V to f16 ----
-    for (int e = tid; e < NB * 32; e += kThreads) {
-      const int blk = e / 32, kp = e % 32;
-      const float s0 = h2f(kst[(2 * kp) * NB + blk]), s1 = h2f(kst[(2 * kp + 1) * NB + blk]);
-      KSF[e] = make_float4(s0, s1, -kMagicF * s0, -kMagicF * s1);
-    }
-    if constexpr (Tr::kConv) {
-      const uint8_t* vr = st + Tr::ST_K;
-      const __half* vsr = reinterpret_cast<const __half*>(st + Tr::ST_K + Tr::ST_V + Tr::ST_KS);
-      constexpr int C8 = D / 8;  // 8-column pieces per key
-#pragma unroll 4
-      for (int u = tid; u < kKeys * C8; u += kThreads) {
-        const int j = u / C8, c8 = u % C8;
-        uint4 o;
-        if constexpr (VK == kVF32) {
-          const float4 x0 = *reinterpret_cast<const float4*>(vr + j * Tr::VRAW + c8 * 32);
-          const float4 x1 = *reinterpret_cast<const float4*>(vr + j * Tr::VRAW + c8 * 32 + 16);
-          o = make_uint4(pack_h2(x0.x, x0.y), pack_h2(x0.z, x0.w), pack_h2(x1.x, x1.y), pack_h2(x1.z, x1.w));
-        } else if constexpr (VK == kVQ8) {
-          const uint2 w = *reinterpret_cast<const uint2*>(vr + j * Tr::VRAW + c8 * 8);
-          const __half2 s = __half2half2(vsr[j * NB + (c8 >> 2)]);
-          const uint32_t u0 = w.x ^ 0x80808080u, u1 = w.y ^ 0x80808080u;  // q + 128 per byte
-          const uint32_t bias = 0x64806480u;                               // (1152, 1152)
-          o.x = hmul2_u(hsub2_u(__byte_perm(u0, 0x64646464u, 0x4140), bias), s);
-          o.y = hmul2_u(hsub2_u(__byte_perm(u0, 0x64646464u, 0x4342), bias), s);
-          o.z = hmul2_u(hsub2_u(__byte_perm(u1, 0x64646464u, 0x4140), bias), s);
-          o.w = hmul2_u(hsub2_u(__byte_perm(u1, 0x64646464u, 0x4342), bias), s);
-        } else {
-          const uint32_t w = *reinterpret_cast<const uint32_t*>(vr + j * Tr::VRAW + c8 * 4);
-          const __half2 s = __half2half2(vsr[j * NB + (c8 >> 2)]);
-          const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
-          const uint32_t x0 = __byte_perm(lo, hi, 0x5140), x1 = __byte_perm(lo, hi, 0x7362);  // e0..e3, e4..e7
-          const uint32_t bias = 0x64086408u;                                                 // (1032, 1032)
-          o.x = hmul2_u(hsub2_u(__byte_perm(x0, 0x64646464u, 0x4140), bias), s);
-          o.y = hmul2_u(hsub2_u(__byte_perm(x0, 0x64646464u, 0x4342), bias), s);
-          o.z = hmul2_u(hsub2_u(__byte_perm(x1, 0x64646464u, 0x4140), bias), s);
-          o.w = hmul2_u(hsub2_u(__byte_perm(x1, 0x64646464u, 0x4342), bias), s);
-        }
-        *reinterpret_cast<uint4*>(VH + j * Tr::VSTR + c8 * 16) = o;
-      }
-    }
-    __syncthreads();  // KSF / VH ready
-
-    const int64_t j0 = tile * kKeys;
-    if (j0 > kmax_w) continue;  // no row of this warp sees any key of the tile (uniform per warp)
-
+  // One tile of this warp: S = Q.K, mask, online softmax, O += P.V. K from the stage at k_st, the K scale
+  // pairs at KSF, f16 V rows at v_addr (shared addresses).
+  auto compute = [&](const int64_t j0, const unsigned k_st, const float4* __restrict__ ksf, const unsigned v_addr) {
     // ---- S = Q.K (log2 units) ----
     float S[MT][8][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int n = 0; n < 8; ++n) S[mt][n][0] = S[mt][n][1] = S[mt][n][2] = S[mt][n][3] = 0.f;
-    const unsigned k_base = smem_u32(st) + k_off;
+    const unsigned k_base = k_st + k_off;
 #pragma unroll
     for (int blk = 0; blk < NB; ++blk) {
       uint32_t af[MT][4];
@@ -407,8 +489,8 @@ __global__ void __launch_bounds__(kThreads, MINB) prefill_mma_kernel(const TileA
       for (int np = 0; np < 4; ++np) {
         uint32_t b0, b1, b2, b3;
         ldsm_x4(k_base + np * 16 * Tr::KSTR + blk * 32, b0, b1, b2, b3);
-        const float4 k0 = KSF[blk * 32 + (2 * np) * 4 + tig];
-        const float4 k1 = KSF[blk * 32 + (2 * np + 1) * 4 + tig];
+        const float4 k0 = ksf[blk * 32 + (2 * np) * 4 + tig];
+        const float4 k1 = ksf[blk * 32 + (2 * np + 1) * 4 + tig];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           int c0[4] = {kMagicI, kMagicI, kMagicI, kMagicI};
@@ -492,7 +574,7 @@ __global__ void __launch_bounds__(kThreads, MINB) prefill_mma_kernel(const TileA
     }
 
     // ---- O += P.V ----
-    const unsigned v_base = smem_u32(Tr::kConv ? static_cast<const void*>(VH) : static_cast<const void*>(st + Tr::ST_K)) + v_off;
+    const unsigned v_base = v_addr + v_off;
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       uint32_t pa[MT][4];
@@ -514,6 +596,91 @@ __global__ void __launch_bounds__(kThreads, MINB) prefill_mma_kernel(const TileA
         }
       }
     }
+  };
+
+  if constexpr (!kPipe) {
+  for (int64_t tile = 0; tile < nkt; ++tile) {
+    if (nst == 1) {  // one stage (large D, to fit 2 blocks per SM): no overlap inside the block
+      __syncthreads();  // everybody is done with tile - 1
+      issue_tile(tile);
+      cp_async_wait<0>();
+      __syncthreads();
+    } else {
+      if (nst >= 3) cp_async_wait<1>();
+      else cp_async_wait<0>();
+      __syncthreads();  // tile ready for all; everybody is done with tile - 1 (its stage, KSF, VH)
+      issue_tile(tile + nst - 1);
+    }
+
+    const uint8_t* st = stages + int(tile % nst) * Tr::STAGE;
+    const uint16_t* kst = reinterpret_cast<const uint16_t*>(st + Tr::ST_K + Tr::ST_V);
+    // ---- per tile, once per block: K scale pairs; V to f16 ----
+    for (int e = tid; e < NB * 32; e += kThreads) {
+      const int blk = e / 32, kp = e % 32;
+      const float s0 = h2f(kst[(2 * kp) * NB + blk]), s1 = h2f(kst[(2 * kp + 1) * NB + blk]);
+      KSF[e] = make_float4(s0, s1, -kMagicF * s0, -kMagicF * s1);
+    }
+    if constexpr (Tr::kConv) {
+      const uint8_t* vr = st + Tr::ST_K;
+      const __half* vsr = reinterpret_cast<const __half*>(st + Tr::ST_K + Tr::ST_V + Tr::ST_KS);
+      constexpr int C8 = D / 8;  // 8-column pieces per key
+#pragma unroll 4
+      for (int u = tid; u < kKeys * C8; u += kThreads) {
+        const int j = u / C8, c8 = u % C8;
+        uint4 o;
+        if constexpr (VK == kVF32) {
+          const float4 x0 = *reinterpret_cast<const float4*>(vr + j * Tr::VRAW + c8 * 32);
+          const float4 x1 = *reinterpret_cast<const float4*>(vr + j * Tr::VRAW + c8 * 32 + 16);
+          o = make_uint4(pack_h2(x0.x, x0.y), pack_h2(x0.z, x0.w), pack_h2(x1.x, x1.y), pack_h2(x1.z, x1.w));
+        } else if constexpr (VK == kVQ8) {
+          const uint2 w = *reinterpret_cast<const uint2*>(vr + j * Tr::VRAW + c8 * 8);
+          const __half2 s = __half2half2(vsr[j * NB + (c8 >> 2)]);
+          const uint32_t u0 = w.x ^ 0x80808080u, u1 = w.y ^ 0x80808080u;  // q + 128 per byte
+          const uint32_t bias = 0x64806480u;                               // (1152, 1152)
+          o.x = hmul2_u(hsub2_u(__byte_perm(u0, 0x64646464u, 0x4140), bias), s);
+          o.y = hmul2_u(hsub2_u(__byte_perm(u0, 0x64646464u, 0x4342), bias), s);
+          o.z = hmul2_u(hsub2_u(__byte_perm(u1, 0x64646464u, 0x4140), bias), s);
+          o.w = hmul2_u(hsub2_u(__byte_perm(u1, 0x64646464u, 0x4342), bias), s);
+        } else {
+          const uint32_t w = *reinterpret_cast<const uint32_t*>(vr + j * Tr::VRAW + c8 * 4);
+          const __half2 s = __half2half2(vsr[j * NB + (c8 >> 2)]);
+          const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+          const uint32_t x0 = __byte_perm(lo, hi, 0x5140), x1 = __byte_perm(lo, hi, 0x7362);  // e0..e3, e4..e7
+          const uint32_t bias = 0x64086408u;                                                 // (1032, 1032)
+          o.x = hmul2_u(hsub2_u(__byte_perm(x0, 0x64646464u, 0x4140), bias), s);
+          o.y = hmul2_u(hsub2_u(__byte_perm(x0, 0x64646464u, 0x4342), bias), s);
+          o.z = hmul2_u(hsub2_u(__byte_perm(x1, 0x64646464u, 0x4140), bias), s);
+          o.w = hmul2_u(hsub2_u(__byte_perm(x1, 0x64646464u, 0x4342), bias), s);
+        }
+        *reinterpret_cast<uint4*>(VH + j * Tr::VSTR + c8 * 16) = o;
+      }
+    }
+    __syncthreads();  // KSF / VH ready
+
+    const int64_t j0 = tile * kKeys;
+    if (j0 > kmax_w) continue;  // no row of this warp sees any key of the tile (uniform per warp)
+    compute(j0, smem_u32(st), KSF,
+            smem_u32(Tr::kConv ? static_cast<const void*>(VH) : static_cast<const void*>(st + Tr::ST_K)));
+  }
+  } else {
+  // one barrier per tile: it publishes KSF / f16 V of `tile` (prepared at the end of tile - 1) and K (+ f16 V)
+  // of `tile`, and frees the buffers of tile - 1 (ring slot, KSF / V buffer, scale slot) for tile + 1 / + 2.
+  cp_async_wait<0>();
+  __syncthreads();  // the prologue group (scales of tiles 0 and 1, K / V of tile 0) visible to all
+  if (nkt > 0) prep_pipe(0);
+  for (int64_t tile = 0; tile < nkt; ++tile) {
+    __syncthreads();
+    issue_pipe(tile + 1);  // K / V of tile + 1, scale runs of tile + 2
+    const int buf = int(tile & 1);
+    const int64_t j0 = tile * kKeys;
+    if (j0 <= kmax_w) {  // else no row of this warp sees any key of the tile (uniform per warp)
+      const unsigned ring = smem_u32(smem + Tr::P_RING + buf * Tr::RING);
+      compute(j0, ring, KSF + buf * (NB * 32),
+              Tr::kConv ? smem_u32(VH + buf * Tr::P_VHB) : ring + unsigned(Tr::ST_K));
+    }
+    cp_async_wait<0>();  // this thread's copies of tile + 1
+    if (tile + 1 < nkt) prep_pipe(tile + 1);
+  }
   }
   cp_async_wait<0>();
 
@@ -551,11 +718,19 @@ inline int env_int(const char* name, int fallback) {
 }
 
 template <int VK, int D, int MT, int MINB>
+bool launch_grid(TileArgs a, int bytes, gpuStream_t stream);
+
+template <int VK, int D, int MT, int MINB>
 bool launch(const TileArgs& a0, gpuStream_t stream) {
   using Tr = Traits<VK, D, MT>;
-  constexpr int kRows = Tr::kRows;
   TileArgs a = a0;
   const int limit = max_shared_bytes();
+  if constexpr (Tr::kPipe) {  // fixed layout: 2-slot K ring, one barrier per tile (DOT4ATTN_PREFILL_NST unused)
+    a.nst = 2;
+    const int bytes = Tr::pipe_bytes;
+    if (bytes > limit) return false;
+    return launch_grid<VK, D, MT, MINB>(a, bytes, stream);
+  }
   // default: 2 stages, or 1 where 2 would leave a single block per SM (D = 256 with f16 / f32 V)
   int nst = env_int("DOT4ATTN_PREFILL_NST", Tr::smem_bytes(2) + 1024 > limit / 2 ? 1 : 2);
   nst = nst < 1 ? 1 : nst > 3 ? 3 : nst;
@@ -563,6 +738,12 @@ bool launch(const TileArgs& a0, gpuStream_t stream) {
   const int bytes = Tr::smem_bytes(nst);
   if (bytes > limit) return false;
   a.nst = nst;
+  return launch_grid<VK, D, MT, MINB>(a, bytes, stream);
+}
+
+template <int VK, int D, int MT, int MINB>
+bool launch_grid(TileArgs a, const int bytes, gpuStream_t stream) {
+  constexpr int kRows = Traits<VK, D, MT>::kRows;
   int64_t ncq = 0, blocks;
   const int64_t rows = a.g * a.Sq;
   if (a.causal && a.Sq % kRows == 0) {
