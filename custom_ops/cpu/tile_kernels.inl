@@ -148,7 +148,8 @@ static inline vf vexp2(vf v) {
 // (key, KV head) with f16 V against 30 from cache. Bursts of software prefetches at tile starts did not help
 // (L1 is one f16 tile). Instead the data of the next phase is queued at each phase boundary (during Q·K: this
 // tile's V; during P·V: the next tile's K) and requested a few lines at a time from inside the compute loops
-// (pf_step): ~28 ns f16 V (with the L2 hint below), q4_0 at its cache speed. Every ISA's Q·K and P·V loops take steps.
+// (pf_step): ~28 ns f16 V (with the L2 hint below), q4_0 at its cache speed. Every ISA's Q·K and P·V loops
+// take steps.
 struct PrefetchQueue {
   const char* p[4];
   int64_t left[4];
