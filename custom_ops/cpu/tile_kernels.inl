@@ -266,7 +266,7 @@ constexpr int PV_MR = 2;
 // interleaved back into element order with one unpack pair; (u - 8) * s = fma(u, s, -8 s) is exact.
 template <int KIND>
 static inline void load_v_block(const void* v, const float* vsf, int64_t j, int d0, int D, vf* x) {
-#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(__AVX2__) && !defined(__AVX512F__)  // AVX-512 decodes q4_0 in pv_tile_q (vnni_tiles.inl)
   if constexpr (KIND == kVQ4) {
     const float s = vsf[j * (D / kBlock) + d0 / kBlock];
     const __m128i b =
@@ -276,15 +276,10 @@ static inline void load_v_block(const void* v, const float* vsf, int64_t j, int 
     const __m128i e0 = _mm_unpacklo_epi8(lo, hi);  // elements 0..15
     const __m128i e1 = _mm_unpackhi_epi8(lo, hi);  // elements 16..31
     const vf vs = vset1(s), voff = vset1(-8.f * s);
-#if defined(__AVX512F__)
-    x[0] = vfma(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(e0)), vs, voff);
-    x[1] = vfma(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(e1)), vs, voff);
-#else
     x[0] = vfma(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(e0)), vs, voff);
     x[1] = vfma(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(e0, 8))), vs, voff);
     x[2] = vfma(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(e1)), vs, voff);
     x[3] = vfma(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(e1, 8))), vs, voff);
-#endif
   } else
 #endif
   {
@@ -406,6 +401,17 @@ static void softmax_tile(int M, int D, int nk, float* logits, AttendState& st) {
   }
 }
 
+// q8_0 / q4_0 P·V: the VNNI build's scale-folded kernel (vnni_tiles.inl), the generic one elsewhere.
+template <int KIND>
+static inline void pv_tile_quant(const float* p, int M, const void* v, const float* vsf, int nk, int D, float* acc,
+                                 PrefetchQueue& pfq) {
+#if defined(__AVX512VNNI__)
+  pv_tile_q<KIND>(p, M, v, vsf, nk, D, acc, pfq);
+#else
+  pv_tile<KIND>(p, M, v, vsf, nk, D, acc, pfq);
+#endif
+}
+
 static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& mask, int64_t k_begin,
                    int64_t k_end, AttendState& st) {
   const int D = r.D, nb = D / kBlock, M = r.M;
@@ -419,9 +425,6 @@ static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& ma
 #if defined(__AVX512VNNI__)
   thread_local std::vector<int32_t> qcorr;
   q_corrections(r, qcorr);
-#define PV_TILE_Q(kind) pv_tile_q<kind>
-#else
-#define PV_TILE_Q(kind) pv_tile<kind>
 #endif
   // Tiles that end at or before every row's causal limit, without an explicit mask, need no masking at all.
   int64_t clean_end = k_end;
@@ -465,13 +468,12 @@ static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& ma
       case kVF16: pv_tile<kVF16>(logits, M, vt, nullptr, nk, D, st.acc, pfq); break;
       case kVQ8:
         halves_to_floats(kv.vs + k0 * nb, vsf, nk * nb);
-        PV_TILE_Q(kVQ8)(logits, M, vt, vsf, nk, D, st.acc, pfq);
+        pv_tile_quant<kVQ8>(logits, M, vt, vsf, nk, D, st.acc, pfq);
         break;
       default:
         halves_to_floats(kv.vs + k0 * nb, vsf, nk * nb);
-        PV_TILE_Q(kVQ4)(logits, M, vt, vsf, nk, D, st.acc, pfq);
+        pv_tile_quant<kVQ4>(logits, M, vt, vsf, nk, D, st.acc, pfq);
         break;
     }
   }
 }
-#undef PV_TILE_Q
