@@ -304,23 +304,17 @@ def run_cuda_bench(args) -> dict:
                     record("decode", hq, hkv, d, sk, name, timer(fn), 2 * k.numel() * 2)
                 except Exception as e:  # noqa: BLE001
                     record("decode", hq, hkv, d, sk, name, None, extra={"error": str(e)[:200]})
-            if ort is not None:
+            # ORT GQA with an f16 cache, and with its own int8 cache (k/v_quant_type, onnxruntime >= 1.23)
+            gqa = (("ort_gqa_f16", False, 2 * k.numel() * 2), ("ort_gqa_int8", True, 2 * k.numel() + 4))
+            for name, int8, kv_bytes in gqa if ort is not None else ():
                 try:
-                    fn, keep = _ort_gqa(torch, q, k, v)
-                    record("decode", hq, hkv, d, sk, "ort_gqa_f16", timer(fn), 2 * k.numel() * 2,
+                    fn, keep = _ort_gqa(torch, q, k, v, int8_cache=int8)
+                    record("decode", hq, hkv, d, sk, name, timer(fn), kv_bytes,
                            extra={"nmse": _nmse(keep[0].reshape(B, 1, hq, d).transpose(1, 2), ref)
                                   if ref is not None else None})
                     del keep
                 except Exception as e:  # noqa: BLE001
-                    record("decode", hq, hkv, d, sk, "ort_gqa_f16", None, extra={"error": str(e)[:200]})
-                try:  # ORT's own int8 KV cache (GroupQueryAttention k/v_quant_type, onnxruntime >= 1.23)
-                    fn, keep = _ort_gqa(torch, q, k, v, int8_cache=True)
-                    record("decode", hq, hkv, d, sk, "ort_gqa_int8", timer(fn), 2 * k.numel() + 4,
-                           extra={"nmse": _nmse(keep[0].reshape(B, 1, hq, d).transpose(1, 2), ref)
-                                  if ref is not None else None})
-                    del keep
-                except Exception as e:  # noqa: BLE001
-                    record("decode", hq, hkv, d, sk, "ort_gqa_int8", None, extra={"error": str(e)[:200]})
+                    record("decode", hq, hkv, d, sk, name, None, extra={"error": str(e)[:200]})
             for fmt in ("float", "q8_0", "q4_0"):
                 vp, vs = (v, None) if fmt == "float" else _pack(torch, v, fmt)
                 r = _D4A(torch, f, q, kp, ks, vp, vs, fmt, True)
