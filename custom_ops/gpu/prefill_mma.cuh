@@ -148,10 +148,9 @@ __device__ __forceinline__ uint32_t hsub2_u(uint32_t a, uint32_t b) {
   return *reinterpret_cast<const uint32_t*>(&x);
 }
 
-// 8 f16 values (one 16-byte store) from 8 q8_0 bytes (w0, w1) / 8 q4_0 nibbles (w), times the block scale s.
-__device__ __forceinline__ uint4 cvt_q8(uint32_t w0, uint32_t w1, __half2 s) {
-  const uint32_t u0 = w0 ^ 0x80808080u, u1 = w1 ^ 0x80808080u;  // q + 128 per byte
-  const uint32_t bias = 0x64806480u;                               // (1152, 1152)
+// 8 f16 values (one 16-byte store) from 8 unsigned bytes u0, u1 (levels + offset), times the block scale s:
+// each byte b becomes the f16 1024 + b (0x64 high byte), minus bias = 1024 + offset in both halves, exactly.
+__device__ __forceinline__ uint4 bytes8_to_f16(uint32_t u0, uint32_t u1, uint32_t bias, __half2 s) {
   uint4 o;
   o.x = hmul2_u(hsub2_u(__byte_perm(u0, 0x64646464u, 0x4140), bias), s);
   o.y = hmul2_u(hsub2_u(__byte_perm(u0, 0x64646464u, 0x4342), bias), s);
@@ -160,16 +159,15 @@ __device__ __forceinline__ uint4 cvt_q8(uint32_t w0, uint32_t w1, __half2 s) {
   return o;
 }
 
+// 8 f16 values from 8 q8_0 bytes (w0, w1) / 8 q4_0 nibbles (w), times the block scale s.
+__device__ __forceinline__ uint4 cvt_q8(uint32_t w0, uint32_t w1, __half2 s) {
+  return bytes8_to_f16(w0 ^ 0x80808080u, w1 ^ 0x80808080u, 0x64806480u, s);  // q + 128; bias (1152, 1152)
+}
+
 __device__ __forceinline__ uint4 cvt_q4(uint32_t w, __half2 s) {
   const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
   const uint32_t x0 = __byte_perm(lo, hi, 0x5140), x1 = __byte_perm(lo, hi, 0x7362);  // e0..e3, e4..e7
-  const uint32_t bias = 0x64086408u;                                                 // (1032, 1032)
-  uint4 o;
-  o.x = hmul2_u(hsub2_u(__byte_perm(x0, 0x64646464u, 0x4140), bias), s);
-  o.y = hmul2_u(hsub2_u(__byte_perm(x0, 0x64646464u, 0x4342), bias), s);
-  o.z = hmul2_u(hsub2_u(__byte_perm(x1, 0x64646464u, 0x4140), bias), s);
-  o.w = hmul2_u(hsub2_u(__byte_perm(x1, 0x64646464u, 0x4342), bias), s);
-  return o;
+  return bytes8_to_f16(x0, x1, 0x64086408u, s);                                      // bias (1032, 1032)
 }
 
 // Facts of a run of rows [r0, r1) of one (b, hkv) row space: smallest and largest last-visible key index
@@ -634,23 +632,10 @@ __global__ void __launch_bounds__(kThreads, MINB) prefill_mma_kernel(const TileA
           o = make_uint4(pack_h2(x0.x, x0.y), pack_h2(x0.z, x0.w), pack_h2(x1.x, x1.y), pack_h2(x1.z, x1.w));
         } else if constexpr (VK == kVQ8) {
           const uint2 w = *reinterpret_cast<const uint2*>(vr + j * Tr::VRAW + c8 * 8);
-          const __half2 s = __half2half2(vsr[j * NB + (c8 >> 2)]);
-          const uint32_t u0 = w.x ^ 0x80808080u, u1 = w.y ^ 0x80808080u;  // q + 128 per byte
-          const uint32_t bias = 0x64806480u;                               // (1152, 1152)
-          o.x = hmul2_u(hsub2_u(__byte_perm(u0, 0x64646464u, 0x4140), bias), s);
-          o.y = hmul2_u(hsub2_u(__byte_perm(u0, 0x64646464u, 0x4342), bias), s);
-          o.z = hmul2_u(hsub2_u(__byte_perm(u1, 0x64646464u, 0x4140), bias), s);
-          o.w = hmul2_u(hsub2_u(__byte_perm(u1, 0x64646464u, 0x4342), bias), s);
+          o = cvt_q8(w.x, w.y, __half2half2(vsr[j * NB + (c8 >> 2)]));
         } else {
           const uint32_t w = *reinterpret_cast<const uint32_t*>(vr + j * Tr::VRAW + c8 * 4);
-          const __half2 s = __half2half2(vsr[j * NB + (c8 >> 2)]);
-          const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
-          const uint32_t x0 = __byte_perm(lo, hi, 0x5140), x1 = __byte_perm(lo, hi, 0x7362);  // e0..e3, e4..e7
-          const uint32_t bias = 0x64086408u;                                                 // (1032, 1032)
-          o.x = hmul2_u(hsub2_u(__byte_perm(x0, 0x64646464u, 0x4140), bias), s);
-          o.y = hmul2_u(hsub2_u(__byte_perm(x0, 0x64646464u, 0x4342), bias), s);
-          o.z = hmul2_u(hsub2_u(__byte_perm(x1, 0x64646464u, 0x4140), bias), s);
-          o.w = hmul2_u(hsub2_u(__byte_perm(x1, 0x64646464u, 0x4342), bias), s);
+          o = cvt_q4(w, __half2half2(vsr[j * NB + (c8 >> 2)]));
         }
         *reinterpret_cast<uint4*>(VH + j * Tr::VSTR + c8 * 16) = o;
       }
