@@ -148,6 +148,18 @@ __device__ __forceinline__ uint32_t hsub2_u(uint32_t a, uint32_t b) {
   return *reinterpret_cast<const uint32_t*>(&x);
 }
 
+// The (sk0, sk1, -M sk0, -M sk1) float4 of every (32-block, key pair) of a 64-key tile, from its fp16 K scale
+// run [64][NB]: one FMA then turns a biased int32 Q.K accumulator into dot * sk (see kMagicF).
+template <int NB>
+__device__ __forceinline__ void k_scale_pairs(const uint16_t* kst, float4* ksf, int tid) {
+#pragma unroll
+  for (int e = tid; e < NB * 32; e += kThreads) {
+    const int blk = e / 32, kp = e % 32;
+    const float s0 = h2f(kst[(2 * kp) * NB + blk]), s1 = h2f(kst[(2 * kp + 1) * NB + blk]);
+    ksf[e] = make_float4(s0, s1, -kMagicF * s0, -kMagicF * s1);
+  }
+}
+
 // 8 f16 values (one 16-byte store) from 8 unsigned bytes u0, u1 (levels + offset), times the block scale s:
 // each byte b becomes the f16 1024 + b (0x64 high byte), minus bias = 1024 + offset in both halves, exactly.
 __device__ __forceinline__ uint4 bytes8_to_f16(uint32_t u0, uint32_t u1, uint32_t bias, __half2 s) {
@@ -341,13 +353,7 @@ __global__ void __launch_bounds__(kThreads, MINB) prefill_mma_kernel(const TileA
     const int buf = int(tile & 1);
     const uint8_t* sc = smem + Tr::P_SC + buf * Tr::SC;
     const uint16_t* kst = reinterpret_cast<const uint16_t*>(sc);
-    float4* ksf = KSF + buf * (NB * 32);
-#pragma unroll
-    for (int e = tid; e < NB * 32; e += kThreads) {
-      const int blk = e / 32, kp = e % 32;
-      const float s0 = h2f(kst[(2 * kp) * NB + blk]), s1 = h2f(kst[(2 * kp + 1) * NB + blk]);
-      ksf[e] = make_float4(s0, s1, -kMagicF * s0, -kMagicF * s1);
-    }
+    k_scale_pairs<NB>(kst, KSF + buf * (NB * 32), tid);
     if constexpr (Tr::kConv) {
       const __half* vsr = reinterpret_cast<const __half*>(sc + Tr::ST_KS);
       uint8_t* vh = VH + buf * Tr::P_VHB;
@@ -613,11 +619,7 @@ __global__ void __launch_bounds__(kThreads, MINB) prefill_mma_kernel(const TileA
     const uint8_t* st = stages + int(tile % nst) * Tr::STAGE;
     const uint16_t* kst = reinterpret_cast<const uint16_t*>(st + Tr::ST_K + Tr::ST_V);
     // ---- per tile, once per block: K scale pairs; V to f16 ----
-    for (int e = tid; e < NB * 32; e += kThreads) {
-      const int blk = e / 32, kp = e % 32;
-      const float s0 = h2f(kst[(2 * kp) * NB + blk]), s1 = h2f(kst[(2 * kp + 1) * NB + blk]);
-      KSF[e] = make_float4(s0, s1, -kMagicF * s0, -kMagicF * s1);
-    }
+    k_scale_pairs<NB>(kst, KSF, tid);
     if constexpr (Tr::kConv) {
       const uint8_t* vr = st + Tr::ST_K;
       const __half* vsr = reinterpret_cast<const __half*>(st + Tr::ST_K + Tr::ST_V + Tr::ST_KS);
