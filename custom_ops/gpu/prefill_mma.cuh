@@ -20,7 +20,8 @@
 //  * P.V: P rounded to f16 in registers (the QK accumulator layout is the A fragment layout of m16n8k16), V as
 //    f16 in shared memory read by ldmatrix.trans, mma.m16n8k16.f32.f16.f16.f32 (float32 accumulation).
 //    float16 V is copied as is; q8_0 / q4_0 are dequantized (value * scale, one f16 rounding, exact levels via
-//    the 0x6400|n trick) and float32 V is rounded to f16 once per tile by the whole block into one buffer.
+//    the 0x6400|n trick) once per tile by the whole block into one buffer. float32 T (and so float32 V) stays
+//    on the tile kernel (see try_prefill_mma).
 //    Accuracy: f16 P and f16 V each add ~2^-12 relative error per term, NMSE ~1e-7 (contract bound 1e-6).
 //  * causal: heaviest query chunks launch first (position-major block order when Sq % 64 == 0), a block stops
 //    at the last key its rows can see, a warp skips tiles its rows cannot see at all (exact: p would be 0).
@@ -54,6 +55,8 @@ constexpr float kMagicF = 12582912.0f;
 // feeds two mmas: half the ldmatrix traffic per row, more registers).
 template <int VK, int D, int MT>
 struct Traits {
+  // Float V is T, and this kernel takes float16 T only (try_prefill_mma): V is f16, q8_0 or q4_0.
+  static_assert(VK != kVF32, "the tensor-core prefill takes float16 T, so V is never float32");
   static constexpr int kRows = 16 * MT * kWarps;  // query rows per block
   static constexpr int NB = D / 32;
   static constexpr int KSTR = D + 16;      // K row bytes in shared memory (+16: ldmatrix conflict free)
@@ -78,7 +81,7 @@ struct Traits {
   // 2-slot ring, the fp16 scale runs one tile ahead in their own 2 slots, raw q8_0 / q4_0 V in one buffer (each
   // thread converts exactly the chunks it copied), KSF and the f16 V double-buffered. Q / SQ are only read in
   // the prologue, so they overlay the second f16 V buffer where they fit.
-  static constexpr bool kPipe = kQReg && VK != kVF32;
+  static constexpr bool kPipe = kQReg;
   static constexpr int P_KSF = 0;                        // float4 [2][NB * 32]
   static constexpr int P_VHB = kKeys * VSTR;             // one f16 V buffer
   static constexpr int P_VH = P_KSF + 2 * NB * 32 * 16;  // f16 [2][64][VSTR] (kConv)
@@ -628,11 +631,7 @@ __global__ void __launch_bounds__(kThreads, MINB) prefill_mma_kernel(const TileA
       for (int u = tid; u < kKeys * C8; u += kThreads) {
         const int j = u / C8, c8 = u % C8;
         uint4 o;
-        if constexpr (VK == kVF32) {
-          const float4 x0 = *reinterpret_cast<const float4*>(vr + j * Tr::VRAW + c8 * 32);
-          const float4 x1 = *reinterpret_cast<const float4*>(vr + j * Tr::VRAW + c8 * 32 + 16);
-          o = make_uint4(pack_h2(x0.x, x0.y), pack_h2(x0.z, x0.w), pack_h2(x1.x, x1.y), pack_h2(x1.z, x1.w));
-        } else if constexpr (VK == kVQ8) {
+        if constexpr (VK == kVQ8) {
           const uint2 w = *reinterpret_cast<const uint2*>(vr + j * Tr::VRAW + c8 * 8);
           o = cvt_q8(w.x, w.y, __half2half2(vsr[j * NB + (c8 >> 2)]));
         } else {
@@ -718,7 +717,7 @@ bool launch(const TileArgs& a0, gpuStream_t stream) {
     if (bytes > limit) return false;
     return launch_grid<VK, D, MT, MINB>(a, bytes, stream);
   }
-  // default: 2 stages, or 1 where 2 would leave a single block per SM (D = 256 with f16 / f32 V)
+  // default: 2 stages, or 1 where 2 would leave a single block per SM (D = 256 with f16 V)
   int nst = env_int("DOT4ATTN_PREFILL_NST", Tr::smem_bytes(2) + 1024 > limit / 2 ? 1 : 2);
   nst = nst < 1 ? 1 : nst > 3 ? 3 : nst;
   while (nst > 1 && Tr::smem_bytes(nst) > limit) --nst;
