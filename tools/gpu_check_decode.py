@@ -4,7 +4,7 @@ representative set (decode and split_k forced; D 32..256; g 1/4/8; Sq 1/4/8 (up 
 additive masks through broadcast strides; causal 0/1; f16 / f32; float / q8_0 / q4_0 V; Sk 0/1/63/512/4097/70000;
 rows with no visible key). Prints a pass/fail table; exit status 1 on any failure.
     DOT4ATTN_LIBRARY=build/gpu/libdot4attn_ops.so python3 tools/gpu_check_decode.py [--small] [--out FILE]
---small: a few quick cases (for compute-sanitizer).
+--small: a few quick cases (for compute-sanitizer), both decode kernels (tensor-core: float16 T, D 64/128/256).
 """
 import argparse, ctypes, sys
 import numpy as np
@@ -114,7 +114,7 @@ CASES = [
     (1, 2, 1, 5, 33, 32, "q8_0", 1, "decode", None, 0),
     (2, 32, 8, 1, 16384, 128, "q4_0", 1, "split_k", None, 1),
 ]
-SMALL = [CASES[i] for i in (1, 5, 9, 11, 13, 17, 19, 21)]
+SMALL = [CASES[i] for i in (1, 2, 5, 9, 10, 11, 13, 14, 17, 19, 21, 29)]  # float16 D 64/128/256: tensor cores
 
 
 def main():

@@ -19,6 +19,9 @@ int64_t cpu_parallel_units();  // worker threads the CPU routes can count on
 size_t attention_gpu_scratch_bytes(const AttentionParams& p);
 void attention_gpu(const AttentionParams& p, void* scratch, void* stream);
 int64_t gpu_parallel_units(void* stream);  // SMs / CUs of the stream's device (cached)
+// split_k's split count on the GPU: SMs x waves (2; DOT4ATTN_SPLIT_WAVES for tuning) of (batch, KV head, split)
+// items, at least 128 keys per split.
+int64_t gpu_split_count(const AttentionParams& p, void* stream);
 #endif
 
 }  // namespace dot4attn

@@ -86,8 +86,7 @@ class AttentionKernel : public Kernel {
 #if defined(DOT4ATTN_WITH_GPU)
     void* stream = gpu_stream(ctx);
     if (p.route == Route::kSplitK)
-      p.n_splits = choose_splits(p.B * p.Hkv, p.Sk, gpu_parallel_units(stream), /*waves=*/2,
-                                 /*min keys=*/128);
+      p.n_splits = gpu_split_count(p, stream);
     run_gpu(ctx, p, out_value, stream);
 #else
     fail(kOp, "this build of dot4attn has no GPU kernels");

@@ -1,5 +1,6 @@
 // Dot4Attention decode route on the GPU (Sq <= 8), also split_k's stage 1 (a.n_splits > 1, partial outputs).
-// Runs the dedicated decode kernel (gpu/decode_kernel.cuh): one block per (batch, KV head, split) holding all
+// Runs the tensor-core decode kernel (gpu/decode_mma.cuh: CUDA sm_80+, float16 T, D 64 / 128 / 256) or else the
+// SIMT decode kernel (gpu/decode_kernel.cuh): one block per (batch, KV head, split) holding all
 // g x Sq rows (chunks of 8 rows beyond 8, adjacent in launch order so they share K/V through L2), warps streaming
 // their own key chunks. Configurations the decode kernel cannot take (misaligned pointers, no shared-memory fit)
 // and DOT4ATTN_GPU_DECODE=tile run the tile kernel (gpu/attention_tile.cuh) as before.
@@ -9,6 +10,7 @@
 
 #include "gpu/attention_gpu_internal.h"
 #include "gpu/decode_kernel.cuh"
+#include "gpu/decode_mma.cuh"
 
 namespace dot4attn {
 namespace gpu {
@@ -45,23 +47,6 @@ void launch_tile_path(const TileArgs& a0, gpuStream_t s) {
 }
 
 // ---- the decode-kernel path -----------------------------------------------------------------------------------
-struct DecodeEnv {
-  bool tile = false;  // DOT4ATTN_GPU_DECODE=tile: always the tile kernel (comparison, fallback)
-  int nw = 0, nst = 0;  // DOT4ATTN_DECODE_NW / _NST: force warps / stages (tuning); 0 = automatic
-};
-
-const DecodeEnv& decode_env() {
-  static const DecodeEnv e = [] {
-    DecodeEnv d;
-    const char* m = std::getenv("DOT4ATTN_GPU_DECODE");
-    d.tile = m != nullptr && std::strcmp(m, "tile") == 0;
-    if (const char* v = std::getenv("DOT4ATTN_DECODE_NW")) d.nw = std::atoi(v);
-    if (const char* v = std::getenv("DOT4ATTN_DECODE_NST")) d.nst = std::atoi(v);
-    return d;
-  }();
-  return e;
-}
-
 int warp_size() { return device_attribute(gpuDevAttrWarpSize, 32); }
 
 // Launches the decode kernel for one (VK, D, RB); false when no configuration fits the shared memory.
@@ -123,6 +108,9 @@ bool launch_decode_kernel(const TileArgs& a0, gpuStream_t s) {
   // cp.async wants 16-byte aligned K/V rows and 4-byte aligned scale runs (ORT's buffers always are).
   auto al = [](const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; };
   if (!al(a0.k, 16) || !al(a0.v, 16) || !al(a0.ks, 4) || (a0.vs != nullptr && !al(a0.vs, 4))) return false;
+#if defined(D4A_HAS_DECODE_MMA)
+  if (dmma::try_decode_mma(a0, s)) return true;  // tensor cores: sm_80+, float16 T, D 64 / 128 / 256
+#endif
   const int ws = warp_size();
   if (ws != 32 && ws != 64) return false;
   TileArgs a = a0;

@@ -19,12 +19,36 @@
 // -inf, rows with no visible key give exact zeros (decode) or l = 0 partials (dropped by the merge).
 #pragma once
 
+#include <cstdlib>
+#include <cstring>
+
 #include "gpu/attention_tile.cuh"
 
 namespace dot4attn {
 namespace gpu {
 
 constexpr int kDecodeMaxThreads = 256;
+
+// Switches of the decode kernels, read once: DOT4ATTN_GPU_DECODE=tile runs the tile kernel, =simt the SIMT decode
+// kernel instead of the tensor-core one (comparison, fallback); DOT4ATTN_DECODE_NW / _NST force warps / stages
+// (tuning; 0 = automatic).
+struct DecodeEnv {
+  bool tile = false, simt = false;
+  int nw = 0, nst = 0;
+};
+
+inline const DecodeEnv& decode_env() {
+  static const DecodeEnv e = [] {
+    DecodeEnv d;
+    const char* m = std::getenv("DOT4ATTN_GPU_DECODE");
+    d.tile = m != nullptr && std::strcmp(m, "tile") == 0;
+    d.simt = m != nullptr && std::strcmp(m, "simt") == 0;
+    if (const char* v = std::getenv("DOT4ATTN_DECODE_NW")) d.nw = std::atoi(v);
+    if (const char* v = std::getenv("DOT4ATTN_DECODE_NST")) d.nst = std::atoi(v);
+    return d;
+  }();
+  return e;
+}
 
 // Shared-memory layout (bytes) for warp size ws, nw warps, nst stages; identical on host and device.
 struct DecodeLayout {
@@ -99,6 +123,111 @@ __device__ __forceinline__ void load_v8(const uint8_t* vrow, int c0, float (&v)[
   }
 }
 
+// Smallest / largest last-visible key over the block's rows [row0, row0 + nrows) (causal: Sk - Sq + i).
+template <int RB>
+__device__ __forceinline__ void decode_row_bounds(const TileArgs& a, int64_t row0, int nrows, int64_t& kmin_all,
+                                                  int64_t& kmax_all) {
+  kmin_all = INT64_MAX;
+  kmax_all = -1;
+  // Row indices inside one (batch, KV head) are below g * Sq (Sq <= 8 on these routes): 32-bit division, which
+  // costs a few instructions where a 64-bit one is a long dependent chain on the block's critical path.
+  int i = int(row0) % int(a.Sq);
+#pragma unroll
+  for (int r = 0; r < RB; ++r, i = i + 1 == int(a.Sq) ? 0 : i + 1) {
+    if (r < nrows) {
+      int64_t km = a.causal ? a.Sk - a.Sq + i : a.Sk - 1;
+      if (km > a.Sk - 1) km = a.Sk - 1;
+      kmin_all = km < kmin_all ? km : kmin_all;
+      kmax_all = km > kmax_all ? km : kmax_all;
+    }
+  }
+}
+
+// The block's RB rows of (b, hkv): int8 Q [RB][D] and float32 block scales [RB][D/32] (zeros past nrows), each
+// row's last visible key (-1 past nrows) and mask row offset. The caller's barrier publishes them.
+template <int RB, int D>
+__device__ __forceinline__ void decode_rows_prologue(const TileArgs& a, int64_t b, int64_t hkv, int64_t row0,
+                                                     int nrows, int8_t* qs, float* qsc, int64_t* kmax_s,
+                                                     int64_t* mrow_s) {
+  constexpr int NB = D / 32;
+  const int t = threadIdx.x;
+  // One aligned 32-lane group per (row, block), one element per lane: amax by group shuffles and one division
+  // per lane keep this prologue short (it is on the critical path of short key ranges).
+  for (int task = t / 32; task < RB * NB; task += int(blockDim.x) / 32) {
+    const int r = task / NB, blk = task % NB, e = t % 32;
+    float x = 0.f;
+    if (r < nrows) {
+      const int rr = int(row0) + r, i = rr % int(a.Sq);
+      const int64_t hq = hkv * a.g + rr / int(a.Sq);
+      x = load_t(a.q, ((b * a.Hq + hq) * a.Sq + i) * D + blk * 32 + e, a.half);
+    }
+    const float sc = div_rn(group32_max(fabsf(x)), 127.f);
+    float qv = sc == 0.f ? 0.f : rintf(div_rn(x, sc));
+    qv = fminf(fmaxf(qv, -127.f), 127.f);
+    qs[r * D + blk * 32 + e] = int8_t(int(qv));
+    if (e == 0) qsc[r * NB + blk] = sc;
+  }
+  for (int r = t; r < RB; r += int(blockDim.x)) {
+    int64_t km = -1, mo = 0;
+    if (r < nrows) {
+      const int rr = int(row0) + r, i = rr % int(a.Sq);
+      const int64_t hq = hkv * a.g + rr / int(a.Sq);
+      km = a.causal ? a.Sk - a.Sq + i : a.Sk - 1;
+      if (km > a.Sk - 1) km = a.Sk - 1;
+      mo = b * a.ms0 + hq * a.ms1 + i * a.ms2;
+    }
+    kmax_s[r] = km;
+    mrow_s[r] = mo;
+  }
+}
+
+// After the key loop (its barrier passed): combines the warps' (m, l) [nw][RB] and float32 accumulators
+// red [nw][RB][D] into the normalised rows (decode) or the split partials (split_k stage 1). One thread per row
+// first turns wm into the warps' weights 2^(m_w - M) and wl[r] into the row sum, so the element loop is plain FMAs.
+template <int RB, int D>
+__device__ __forceinline__ void decode_rows_finish(const TileArgs& a, float* wm, float* wl, const float* red,
+                                                   int nw, int nrows, int64_t row0, int64_t split, int64_t b,
+                                                   int64_t hkv) {
+  const int t = threadIdx.x;
+  auto out_row = [&](int r) {  // (b, hq, i) row of the output; 32-bit division, see decode_row_bounds
+    const int rr = int(row0) + r, i = rr % int(a.Sq);
+    const int64_t hq = hkv * a.g + rr / int(a.Sq);
+    return (b * a.Hq + hq) * a.Sq + i;
+  };
+  if (t < nrows) {
+    float M = -INFINITY;
+    for (int k = 0; k < nw; ++k) M = fmaxf(M, wm[k * RB + t]);
+    const float Mu = M == -INFINITY ? 0.f : M;
+    float l = 0.f;
+    for (int k = 0; k < nw; ++k) {
+      const float f = exp2f(wm[k * RB + t] - Mu);
+      wm[k * RB + t] = f;
+      l += f * wl[k * RB + t];
+    }
+    wl[t] = l;
+    if (a.part_acc) {
+      const int64_t prow = split * (a.B * a.Hq * a.Sq) + out_row(t);
+      a.part_ml[prow * 2] = M;
+      a.part_ml[prow * 2 + 1] = l;
+    }
+  }
+  __syncthreads();
+  for (int e = t; e < nrows * D; e += int(blockDim.x)) {
+    const int r = e / D, c = e % D;
+    float o = 0.f;
+    for (int k = 0; k < nw; ++k) o += wm[k * RB + r] * red[(k * RB + r) * D + c];
+    const int64_t grow = out_row(r);
+    if (a.part_acc) {
+      a.part_acc[(split * (a.B * a.Hq * a.Sq) + grow) * D + c] = o;
+    } else {
+      const float l = wl[r];
+      const float y = l > 0.f ? o / l : 0.f;
+      if (a.half) static_cast<uint16_t*>(a.out)[grow * D + c] = f2h(y);
+      else static_cast<float*>(a.out)[grow * D + c] = y;
+    }
+  }
+}
+
 template <int VK, int D, int RB, int ST>
 __global__ void __launch_bounds__(kDecodeMaxThreads) decode_kernel(const TileArgs a) {
   constexpr int WS = D4A_WARP, KC = WS, NB = D / 32, KSTR = D + 16;
@@ -124,30 +253,22 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) decode_kernel(const TileArg
   float* P = reinterpret_cast<float*>(wbase + nst * L.stage);  // [KC][RB] probabilities of this warp's chunk
 
   // ---- which (row chunk, split, batch, kv head) ------------------------------------------------------------
-  const int64_t bid = int64_t(blockIdx.x);
-  const int64_t chunk = bid % a.n_chunks, rest = bid / a.n_chunks;
-  const int64_t split = rest % a.n_splits, bh = rest / a.n_splits;
-  const int64_t b = bh / a.Hkv, hkv = bh % a.Hkv;
+  // (all below 2^31: the launcher checks the block count) 32-bit division, see decode_row_bounds
+  const int bid = int(blockIdx.x);
+  const int chunk = bid % int(a.n_chunks), rest = bid / int(a.n_chunks);
+  const int split = rest % int(a.n_splits), bh = rest / int(a.n_splits);
+  const int b = bh / int(a.Hkv), hkv = bh % int(a.Hkv);
   const int64_t row0 = chunk * RB;
   const int nrows = int(a.g * a.Sq - row0 < RB ? a.g * a.Sq - row0 : RB);
 
   // Row facts (every thread computes them: they bound the key range before any barrier).
-  int64_t kmin_all = INT64_MAX, kmax_all = -1;
-#pragma unroll
-  for (int r = 0; r < RB; ++r) {
-    if (r < nrows) {
-      const int64_t i = (row0 + r) % a.Sq;
-      int64_t km = a.causal ? a.Sk - a.Sq + i : a.Sk - 1;
-      if (km > a.Sk - 1) km = a.Sk - 1;
-      kmin_all = km < kmin_all ? km : kmin_all;
-      kmax_all = km > kmax_all ? km : kmax_all;
-    }
-  }
+  int64_t kmin_all, kmax_all;
+  decode_row_bounds<RB>(a, row0, nrows, kmin_all, kmax_all);
   const int64_t kbeg = split * a.split_len;
   int64_t kend = kbeg + a.split_len < a.Sk ? kbeg + a.split_len : a.Sk;
   if (kend > kmax_all + 1) kend = kmax_all + 1;
   const int64_t nck = kend > kbeg ? (kend - kbeg + KC - 1) / KC : 0;    // chunks of the block
-  const int my_n = nck > w ? int((nck - w + nw - 1) / nw) : 0;           // chunks of this warp
+  const int my_n = nck > w ? (int(nck) - w + nw - 1) / nw : 0;           // chunks of this warp
 
   const int64_t head_row = bh * a.Sk;
   const int8_t* kg = a.k + head_row * D;
@@ -183,32 +304,7 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) decode_kernel(const TileArg
   for (int s = 0; s < nst - 1; ++s) issue(s);
 
   // ---- Q: quantize once (float32 scale per 32-block), row facts to shared memory ----------------------------
-  // One aligned 32-lane group per (row, block), one element per lane: amax by group shuffles and one division
-  // per lane keep this prologue short (it is on the critical path of short key ranges).
-  for (int task = t / 32; task < RB * NB; task += int(blockDim.x) / 32) {
-    const int r = task / NB, blk = task % NB, e = t % 32;
-    float x = 0.f;
-    if (r < nrows) {
-      const int64_t rr = row0 + r, hq = hkv * a.g + rr / a.Sq, i = rr % a.Sq;
-      x = load_t(a.q, ((b * a.Hq + hq) * a.Sq + i) * D + blk * 32 + e, a.half);
-    }
-    const float sc = div_rn(group32_max(fabsf(x)), 127.f);
-    float qv = sc == 0.f ? 0.f : rintf(div_rn(x, sc));
-    qv = fminf(fmaxf(qv, -127.f), 127.f);
-    qs[r * D + blk * 32 + e] = int8_t(int(qv));
-    if (e == 0) qsc[r * NB + blk] = sc;
-  }
-  for (int r = t; r < RB; r += int(blockDim.x)) {
-    int64_t km = -1, mo = 0;
-    if (r < nrows) {
-      const int64_t rr = row0 + r, hq = hkv * a.g + rr / a.Sq, i = rr % a.Sq;
-      km = a.causal ? a.Sk - a.Sq + i : a.Sk - 1;
-      if (km > a.Sk - 1) km = a.Sk - 1;
-      mo = b * a.ms0 + hq * a.ms1 + i * a.ms2;
-    }
-    kmax_s[r] = km;
-    mrow_s[r] = mo;
-  }
+  decode_rows_prologue<RB, D>(a, b, hkv, row0, nrows, qs, qsc, kmax_s, mrow_s);
   __syncthreads();
 
   // ---- per-lane state ------------------------------------------------------------------------------------------
@@ -363,32 +459,7 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) decode_kernel(const TileArg
     }
   }
   __syncthreads();
-  for (int e = t; e < nrows * D; e += int(blockDim.x)) {
-    const int r = e / D, c = e % D;
-    float M = -INFINITY;
-    for (int k = 0; k < nw; ++k) M = fmaxf(M, wm[k * RB + r]);
-    const float Mu = M == -INFINITY ? 0.f : M;
-    float o = 0.f, l = 0.f;
-    for (int k = 0; k < nw; ++k) {
-      const float f = exp2f(wm[k * RB + r] - Mu);
-      o += f * red[(k * RB + r) * D + c];
-      l += f * wl[k * RB + r];
-    }
-    const int64_t rr = row0 + r, hq = hkv * a.g + rr / a.Sq, i = rr % a.Sq;
-    const int64_t grow = (b * a.Hq + hq) * a.Sq + i;
-    if (a.part_acc) {
-      const int64_t prow = split * (a.B * a.Hq * a.Sq) + grow;
-      a.part_acc[prow * D + c] = o;
-      if (c == 0) {
-        a.part_ml[prow * 2] = M;
-        a.part_ml[prow * 2 + 1] = l;
-      }
-    } else {
-      const float y = l > 0.f ? o / l : 0.f;
-      if (a.half) static_cast<uint16_t*>(a.out)[grow * D + c] = f2h(y);
-      else static_cast<float*>(a.out)[grow * D + c] = y;
-    }
-  }
+  decode_rows_finish<RB, D>(a, wm, wl, red, nw, nrows, row0, split, b, hkv);
 }
 
 }  // namespace gpu

@@ -37,6 +37,7 @@
 #include <cstring>
 
 #include "gpu/attention_tile.cuh"
+#include "gpu/mma_primitives.cuh"
 
 #if defined(D4A_CUDA)
 #define D4A_HAS_PREFILL_MMA 1
@@ -48,8 +49,6 @@ namespace pmma {
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kKeys = 64;           // keys per tile
-constexpr int kMagicI = 0x4B400000;  // float 1.5 * 2^23 as bits
-constexpr float kMagicF = 12582912.0f;
 
 // MT: 16-row m tiles per warp (1: 64 rows per block; 2: 128 rows, every K / V fragment read from shared memory
 // feeds two mmas: half the ldmatrix traffic per row, more registers).
@@ -96,60 +95,6 @@ struct Traits {
   static constexpr int P_SC = P_RING + 2 * RING;
   static constexpr int pipe_bytes = P_SC + 2 * SC;
 };
-
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void ldsm_x4(unsigned addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
-}
-
-__device__ __forceinline__ void ldsm_x4_t(unsigned addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
-}
-
-// c (int32, starts at the magic bias) += A(16x32 s8, row) * B(32x8 s8, col)
-__device__ __forceinline__ void mma_s8(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// d (f32) += A(16x16 f16, row) * B(16x8 f16, col)
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ float ex2(float x) {  // 2^x, -inf -> +0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-__device__ __forceinline__ uint32_t hmul2_u(uint32_t a, __half2 s) {
-  __half2 x = *reinterpret_cast<const __half2*>(&a);
-  x = __hmul2(x, s);
-  return *reinterpret_cast<const uint32_t*>(&x);
-}
-
-__device__ __forceinline__ uint32_t hsub2_u(uint32_t a, uint32_t b) {
-  __half2 x = *reinterpret_cast<const __half2*>(&a);
-  const __half2 y = *reinterpret_cast<const __half2*>(&b);
-  x = __hsub2(x, y);
-  return *reinterpret_cast<const uint32_t*>(&x);
-}
 
 // The (sk0, sk1, -M sk0, -M sk1) float4 of every (32-block, key pair) of a 64-key tile, from its fp16 K scale
 // run [64][NB]: one FMA then turns a biased int32 Q.K accumulator into dot * sk (see kMagicF).

@@ -1,0 +1,469 @@
+// Dot4Attention decode on NVIDIA tensor cores (sm_80+, float16 T; decode route and split_k stage 1). CUDA only:
+// HIP builds, float32 T and head dims other than 64 / 128 / 256 keep the SIMT decode kernel (decode_kernel.cuh).
+//
+// Why: the SIMT kernel spends ~75% of its instructions on P.V (one FMA per (key, column, row)), so a warp needs
+// ~1300 instructions per 32 keys and the 512-key decode is a latency chain while the 128k one cannot keep HBM
+// busy. Here both products run on tensor cores and a warp needs ~450 instructions per 32 keys, most of them the
+// unavoidable dequantization of V (2 ops per value, once per value).
+//
+// Same block structure as the SIMT kernel: one block per (batch, KV head, key split, chunk of 8 rows); every warp
+// streams its own 32-key chunks through its own nst-stage cp.async pipeline; warps combine once at the end.
+// Rows (grouped heads x query rows, 8 per block) are the mma's 8-wide dimension, padded with zero Q rows.
+//
+//  * Q.K: mma.m16n8k32 s8 with M = query rows (rows 8..15 and rows past nrows are zero), N = 8 keys, K = one
+//    32-block, so each block's int32 dot gets its own scales: the accumulator starts at kMagicI and two FFMAs
+//    give logit2 += (sq * scale * log2e) * (dot * sk), exactly as the tensor-core prefill. K fragments come from
+//    the int8 rows by ldmatrix (rows padded to D + 16 bytes); the (sk, -M sk) pairs of a chunk are built once by
+//    the warp (lane per (block, key pair)).
+//  * softmax: the Q.K accumulator gives thread (g, t) row g and keys 8j + 2t, 8j + 2t + 1 (j = 0..3); the row max
+//    is a quad reduction, the row sum stays per thread until the end.
+//  * P.V: O^T = V^T P^T, mma.m16n8k16 f16 with M = 16 V columns, N = the 8 rows, K = 16 keys, float32
+//    accumulation. The Q.K accumulator layout IS the B fragment of P^T (keys 2t, 2t+1, 2t+8, 2t+9 of row g), so
+//    P goes from registers to the mma with one f16 pack per two values. A = V^T:
+//      - float16 V: ldmatrix.trans straight from the V rows (M tile m = columns 16m .. 16m+15);
+//      - q8_0 / q4_0: thread g owns the D/8 consecutive columns [g*D/8, (g+1)*D/8) of every key (one 32-block,
+//        so one V scale per key), loaded as whole words; M tile m row g is column g*D/8 + 2m, row g + 8 is
+//        column g*D/8 + 2m + 1 (one byte pair / one nibble pair). A byte (or nibble) pair of two keys becomes the f16 pair 1024 + level (0x64 / 0x54
+//        exponent trick, exact), minus the bias, times the two keys' V scales: value * scale with one f16
+//        rounding, the same dequantization as the tensor-core prefill.
+//    Accuracy as the tensor-core prefill: f16 P and f16 V add ~2^-12 relative error per term (NMSE ~1e-7).
+//  * the end: the warps' (m, l, acc) meet in shared memory and decode_rows_finish writes the rows or the partials.
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "gpu/decode_kernel.cuh"
+#include "gpu/mma_primitives.cuh"
+
+#if defined(D4A_CUDA)
+#define D4A_HAS_DECODE_MMA 1
+
+namespace dot4attn {
+namespace gpu {
+namespace dmma {
+
+constexpr int kKC = 32;   // keys per warp chunk
+constexpr int kRB = 8;    // rows per block (the mma's N)
+constexpr int kMaxThreads = 256;  // 8 warps (D = 256 needs ~190 registers)
+
+__host__ __device__ constexpr int up16(int x) { return (x + 15) & ~15; }
+
+// Shared memory (bytes), identical on host and device. Block part: int8 Q [8][D], float Q scales [8][NB], last
+// visible key and mask row offset per row, warps' (m, l) [nw][8]; then per warp its (sk, -M sk) table and nst
+// stages. After the key loop the warp areas become the [nw][8][D] float32 combine buffer (it fits: a warp's
+// area holds at least the 32 x (D + 16) K bytes of one stage).
+template <int VK, int D>
+struct Layout {
+  static constexpr int NB = D / 32;
+  static constexpr bool kVq = VK == kVQ8 || VK == kVQ4;
+  static constexpr int KSTR = D + 16;                 // K row bytes: conflict-free ldmatrix
+  static constexpr int VROW = v_row_bytes(VK, D);
+  static constexpr int VSTR = VROW + 16;              // V row bytes: conflict-free ldmatrix.trans / word loads
+  static constexpr int ST_K = kKC * KSTR;
+  static constexpr int ST_KS = up16(kKC * NB * 2 + 4);  // scale run + a leading half-word when it starts 2 bytes off
+  static constexpr int ST_V = kKC * VSTR;
+  static constexpr int ST_VS = kVq ? ST_KS : 0;
+  static constexpr int STAGE = ST_K + ST_KS + ST_V + ST_VS;
+  static constexpr int KSF = NB * 16 * 16;  // float4 (sk0, sk1, -M sk0, -M sk1) per (block, key pair)
+  static constexpr int OFF_QS = 0;
+  static constexpr int OFF_QSC = up16(kRB * D);
+  static constexpr int OFF_KMAX = OFF_QSC + up16(kRB * NB * 4);
+  static constexpr int OFF_MROW = OFF_KMAX + kRB * 8;
+  static constexpr int OFF_WM = OFF_MROW + kRB * 8;
+  __host__ __device__ static int off_wl(int nw) { return OFF_WM + up16(nw * kRB * 4); }
+  __host__ __device__ static int off_warps(int nw) { return off_wl(nw) + up16(nw * kRB * 4); }
+  __host__ __device__ static int warp_bytes(int nst) { return KSF + nst * STAGE; }
+  __host__ __device__ static int total(int nw, int nst) { return off_warps(nw) + nw * warp_bytes(nst); }
+  static_assert(KSF + STAGE >= kRB * D * 4, "a warp's area must hold its combine rows");
+};
+
+// f16 pair (key a, key b) of local column lc of a thread's q8_0 / q4_0 words: the exact levels, biased (see top).
+template <int VK>
+__device__ __forceinline__ uint32_t level_pair(const uint32_t* wa, const uint32_t* wb, int lc) {
+  if constexpr (VK == kVQ8) {
+    const int e = lc & 3;
+    const uint32_t x = __byte_perm(wa[lc >> 2], wb[lc >> 2], e | (e << 4) | ((4 + e) << 8) | ((4 + e) << 12));
+    return hsub2_u((x & 0x00FF00FFu) ^ 0x64806480u, 0x64806480u);  // (1024 + q + 128) - 1152
+  } else {
+    const int by = lc >> 1, e = by & 3;
+    const uint32_t x = __byte_perm(wa[by >> 2], wb[by >> 2], e | (e << 4) | ((4 + e) << 8) | ((4 + e) << 12));
+    if (lc & 1) return hsub2_u((x & 0x00F000F0u) | 0x54005400u, 0x54805480u);  // (64 + n) - 72
+    return hsub2_u((x & 0x000F000Fu) | 0x64006400u, 0x64086408u);              // (1024 + n) - 1032
+  }
+}
+
+// copy_scales (decode_kernel.cuh) that writes the whole chunk's run of kKC * NB halves: halves past cnt are zeros.
+// Keys past the end of the range take part in the P.V mma with p = 0, and 0 x (level * stale scale) is NaN when the
+// stale half-word is an inf / NaN pattern.
+__device__ __forceinline__ void copy_scales_fill(uint8_t* dst, const uint16_t* src, int64_t e0, int cnt,
+                                                 int cnt_full, int lane) {
+  const int sh = int(e0 & 1);
+  const uint8_t* al = reinterpret_cast<const uint8_t*>(src + (e0 - sh));
+  const int valid = 2 * (sh + cnt), total = 2 * (sh + cnt_full);
+  for (int w = lane; 4 * w < total; w += 32) {
+    const int rem = valid - 4 * w;
+    cp_async4(dst + 4 * w, rem > 0 ? al + 4 * w : al, rem >= 4 ? 4 : rem > 0 ? rem : 0);
+  }
+}
+
+// c = bias + A(16x32 s8: a0 row g, a2 row g cols +16; rows g+8 zero) x B(32x8 s8), bias = kMagicI.
+__device__ __forceinline__ void mma_s8_rows8(int (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%10,%10,%10};\n"
+      : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+      : "r"(a0), "r"(0), "r"(a2), "r"(0), "r"(b0), "r"(b1), "r"(kMagicI));
+}
+
+template <int VK, int D>
+__global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  using L = Layout<VK, D>;
+  constexpr int NB = L::NB, KSTR = L::KSTR, VROW = L::VROW, VSTR = L::VSTR;
+  constexpr int MT = D / 16;  // P.V M tiles
+  constexpr int NPK = D / 16;          // 16-byte K pieces per lane per chunk
+  constexpr int NPV = VROW / 16;       // 16-byte V pieces per lane per chunk
+  constexpr bool kVq = L::kVq;
+  static_assert(VK != kVF32 && (D == 64 || D == 128 || D == 256), "decode_mma: float16 T, D 64 / 128 / 256");
+
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int nw = int(blockDim.x) >> 5, nst = a.nst;
+  const int t = threadIdx.x, lane = t & 31, w = t >> 5, g = lane >> 2, tq = lane & 3;
+  int8_t* qs = reinterpret_cast<int8_t*>(smem + L::OFF_QS);
+  float* qsc = reinterpret_cast<float*>(smem + L::OFF_QSC);
+  int64_t* kmax_s = reinterpret_cast<int64_t*>(smem + L::OFF_KMAX);
+  int64_t* mrow_s = reinterpret_cast<int64_t*>(smem + L::OFF_MROW);
+  float* wm = reinterpret_cast<float*>(smem + L::OFF_WM);
+  float* wl = reinterpret_cast<float*>(smem + L::off_wl(nw));
+  uint8_t* wbase = smem + L::off_warps(nw) + w * L::warp_bytes(nst);
+  float4* ksf = reinterpret_cast<float4*>(wbase);
+  uint8_t* stages = wbase + L::KSF;
+
+  // ---- which (row chunk, split, batch, kv head) ------------------------------------------------------------
+  const int bid = int(blockIdx.x);  // below 2^31 (launcher): 32-bit division, see decode_row_bounds
+  const int chunk = bid % int(a.n_chunks), rest = bid / int(a.n_chunks);
+  const int split = rest % int(a.n_splits), bh = rest / int(a.n_splits);
+  const int b = bh / int(a.Hkv), hkv = bh % int(a.Hkv);
+  const int64_t row0 = chunk * kRB;
+  const int nrows = int(a.g * a.Sq - row0 < kRB ? a.g * a.Sq - row0 : kRB);
+  int64_t kmin_all, kmax_all;
+  decode_row_bounds<kRB>(a, row0, nrows, kmin_all, kmax_all);
+  const int64_t kbeg = split * a.split_len;
+  int64_t kend = kbeg + a.split_len < a.Sk ? kbeg + a.split_len : a.Sk;
+  if (kend > kmax_all + 1) kend = kmax_all + 1;
+  const int64_t nck = kend > kbeg ? (kend - kbeg + kKC - 1) / kKC : 0;
+  const int my_n = nck > w ? (int(nck) - w + nw - 1) / nw : 0;
+
+  const int64_t head_row = bh * a.Sk;
+  const int8_t* kg = a.k + head_row * D;
+  const uint8_t* vg = static_cast<const uint8_t*>(a.v) + head_row * VROW;
+
+  auto issue = [&](int it) {
+    if (it < my_n) {
+      uint8_t* st = stages + (it % nst) * L::STAGE;
+      const int64_t j0 = kbeg + int64_t(w + int64_t(it) * nw) * kKC;
+      const int n = int(kend - j0 < kKC ? kend - j0 : kKC);
+      const int8_t* ksrc = kg + j0 * D;
+#pragma unroll 4
+      for (int i = 0; i < NPK; ++i) {
+        const int p = lane + 32 * i, row = p / (D / 16);
+        const bool ok = 16 * p < n * D;
+        cp_async16(st + 16 * p + 16 * row, ok ? ksrc + 16 * p : ksrc, ok);
+      }
+      const uint8_t* vsrc = vg + j0 * VROW;
+#pragma unroll 4
+      for (int i = 0; i < NPV; ++i) {
+        const int p = lane + 32 * i, row = p / (VROW / 16);
+        const bool ok = 16 * p < n * VROW;
+        cp_async16(st + L::ST_K + L::ST_KS + 16 * p + 16 * row, ok ? vsrc + 16 * p : vsrc, ok);
+      }
+      copy_scales<32>(st + L::ST_K, a.ks, (head_row + j0) * NB, n * NB, lane);
+      if constexpr (kVq)
+        copy_scales_fill(st + L::ST_K + L::ST_KS + L::ST_V, a.vs, (head_row + j0) * NB, n * NB, kKC * NB, lane);
+    }
+    cp_async_commit();
+  };
+
+  for (int s = 0; s < nst - 1; ++s) issue(s);  // K/V of the first chunks fly while Q is quantized
+
+  decode_rows_prologue<kRB, D>(a, b, hkv, row0, nrows, qs, qsc, kmax_s, mrow_s);
+  __syncthreads();
+
+  // Q fragments of row g (the A operand; rows g + 8 are the zero register), its scales times scale * log2 e.
+  uint32_t qa[NB][2];
+  float sqf[NB];
+#pragma unroll
+  for (int blk = 0; blk < NB; ++blk) {
+    qa[blk][0] = *reinterpret_cast<const uint32_t*>(qs + g * D + 32 * blk + 4 * tq);
+    qa[blk][1] = *reinterpret_cast<const uint32_t*>(qs + g * D + 32 * blk + 16 + 4 * tq);
+    sqf[blk] = qsc[g * NB + blk] * a.scale_log2;
+  }
+  const int64_t kmax_g = kmax_s[g];
+  const int64_t mrow_g = mrow_s[g];
+
+  float acc[MT][4];
+#pragma unroll
+  for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
+  float m_run = -INFINITY, l_run = 0.f;
+
+  for (int it = 0; it < my_n; ++it) {
+    issue(it + nst - 1);
+    if (nst >= 3) cp_async_wait<2>();
+    else if (nst == 2) cp_async_wait<1>();
+    else cp_async_wait<0>();
+    __syncwarp();
+
+    const uint8_t* st = stages + (it % nst) * L::STAGE;
+    const int64_t j0 = kbeg + int64_t(w + int64_t(it) * nw) * kKC;
+    const int n = int(kend - j0 < kKC ? kend - j0 : kKC);
+    const int sh = int(((head_row + j0) * NB) & 1);  // half-word shift of the scale runs (copy_scales)
+
+    // ---- the chunk's (sk, -M sk) pairs: one float4 per (block, key pair) ----
+    {
+      const uint16_t* kss = reinterpret_cast<const uint16_t*>(st + L::ST_K) + sh;
+#pragma unroll
+      for (int e = lane; e < NB * 16; e += 32) {
+        const int blk = e >> 4, kp = e & 15;
+        const float s0 = h2f(kss[(2 * kp) * NB + blk]), s1 = h2f(kss[(2 * kp + 1) * NB + blk]);
+        ksf[e] = make_float4(s0, s1, -kMagicF * s0, -kMagicF * s1);
+      }
+    }
+    __syncwarp();
+
+    // ---- Q.K: x[j][e] = logit (log2 units) of row g, key 8j + 2tq + e ----
+    float x[4][2];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) x[j][0] = x[j][1] = 0.f;
+#pragma unroll
+    for (int blk = 0; blk < NB; ++blk) {
+#pragma unroll
+      for (int jp = 0; jp < 2; ++jp) {  // n tiles 2jp, 2jp + 1 (keys 16jp .. 16jp + 15)
+        uint32_t r0, r1, r2, r3;
+        ldsm_x4(smem_u32(st + (16 * jp + (lane & 7) + 8 * (lane >> 4)) * KSTR + 32 * blk + 16 * ((lane >> 3) & 1)),
+                r0, r1, r2, r3);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int j = 2 * jp + h;
+          int c[4];
+          mma_s8_rows8(c, qa[blk][0], qa[blk][1], h ? r2 : r0, h ? r3 : r1);
+          const float4 f = ksf[blk * 16 + 4 * j + tq];
+          x[j][0] = fmaf(sqf[blk], fmaf(bits_f(uint32_t(c[0])), f.x, f.z), x[j][0]);
+          x[j][1] = fmaf(sqf[blk], fmaf(bits_f(uint32_t(c[1])), f.y, f.w), x[j][1]);
+        }
+      }
+    }
+
+    // ---- masking (only chunks some row does not fully see, or explicit masks) ----
+    const bool check = a.mask_kind != 0 || n < kKC || j0 + kKC - 1 > kmin_all;
+    if (check) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = 8 * j + 2 * tq + e;
+          const int64_t jg = j0 + key;
+          bool vis = key < n && jg <= kmax_g;
+          if (vis && a.mask_kind != 0) {
+            const int64_t mo = mrow_g + jg * a.ms3;
+            if (a.mask_kind == 1) vis = static_cast<const uint8_t*>(a.mask)[mo] != 0;
+            else x[j][e] += load_t(a.mask, mo, a.half) * kLog2e;  // additive, log2 units
+          }
+          if (!vis) x[j][e] = -INFINITY;
+        }
+    }
+
+    // ---- online softmax (log2 domain): row g's max over the quad, sum per thread ----
+    float cmax = fmaxf(fmaxf(fmaxf(x[0][0], x[0][1]), fmaxf(x[1][0], x[1][1])),
+                       fmaxf(fmaxf(x[2][0], x[2][1]), fmaxf(x[3][0], x[3][1])));
+    cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, 1));
+    cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, 2));
+    const float m_new = fmaxf(m_run, cmax);
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;
+    const float alpha = ex2(m_run - m_use);
+    float p[4][2], psum = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        p[j][e] = ex2(x[j][e] - m_use);
+        psum += p[j][e];
+      }
+    l_run = l_run * alpha + psum;
+    m_run = m_new;
+    // The accumulator holds rows 2tq, 2tq + 1 (owned by lanes 8tq, 8tq + 4): their alphas.
+    const float al0 = __shfl_sync(0xffffffffu, alpha, 8 * tq), al1 = __shfl_sync(0xffffffffu, alpha, 8 * tq + 4);
+    if (__any_sync(0xffffffffu, alpha != 1.f)) {  // after the first chunks the running max rarely moves
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        acc[m][0] *= al0; acc[m][1] *= al1; acc[m][2] *= al0; acc[m][3] *= al1;
+      }
+    }
+
+    // ---- P.V: O^T += V^T P^T per 16 keys ----
+    const uint8_t* vt = st + L::ST_K + L::ST_KS;
+    const uint32_t pbs[4] = {pack_h2(p[0][0], p[0][1]), pack_h2(p[1][0], p[1][1]), pack_h2(p[2][0], p[2][1]),
+                             pack_h2(p[3][0], p[3][1])};
+    // D = 256: one 16-key step at a time (a rolled loop), else ptxas keeps both steps' fragments live and spills.
+#pragma unroll(D > 128 ? 1 : 2)
+    for (int kk = 0; kk < 2; ++kk) {
+      const uint32_t pb0 = kk ? pbs[2] : pbs[0], pb1 = kk ? pbs[3] : pbs[1];
+      if constexpr (VK == kVF16) {
+        const uint8_t* vrow = vt + (16 * kk + (lane & 7) + 8 * (lane >> 4)) * VSTR + 16 * ((lane >> 3) & 1);
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          uint32_t av[4];
+          ldsm_x4_t(smem_u32(vrow + 32 * m), av[0], av[1], av[2], av[3]);
+          mma_f16(acc[m], av, pb0, pb1);
+        }
+      } else {
+        constexpr int TW = (VK == kVQ8 ? D / 8 : D / 16) / 4;  // words of a thread's columns per key
+        constexpr int GW = TW < 4 ? TW : 4, NG = TW / GW, MPG = MT / NG;  // words / M tiles per load group
+        const int k0 = 16 * kk + 2 * tq;
+        // V scales of the thread's block for the four keys, as (k0, k0+1) and (k0+8, k0+9) f16 pairs.
+        const uint16_t* vss = reinterpret_cast<const uint16_t*>(st + L::ST_K + L::ST_KS + L::ST_V) + sh;
+        const int bt = (g * (D / 8)) / 32;
+        const uint32_t s01 = __byte_perm(vss[k0 * NB + bt], vss[(k0 + 1) * NB + bt], 0x5410);
+        const uint32_t s89 = __byte_perm(vss[(k0 + 8) * NB + bt], vss[(k0 + 9) * NB + bt], 0x5410);
+        const __half2 h01 = *reinterpret_cast<const __half2*>(&s01), h89 = *reinterpret_cast<const __half2*>(&s89);
+#pragma unroll
+        for (int gi = 0; gi < NG; ++gi) {
+          uint32_t wv[4][GW];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int key = k0 + (q & 1) + 8 * (q >> 1);  // k0, k0 + 1, k0 + 8, k0 + 9
+            const uint32_t* src = reinterpret_cast<const uint32_t*>(vt + key * VSTR + g * (TW * 4)) + gi * GW;
+            if constexpr (GW == 4) {
+              const uint4 u = *reinterpret_cast<const uint4*>(src);
+              wv[q][0] = u.x; wv[q][1] = u.y; wv[q][2] = u.z; wv[q][3] = u.w;
+            } else if constexpr (GW == 2) {
+              const uint2 u = *reinterpret_cast<const uint2*>(src);
+              wv[q][0] = u.x; wv[q][1] = u.y;
+            } else {
+              wv[q][0] = src[0];
+            }
+          }
+          // M tile m: row g is local column 2m, row g + 8 is 2m + 1 (one byte pair / one nibble pair).
+#pragma unroll
+          for (int mi = 0; mi < MPG; ++mi) {
+            uint32_t av[4];
+            av[0] = hmul2_u(level_pair<VK>(wv[0], wv[1], 2 * mi), h01);
+            av[1] = hmul2_u(level_pair<VK>(wv[0], wv[1], 2 * mi + 1), h01);
+            av[2] = hmul2_u(level_pair<VK>(wv[2], wv[3], 2 * mi), h89);
+            av[3] = hmul2_u(level_pair<VK>(wv[2], wv[3], 2 * mi + 1), h89);
+            mma_f16(acc[gi * MPG + mi], av, pb0, pb1);
+          }
+        }
+      }
+    }
+    __syncwarp();  // the stage and the (sk, -M sk) table are rewritten by the next iteration
+  }
+  cp_async_wait<0>();
+
+  // ---- combine the warps in shared memory, then the rows / partials ----
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+  __syncthreads();  // every warp is done with its stages: they become the combine buffer
+  float* red = reinterpret_cast<float*>(smem + L::off_warps(nw));  // [nw][8][D]
+  if (tq == 0) {
+    wm[w * kRB + g] = m_run;
+    wl[w * kRB + g] = l_run;
+  }
+  float* r0p = red + (w * kRB + 2 * tq) * D;
+  float* r1p = r0p + D;
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    const int c0 = VK == kVF16 ? 16 * m + g : g * (D / 8) + 2 * m;
+    const int c1 = VK == kVF16 ? 16 * m + 8 + g : g * (D / 8) + 2 * m + 1;
+    r0p[c0] = acc[m][0];
+    r1p[c0] = acc[m][1];
+    r0p[c1] = acc[m][2];
+    r1p[c1] = acc[m][3];
+  }
+  __syncthreads();
+  decode_rows_finish<kRB, D>(a, wm, wl, red, nw, nrows, row0, split, b, hkv);
+#endif
+}
+
+// ---- launch -------------------------------------------------------------------------------------------------------
+struct Config {
+  int nw = 0, nst = 0, bytes = 0;  // warps, stages, shared bytes
+};
+
+// Warps: no more than the block's key chunks; the decode route's few long blocks take up to 8 (short per-warp
+// walks), split_k's many blocks 4. Stages: decode 3, split_k 2 (a chunk in flight per warp while one is computed;
+// the third stage cost blocks per multiprocessor: 126 vs 102 us for q8_0 at 128k keys on the H200). Fewer where
+// shared memory runs out; DOT4ATTN_DECODE_NW / _NST force them (tuning).
+template <int VK, int D>
+Config choose_config(const TileArgs& a) {
+  using L = Layout<VK, D>;
+  const DecodeEnv& e = decode_env();
+  const int limit = max_shared_bytes();
+  const bool split = a.part_acc != nullptr;
+  const int cap = split ? 4 : kMaxThreads / 32;
+  const int64_t keys = a.split_len < a.Sk ? a.split_len : a.Sk;
+  const int64_t chunks = (keys + kKC - 1) / kKC;
+  int want = int(chunks < cap ? chunks : cap);
+  if (want < 1) want = 1;
+  if (e.nw > 0 && e.nw <= kMaxThreads / 32) want = e.nw;
+  for (int st = split ? 2 : 3; st >= 1; --st) {
+    const int use = e.nst > 0 ? (e.nst < 3 ? e.nst : 3) : st;
+    for (int w = want; w >= 1; --w)
+      if (L::total(w, use) <= limit) return Config{w, use, L::total(w, use)};
+  }
+  return Config{};
+}
+
+template <int VK, int D>
+bool launch(TileArgs a, gpuStream_t s) {
+  const Config c = choose_config<VK, D>(a);
+  if (c.nw == 0) return false;
+  a.nst = c.nst;
+  auto kern = decode_mma_kernel<VK, D>;
+  if (c.bytes > 48 * 1024)
+    D4A_GPU_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, c.bytes));
+  const int64_t blocks = a.n_chunks * a.n_splits * a.B * a.Hkv;
+  if (blocks > 0x7fffffffLL) throw std::runtime_error("Dot4Attention GPU: more than 2^31-1 blocks");
+  kern<<<unsigned(blocks), unsigned(c.nw * 32), c.bytes, s>>>(a);
+  D4A_GPU_CHECK(cudaGetLastError());
+  return true;
+}
+
+template <int VK>
+bool launch_d(const TileArgs& a, gpuStream_t s) {
+  switch (a.D) {
+    case 64: return launch<VK, 64>(a, s);
+    case 128: return launch<VK, 128>(a, s);
+    case 256: return launch<VK, 256>(a, s);
+    default: return false;
+  }
+}
+
+inline bool takes(const TileArgs& a) {
+  const DecodeEnv& e = decode_env();
+  return !e.simt && !e.tile && a.half && (a.D == 64 || a.D == 128 || a.D == 256) && a.vk != kVF32 &&
+         device_attribute(cudaDevAttrComputeCapabilityMajor, 0) >= 8;
+}
+
+// The tensor-core decode when the device and the arguments allow it; false: the caller runs the SIMT kernel.
+// a: decode / split_k arguments with 16-byte aligned K / V rows and 4-byte aligned scale runs (checked by the
+// caller); rows are taken 8 per block here.
+// float32 T keeps the SIMT kernel's float32 P.V (routes agree to float32 rounding there).
+inline bool try_decode_mma(TileArgs a, gpuStream_t s) {
+  if (!takes(a)) return false;
+  const int64_t rows = a.g * a.Sq;
+  a.n_chunks = (rows + kRB - 1) / kRB;
+  a.reverse_chunks = 0;
+  switch (a.vk) {
+    case kVF16: return launch_d<kVF16>(a, s);
+    case kVQ8: return launch_d<kVQ8>(a, s);
+    case kVQ4: return launch_d<kVQ4>(a, s);
+    default: return false;
+  }
+}
+
+}  // namespace dmma
+}  // namespace gpu
+}  // namespace dot4attn
+
+#endif  // D4A_CUDA
