@@ -265,11 +265,12 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) decode_kernel(const TileArg
   float* P = reinterpret_cast<float*>(wbase + nst * L.stage);  // [KC][RB] probabilities of this warp's chunk
 
   // ---- which (row chunk, split, batch, kv head) ------------------------------------------------------------
-  // (all below 2^31: the launcher checks the block count) 32-bit division, see decode_row_bounds
-  const int bid = int(blockIdx.x);
-  const int chunk = bid % int(a.n_chunks), rest = bid / int(a.n_chunks);
-  const int split = rest % int(a.n_splits), bh = rest / int(a.n_splits);
-  const int b = bh / int(a.Hkv), hkv = bh % int(a.Hkv);
+  // 64-bit here: the 32-bit form (as in decode_mma.cuh) crashes Debian's clang-15 AMDGPU backend for RB = 1
+  // ("Cannot select: i1 = mul"), and this kernel is the HIP one.
+  const int64_t bid = int64_t(blockIdx.x);
+  const int64_t chunk = bid % a.n_chunks, rest = bid / a.n_chunks;
+  const int64_t split = rest % a.n_splits, bh = rest / a.n_splits;
+  const int64_t b = bh / a.Hkv, hkv = bh % a.Hkv;
   const int64_t row0 = chunk * RB;
   const int nrows = int(a.g * a.Sq - row0 < RB ? a.g * a.Sq - row0 : RB);
 

@@ -1,10 +1,10 @@
 // Dot4Attention decode on NVIDIA tensor cores (sm_80+, float16 T; decode route and split_k stage 1). CUDA only:
 // HIP builds, float32 T and head dims other than 64 / 128 / 256 keep the SIMT decode kernel (decode_kernel.cuh).
 //
-// Why: the SIMT kernel spends ~75% of its instructions on P.V (one FMA per (key, column, row)), so a warp needs
-// ~1300 instructions per 32 keys and the 512-key decode is a latency chain while the 128k one cannot keep HBM
-// busy. Here both products run on tensor cores and a warp needs ~450 instructions per 32 keys, most of them the
-// unavoidable dequantization of V (2 ops per value, once per value).
+// Why: the SIMT kernel spends ~75% of its instructions on P.V (one FMA per (key, column, row)). Here both
+// products run on tensor cores and a warp needs ~700 instructions per 32 keys (PTX count, q4_0, D = 128), a third
+// of them the dequantization of V (2 ops per value, once per value). H200, (32, 8, 128), 128k keys, q4_0: 86 us
+// instead of 122 (docs/gpu.md has the table and where the remaining time goes).
 //
 // Same block structure as the SIMT kernel: one block per (batch, KV head, key split, chunk of 8 rows); every warp
 // streams its own 32-key chunks through its own nst-stage cp.async pipeline; warps combine once at the end.
@@ -23,16 +23,14 @@
 //      - float16 V: ldmatrix.trans straight from the V rows (M tile m = columns 16m .. 16m+15);
 //      - q8_0 / q4_0: thread g owns the D/8 consecutive columns [g*D/8, (g+1)*D/8) of every key (one 32-block,
 //        so one V scale per key), loaded as whole words; M tile m row g is column g*D/8 + 2m, row g + 8 is
-//        column g*D/8 + 2m + 1 (one byte pair / one nibble pair). A byte (or nibble) pair of two keys becomes the f16 pair 1024 + level (0x64 / 0x54
-//        exponent trick, exact), minus the bias, times the two keys' V scales: value * scale with one f16
-//        rounding, the same dequantization as the tensor-core prefill.
+//        column g*D/8 + 2m + 1 (one byte pair / one nibble pair). A byte (or nibble) pair of two keys becomes
+//        the f16 pair 1024 + level (0x64 / 0x54 exponent trick, exact), minus the bias, times the two keys' V
+//        scales: value * scale with one f16 rounding, the same dequantization as the tensor-core prefill.
 //    Accuracy as the tensor-core prefill: f16 P and f16 V add ~2^-12 relative error per term (NMSE ~1e-7).
 //  * the end: the warps' (m, l, acc) meet in shared memory and decode_rows_finish writes the rows or the partials.
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "gpu/decode_kernel.cuh"
 #include "gpu/mma_primitives.cuh"
