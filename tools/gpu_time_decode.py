@@ -1,8 +1,8 @@
 """Decode kernel time (no ONNX Runtime): Dot4Attention's auto route (decode < 2048 keys, split_k above) through the
 dot4attn_gpu_attention C entry, vs torch SDPA cuDNN / flash (f16), B = 1, Sq = 1, CUDA events, L2 flushed before
 every call (python/dot4attn/bench_cuda.py's timer), median of --repeats. Env DOT4ATTN_GPU_DECODE=simt times the SIMT
-decode kernel instead of the tensor-core one, =tile the
-old tile kernel; DOT4ATTN_DECODE_NW / _NST force the decode kernel's warps / stages.
+decode kernel instead of the tensor-core one, =tile the old tile kernel; DOT4ATTN_DECODE_NW / _NST force the decode
+kernel's warps / stages, DOT4ATTN_SPLIT_WAVES split_k's split count (SMs x waves items).
     DOT4ATTN_LIBRARY=build/gpu/libdot4attn_ops.so python3 tools/gpu_time_decode.py --baselines --out t.json
 """
 import argparse, json, sys
