@@ -53,7 +53,6 @@ int warp_size() { return device_attribute(gpuDevAttrWarpSize, 32); }
 template <int VK, int D, int RB>
 bool launch_decode_cfg(TileArgs a, int ws, gpuStream_t s) {
   const DecodeEnv& env = decode_env();
-  const int limit = max_shared_bytes();
   const int cap = kDecodeMaxThreads / ws;
   // Warps: no more than the key chunks of one block; split_k's many short-lived blocks do best with 4 warps
   // (more blocks per multiprocessor), the decode route's few blocks with all 8 (H200 measurements).
@@ -64,20 +63,10 @@ bool launch_decode_cfg(TileArgs a, int ws, gpuStream_t s) {
   if (env.nw > 0 && env.nw <= cap) want = env.nw;
   // Stages: 2 (a chunk in flight per warp while another is computed; 3 only cost occupancy), else 1.
   int nw = 0, nst = 0;
-  for (int st = 2; st >= 1 && nw == 0; --st) {
-    const int use = env.nst > 0 ? (env.nst < 3 ? env.nst : 3) : st;
-    for (int w = want; w >= 1 && nw == 0; --w)
-      if (DecodeLayout(VK, D, RB, ws, w, use).total <= limit) nw = w, nst = use;
-  }
-  if (nw == 0) return false;
+  auto bytes = [&](int w, int st) { return DecodeLayout(VK, D, RB, ws, w, st).total; };
+  if (!pick_warps_stages(want, 2, max_shared_bytes(), bytes, nw, nst)) return false;
   a.nst = nst;
-  const DecodeLayout L(VK, D, RB, ws, nw, nst);
-  auto kern = decode_kernel<VK, D, RB, 3>;
-  if (L.total > 48 * 1024) D4A_GPU_CHECK(gpuFuncSetAttribute(kern, gpuFuncAttributeMaxDynamicSharedMemorySize, L.total));
-  const int64_t blocks = a.n_chunks * a.n_splits * a.B * a.Hkv;
-  if (blocks > 0x7fffffffLL) throw std::runtime_error("Dot4Attention GPU: more than 2^31-1 blocks");
-  kern<<<unsigned(blocks), unsigned(nw * ws), L.total, s>>>(a);
-  D4A_GPU_CHECK(gpuGetLastError());
+  launch_decode_grid(decode_kernel<VK, D, RB, 3>, a, nw * ws, bytes(nw, nst), s);
   return true;
 }
 

@@ -297,9 +297,7 @@ __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const TileArgs a) {
 
   for (int64_t tile = 0; tile < nkt; ++tile) {
     issue_tile(tile + nst - 1);
-    if (ST >= 3 && nst >= 3) cp_async_wait<ST >= 3 ? 2 : 0>();
-    else if (nst == 2) cp_async_wait<1>();
-    else cp_async_wait<0>();
+    cp_async_wait_stages<ST>(nst);
     __syncthreads();
 
     const uint8_t* st = stages + int(tile % nst) * L.stage_bytes;

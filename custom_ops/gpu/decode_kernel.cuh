@@ -50,6 +50,33 @@ inline const DecodeEnv& decode_env() {
   return e;
 }
 
+// Host: the first (warps, stages) whose block fits `limit` bytes of shared memory (bytes(warps, stages)), stages
+// from st_first down to 1 (DOT4ATTN_DECODE_NST forces one), warps from `want` down to 1; false when none fits.
+template <class Bytes>
+inline bool pick_warps_stages(int want, int st_first, int limit, Bytes bytes, int& nw, int& nst) {
+  const DecodeEnv& e = decode_env();
+  for (int st = st_first; st >= 1; --st) {
+    const int use = e.nst > 0 ? (e.nst < 3 ? e.nst : 3) : st;
+    for (int w = want; w >= 1; --w)
+      if (bytes(w, use) <= limit) {
+        nw = w;
+        nst = use;
+        return true;
+      }
+  }
+  return false;
+}
+
+// Host: launches a decode kernel over a's (row chunk, split, batch, KV head) blocks.
+template <class Kernel>
+void launch_decode_grid(Kernel kern, const TileArgs& a, int threads, int bytes, gpuStream_t s) {
+  if (bytes > 48 * 1024) D4A_GPU_CHECK(gpuFuncSetAttribute(kern, gpuFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  const int64_t blocks = a.n_chunks * a.n_splits * a.B * a.Hkv;
+  if (blocks > 0x7fffffffLL) throw std::runtime_error("Dot4Attention GPU: more than 2^31-1 blocks");
+  kern<<<unsigned(blocks), unsigned(threads), bytes, s>>>(a);
+  D4A_GPU_CHECK(gpuGetLastError());
+}
+
 // Shared-memory layout (bytes) for warp size ws, nw warps, nst stages; identical on host and device.
 struct DecodeLayout {
   int kc, nb, kstr, st_k, st_ks, st_v, st_vs, stage, pbytes, warp_bytes;
@@ -333,9 +360,7 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) decode_kernel(const TileArg
 
   for (int it = 0; it < my_n; ++it) {
     issue(it + nst - 1);
-    if (ST >= 3 && nst >= 3) cp_async_wait<ST >= 3 ? 2 : 0>();
-    else if (nst == 2) cp_async_wait<1>();
-    else cp_async_wait<0>();
+    cp_async_wait_stages<ST>(nst);
     warp_sync();
 
     const uint8_t* st = wbase + (it % nst) * L.stage;

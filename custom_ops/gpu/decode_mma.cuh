@@ -207,9 +207,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
 
   for (int it = 0; it < my_n; ++it) {
     issue(it + nst - 1);
-    if (nst >= 3) cp_async_wait<2>();
-    else if (nst == 2) cp_async_wait<1>();
-    else cp_async_wait<0>();
+    cp_async_wait_stages<3>(nst);
     __syncwarp();
 
     const uint8_t* st = stages + (it % nst) * L::STAGE;
@@ -384,19 +382,13 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
 }
 
 // ---- launch -------------------------------------------------------------------------------------------------------
-struct Config {
-  int nw = 0, nst = 0, bytes = 0;  // warps, stages, shared bytes
-};
-
 // Warps: no more than the block's key chunks; the decode route's few long blocks take up to 8 (short per-warp
 // walks), split_k's many blocks 4. Stages: decode 3, split_k 2 (a chunk in flight per warp while one is computed;
 // the third stage cost blocks per multiprocessor: 126 vs 102 us for q8_0 at 128k keys on the H200). Fewer where
 // shared memory runs out; DOT4ATTN_DECODE_NW / _NST force them (tuning).
 template <int VK, int D>
-Config choose_config(const TileArgs& a) {
-  using L = Layout<VK, D>;
+bool launch(TileArgs a, gpuStream_t s) {
   const DecodeEnv& e = decode_env();
-  const int limit = max_shared_bytes();
   const bool split = a.part_acc != nullptr;
   const int cap = split ? 4 : kMaxThreads / 32;
   const int64_t keys = a.split_len < a.Sk ? a.split_len : a.Sk;
@@ -404,26 +396,10 @@ Config choose_config(const TileArgs& a) {
   int want = int(chunks < cap ? chunks : cap);
   if (want < 1) want = 1;
   if (e.nw > 0 && e.nw <= kMaxThreads / 32) want = e.nw;
-  for (int st = split ? 2 : 3; st >= 1; --st) {
-    const int use = e.nst > 0 ? (e.nst < 3 ? e.nst : 3) : st;
-    for (int w = want; w >= 1; --w)
-      if (L::total(w, use) <= limit) return Config{w, use, L::total(w, use)};
-  }
-  return Config{};
-}
-
-template <int VK, int D>
-bool launch(TileArgs a, gpuStream_t s) {
-  const Config c = choose_config<VK, D>(a);
-  if (c.nw == 0) return false;
-  a.nst = c.nst;
-  auto kern = decode_mma_kernel<VK, D>;
-  if (c.bytes > 48 * 1024)
-    D4A_GPU_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, c.bytes));
-  const int64_t blocks = a.n_chunks * a.n_splits * a.B * a.Hkv;
-  if (blocks > 0x7fffffffLL) throw std::runtime_error("Dot4Attention GPU: more than 2^31-1 blocks");
-  kern<<<unsigned(blocks), unsigned(c.nw * 32), c.bytes, s>>>(a);
-  D4A_GPU_CHECK(cudaGetLastError());
+  int nw = 0, nst = 0;
+  if (!pick_warps_stages(want, split ? 2 : 3, max_shared_bytes(), Layout<VK, D>::total, nw, nst)) return false;
+  a.nst = nst;
+  launch_decode_grid(decode_mma_kernel<VK, D>, a, nw * 32, Layout<VK, D>::total(nw, nst), s);
   return true;
 }
 

@@ -221,6 +221,15 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// Waits for the oldest of the groups an nst-stage pipeline keeps in flight (nst - 1 may stay pending);
+// MAXST: the kernel's compile-time stage bound (nst <= MAXST).
+template <int MAXST>
+__device__ __forceinline__ void cp_async_wait_stages(int nst) {
+  if (MAXST >= 3 && nst >= 3) cp_async_wait<MAXST >= 3 ? 2 : 0>();
+  else if (nst == 2) cp_async_wait<1>();
+  else cp_async_wait<0>();
+}
+
 }  // namespace gpu
 }  // namespace dot4attn
 
