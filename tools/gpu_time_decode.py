@@ -2,7 +2,7 @@
 dot4attn_gpu_attention C entry, vs torch SDPA cuDNN / flash (f16), B = 1, Sq = 1, CUDA events, L2 flushed before
 every call (python/dot4attn/bench_cuda.py's timer), median of --repeats. Env DOT4ATTN_GPU_DECODE=simt times the SIMT
 decode kernel instead of the tensor-core one, =tile the old tile kernel; DOT4ATTN_DECODE_NW / _NST force the decode
-kernel's warps / stages, DOT4ATTN_SPLIT_WAVES split_k's split count (SMs x waves items).
+kernel's warps / stages, DOT4ATTN_SPLIT_WAVES split_k's split count (SMs x waves items); --route forces a route.
     DOT4ATTN_LIBRARY=build/gpu/libdot4attn_ops.so python3 tools/gpu_time_decode.py --baselines --out t.json
 """
 import argparse, json, sys
@@ -19,6 +19,7 @@ def main():
     ap.add_argument("--sk", default="512,4096,16384,65536,131072")
     ap.add_argument("--formats", default="float,q8_0,q4_0")
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--route", default="auto", choices=["auto", "decode", "split_k"])
     ap.add_argument("--label", default="")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
@@ -46,7 +47,7 @@ def main():
                         print(name, "failed:", str(e)[:100])
             for fmt in a.formats.split(","):
                 vp, vs = (v, None) if fmt == "float" else BC._pack(torch, v, fmt)
-                dd = BC._D4A(torch, f, q, kp, ks, vp, vs, fmt, True)
+                dd = BC._D4A(torch, f, q, kp, ks, vp, vs, fmt, True, route=a.route)
                 dd()
                 name = {"float": "d4a_f16", "q8_0": "d4a_q8_0", "q4_0": "d4a_q4_0"}[fmt]
                 r[name] = timer(dd)

@@ -51,12 +51,13 @@ inline const DecodeEnv& decode_env() {
 }
 
 // Host: the first (warps, stages) whose block fits `limit` bytes of shared memory (bytes(warps, stages)), stages
-// from st_first down to 1 (DOT4ATTN_DECODE_NST forces one), warps from `want` down to 1; false when none fits.
+// from st_first down to 1 (DOT4ATTN_DECODE_NST forces one, up to max_st), warps from `want` down to 1; false when
+// none fits.
 template <class Bytes>
-inline bool pick_warps_stages(int want, int st_first, int limit, Bytes bytes, int& nw, int& nst) {
+inline bool pick_warps_stages(int want, int st_first, int limit, Bytes bytes, int& nw, int& nst, int max_st = 3) {
   const DecodeEnv& e = decode_env();
   for (int st = st_first; st >= 1; --st) {
-    const int use = e.nst > 0 ? (e.nst < 3 ? e.nst : 3) : st;
+    const int use = e.nst > 0 ? (e.nst < max_st ? e.nst : max_st) : st;
     for (int w = want; w >= 1; --w)
       if (bytes(w, use) <= limit) {
         nw = w;
@@ -170,6 +171,24 @@ __device__ __forceinline__ void decode_row_bounds(const TileArgs& a, int64_t row
   }
 }
 
+// Each of the block's RB rows' last visible key (-1 past nrows) and mask row offset, into shared memory.
+template <int RB>
+__device__ __forceinline__ void decode_row_facts(const TileArgs& a, int64_t b, int64_t hkv, int64_t row0, int nrows,
+                                                 int64_t* kmax_s, int64_t* mrow_s) {
+  for (int r = int(threadIdx.x); r < RB; r += int(blockDim.x)) {
+    int64_t km = -1, mo = 0;
+    if (r < nrows) {
+      const int rr = int(row0) + r, i = rr % int(a.Sq);
+      const int64_t hq = hkv * a.g + rr / int(a.Sq);
+      km = a.causal ? a.Sk - a.Sq + i : a.Sk - 1;
+      if (km > a.Sk - 1) km = a.Sk - 1;
+      mo = b * a.ms0 + hq * a.ms1 + i * a.ms2;
+    }
+    kmax_s[r] = km;
+    mrow_s[r] = mo;
+  }
+}
+
 // The block's RB rows of (b, hkv): int8 Q [RB][D] and float32 block scales [RB][D/32] (zeros past nrows), each
 // row's last visible key (-1 past nrows) and mask row offset. The caller's barrier publishes them.
 template <int RB, int D>
@@ -195,18 +214,7 @@ __device__ __forceinline__ void decode_rows_prologue(const TileArgs& a, int64_t 
     qs[r * D + blk * 32 + e] = int8_t(int(qv));
     if (e == 0) qsc[r * NB + blk] = sc;
   }
-  for (int r = t; r < RB; r += int(blockDim.x)) {
-    int64_t km = -1, mo = 0;
-    if (r < nrows) {
-      const int rr = int(row0) + r, i = rr % int(a.Sq);
-      const int64_t hq = hkv * a.g + rr / int(a.Sq);
-      km = a.causal ? a.Sk - a.Sq + i : a.Sk - 1;
-      if (km > a.Sk - 1) km = a.Sk - 1;
-      mo = b * a.ms0 + hq * a.ms1 + i * a.ms2;
-    }
-    kmax_s[r] = km;
-    mrow_s[r] = mo;
-  }
+  decode_row_facts<RB>(a, b, hkv, row0, nrows, kmax_s, mrow_s);
 }
 
 // After the key loop (its barrier passed): combines the warps' (m, l) [nw][RB] and float32 accumulators

@@ -27,7 +27,7 @@
 //        the f16 pair 1024 + level (0x64 / 0x54 exponent trick, exact), minus the bias, times the two keys' V
 //        scales: value * scale with one f16 rounding, the same dequantization as the tensor-core prefill.
 //    Accuracy as the tensor-core prefill: f16 P and f16 V add ~2^-12 relative error per term (NMSE ~1e-7).
-//  * the end: the warps' (m, l, acc) meet in shared memory and decode_rows_finish writes the rows or the partials.
+//  * the end: the warps' (m, l, acc) meet in shared memory and rows_finish writes the rows or the partials.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +45,7 @@ namespace dmma {
 constexpr int kKC = 32;   // keys per warp chunk
 constexpr int kRB = 8;    // rows per block (the mma's N)
 constexpr int kMaxThreads = 256;  // 8 warps (D = 256 needs ~190 registers)
+constexpr int kMaxStages = 4;     // cp.async stages per warp
 
 __host__ __device__ constexpr int up16(int x) { return (x + 15) & ~15; }
 
@@ -60,7 +61,7 @@ struct Layout {
   static constexpr int VROW = v_row_bytes(VK, D);
   static constexpr int VSTR = VROW + 16;              // V row bytes: conflict-free ldmatrix.trans / word loads
   static constexpr int ST_K = kKC * KSTR;
-  static constexpr int ST_KS = up16(kKC * NB * 2 + 4);  // scale run + a leading half-word when it starts 2 bytes off
+  static constexpr int ST_KS = kKC * NB * 2;           // the chunk's K scale rows (2 NB bytes per key)
   static constexpr int ST_V = kKC * VSTR;
   static constexpr int ST_VS = kVq ? ST_KS : 0;
   static constexpr int STAGE = ST_K + ST_KS + ST_V + ST_VS;
@@ -92,26 +93,115 @@ __device__ __forceinline__ uint32_t level_pair(const uint32_t* wa, const uint32_
   }
 }
 
-// copy_scales (decode_kernel.cuh) that writes the whole chunk's run of kKC * NB halves: halves past cnt are zeros.
-// Keys past the end of the range take part in the P.V mma with p = 0, and 0 x (level * stale scale) is NaN when the
-// stale half-word is an inf / NaN pattern.
-__device__ __forceinline__ void copy_scales_fill(uint8_t* dst, const uint16_t* src, int64_t e0, int cnt,
-                                                 int cnt_full, int lane) {
-  const int sh = int(e0 & 1);
-  const uint8_t* al = reinterpret_cast<const uint8_t*>(src + (e0 - sh));
-  const int valid = 2 * (sh + cnt), total = 2 * (sh + cnt_full);
-  for (int w = lane; 4 * w < total; w += 32) {
-    const int rem = valid - 4 * w;
-    cp_async4(dst + 4 * w, rem > 0 ? al + 4 * w : al, rem >= 4 ? 4 : rem > 0 ? rem : 0);
-  }
-}
-
 // c = bias + A(16x32 s8: a0 row g, a2 row g cols +16; rows g+8 zero) x B(32x8 s8), bias = kMagicI.
 __device__ __forceinline__ void mma_s8_rows8(int (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%10,%10,%10,%10};\n"
       : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
       : "r"(a0), "r"(0), "r"(a2), "r"(0), "r"(b0), "r"(b1), "r"(kMagicI));
+}
+
+// ---- the block's Q rows and its end ---------------------------------------------------------------------------
+// Q rows, one warp per row (rows w, w + nw, ...): lane l holds the E = D / 32 elements [l E, l E + E), so a 32-block
+// is 32 / E lanes and its amax takes log2(32 / E) shuffles. The math is the contract's, as decode_rows_prologue,
+// whose 32-lane group per (row, block) cost ~1,300 instructions per warp at 4 warps: half of a split block's
+// samples when it has one chunk per warp (H200 Nsight Compute, 4k keys).
+template <int D>
+struct QRow {
+  static constexpr int E = D / 32, W = E / 2;  // elements / 32-bit words per lane
+  uint32_t h[W];
+};
+
+// Row r's lane words (zeros past nrows).
+template <int D>
+__device__ __forceinline__ QRow<D> q_load(const TileArgs& a, int b, int hkv, int row0, int nrows, int r, int lane) {
+  constexpr int W = QRow<D>::W;
+  QRow<D> q;
+#pragma unroll
+  for (int j = 0; j < W; ++j) q.h[j] = 0u;
+  if (r < nrows) {
+    const int rr = row0 + r, i = rr % int(a.Sq);
+    const int64_t hq = int64_t(hkv) * a.g + rr / int(a.Sq);
+    const uint32_t* src = reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(a.q) +
+                                                            ((int64_t(b) * a.Hq + hq) * a.Sq + i) * D) + lane * W;
+    if constexpr (W == 4) {
+      const uint4 u = *reinterpret_cast<const uint4*>(src);
+      q.h[0] = u.x; q.h[1] = u.y; q.h[2] = u.z; q.h[3] = u.w;
+    } else if constexpr (W == 2) {
+      const uint2 u = *reinterpret_cast<const uint2*>(src);
+      q.h[0] = u.x; q.h[1] = u.y;
+    } else {
+      q.h[0] = src[0];
+    }
+  }
+  return q;
+}
+
+// Row r as int8 Q [r][D] and float32 scales [r][D/32] in shared memory; the caller's barrier publishes them.
+template <int D>
+__device__ __forceinline__ void q_quantize(const QRow<D>& q, int r, int lane, int8_t* qs, float* qsc) {
+  constexpr int E = QRow<D>::E, W = QRow<D>::W, LPB = 32 / E, NB = D / 32;
+  float x[E];
+#pragma unroll
+  for (int j = 0; j < W; ++j) h2x2f(q.h[j], x[2 * j], x[2 * j + 1]);
+  float am = fabsf(x[0]);
+#pragma unroll
+  for (int e = 1; e < E; ++e) am = fmaxf(am, fabsf(x[e]));
+#pragma unroll
+  for (int o = 1; o < LPB; o <<= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, o));
+  const float sc = div_rn(am, 127.f);
+  uint32_t pk[(E + 3) / 4] = {};
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    float qv = sc == 0.f ? 0.f : rintf(div_rn(x[e], sc));
+    qv = fminf(fmaxf(qv, -127.f), 127.f);
+    pk[e / 4] |= (uint32_t(int(qv)) & 0xffu) << (8 * (e % 4));
+  }
+  int8_t* dst = qs + r * D + lane * E;
+  if constexpr (E == 8) *reinterpret_cast<uint2*>(dst) = make_uint2(pk[0], pk[1]);
+  else if constexpr (E == 4) *reinterpret_cast<uint32_t*>(dst) = pk[0];
+  else *reinterpret_cast<uint16_t*>(dst) = uint16_t(pk[0]);
+  if (lane % LPB == 0) qsc[r * NB + lane / LPB] = sc;
+}
+
+// After the key loop (its barrier passed): the warps' (m, l) [nw][kRB] and float32 accumulators red [nw][kRB][D]
+// become the normalised float16 rows (decode) or the split partials (split_k). Four columns per thread and step;
+// every thread recomputes its row's warp weights 2^(m_w - M) (nw <= 8 exp2) instead of a second barrier. Same sums
+// in the same order as decode_rows_finish (the SIMT kernel's), without its per-element 64-bit row arithmetic.
+template <int D>
+__device__ __forceinline__ void rows_finish(const TileArgs& a, const float* wm, const float* wl, const float* red,
+                                            int nw, int nrows, int row0, int split, int b, int hkv) {
+  constexpr int C4 = D / 4;
+  for (int idx = int(threadIdx.x); idx < nrows * C4; idx += int(blockDim.x)) {
+    const int r = idx / C4, c4 = idx % C4;
+    float M = -INFINITY;
+    for (int k = 0; k < nw; ++k) M = fmaxf(M, wm[k * kRB + r]);
+    const float Mu = M == -INFINITY ? 0.f : M;
+    float l = 0.f;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k = 0; k < nw; ++k) {
+      const float f = exp2f(wm[k * kRB + r] - Mu);
+      l += f * wl[k * kRB + r];
+      const float4 x = reinterpret_cast<const float4*>(red + (k * kRB + r) * D)[c4];
+      o.x += f * x.x; o.y += f * x.y; o.z += f * x.z; o.w += f * x.w;
+    }
+    const int rr = row0 + r, i = rr % int(a.Sq);
+    const int64_t grow = (int64_t(b) * a.Hq + int64_t(hkv) * a.g + rr / int(a.Sq)) * a.Sq + i;
+    if (a.part_acc) {
+      const int64_t prow = int64_t(split) * (a.B * a.Hq * a.Sq) + grow;
+      reinterpret_cast<float4*>(a.part_acc + prow * D)[c4] = o;
+      if (c4 == 0) {
+        a.part_ml[prow * 2] = M;
+        a.part_ml[prow * 2 + 1] = l;
+      }
+    } else {
+      if (l > 0.f) { o.x /= l; o.y /= l; o.z /= l; o.w /= l; }
+      else o = make_float4(0.f, 0.f, 0.f, 0.f);
+      const uint2 u = make_uint2(uint32_t(f2h(o.x)) | (uint32_t(f2h(o.y)) << 16),
+                                 uint32_t(f2h(o.z)) | (uint32_t(f2h(o.w)) << 16));
+      reinterpret_cast<uint2*>(static_cast<uint16_t*>(a.out) + grow * D)[c4] = u;
+    }
+  }
 }
 
 template <int VK, int D>
@@ -157,35 +247,60 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   const int8_t* kg = a.k + head_row * D;
   const uint8_t* vg = static_cast<const uint8_t*>(a.v) + head_row * VROW;
 
-  auto issue = [&](int it) {
+  // The copies of a chunk: lane l moves 16-byte pieces l, l + 32, ... of the chunk's K and V bytes (rows padded by
+  // 16 bytes in shared memory; 32 pieces always span whole rows, so piece i sits kStepK / kStepV bytes after piece
+  // i - 32 on both sides) and key l's K and V scale rows (2 NB bytes each). A full chunk needs no bounds and no
+  // per-piece address arithmetic; keys past the range of a partial chunk are zero-filled.
+  constexpr int KPR = D / 16, VPR = VROW / 16;  // 16-byte pieces per K / V row
+  static_assert(32 % KPR == 0 && 32 % VPR == 0, "32 pieces span whole rows");
+  constexpr int kStepK = 512 + 16 * (32 / KPR), kStepV = 512 + 16 * (32 / VPR);
+  const int8_t* kl = kg + 16 * lane;
+  const uint8_t* vl = vg + 16 * lane;
+  const int soff_k = 16 * lane + 16 * (lane / KPR), soff_v = L::ST_K + L::ST_KS + 16 * lane + 16 * (lane / VPR);
+  const uint16_t* ksg = a.ks + head_row * NB;
+  const uint16_t* vsg = kVq ? a.vs + head_row * NB : nullptr;
+  auto issue = [&](int it, uint8_t* st) {
     if (it < my_n) {
-      uint8_t* st = stages + (it % nst) * L::STAGE;
       const int64_t j0 = kbeg + int64_t(w + int64_t(it) * nw) * kKC;
       const int n = int(kend - j0 < kKC ? kend - j0 : kKC);
-      const int8_t* ksrc = kg + j0 * D;
-#pragma unroll 4
-      for (int i = 0; i < NPK; ++i) {
-        const int p = lane + 32 * i, row = p / (D / 16);
-        const bool ok = 16 * p < n * D;
-        cp_async16(st + 16 * p + 16 * row, ok ? ksrc + 16 * p : ksrc, ok);
+      const int8_t* ks0 = kl + j0 * D;
+      const uint8_t* vs0 = vl + j0 * VROW;
+      if (n == kKC) {
+#pragma unroll
+        for (int i = 0; i < NPK; ++i) cp_async16(st + soff_k + i * kStepK, ks0 + 512 * i, true);
+#pragma unroll
+        for (int i = 0; i < NPV; ++i) cp_async16(st + soff_v + i * kStepV, vs0 + 512 * i, true);
+      } else {
+#pragma unroll
+        for (int i = 0; i < NPK; ++i) {
+          const bool ok = 16 * (lane + 32 * i) < n * D;
+          cp_async16(st + soff_k + i * kStepK, ok ? ks0 + 512 * i : kg, ok);
+        }
+#pragma unroll
+        for (int i = 0; i < NPV; ++i) {
+          const bool ok = 16 * (lane + 32 * i) < n * VROW;
+          cp_async16(st + soff_v + i * kStepV, ok ? vs0 + 512 * i : vg, ok);
+        }
       }
-      const uint8_t* vsrc = vg + j0 * VROW;
-#pragma unroll 4
-      for (int i = 0; i < NPV; ++i) {
-        const int p = lane + 32 * i, row = p / (VROW / 16);
-        const bool ok = 16 * p < n * VROW;
-        cp_async16(st + L::ST_K + L::ST_KS + 16 * p + 16 * row, ok ? vsrc + 16 * p : vsrc, ok);
-      }
-      copy_scales<32>(st + L::ST_K, a.ks, (head_row + j0) * NB, n * NB, lane);
+      const bool key_ok = lane < n;
+      cp_async_n<2 * NB>(st + L::ST_K + 2 * NB * lane, key_ok ? ksg + (j0 + lane) * NB : ksg, key_ok);
       if constexpr (kVq)
-        copy_scales_fill(st + L::ST_K + L::ST_KS + L::ST_V, a.vs, (head_row + j0) * NB, n * NB, kKC * NB, lane);
+        cp_async_n<2 * NB>(st + L::ST_K + L::ST_KS + L::ST_V + 2 * NB * lane, key_ok ? vsg + (j0 + lane) * NB : vsg,
+                           key_ok);
     }
     cp_async_commit();
   };
 
-  for (int s = 0; s < nst - 1; ++s) issue(s);  // K/V of the first chunks fly while Q is quantized
-
-  decode_rows_prologue<kRB, D>(a, b, hkv, row0, nrows, qs, qsc, kmax_s, mrow_s);
+  // The warp's first Q row is loaded before the first chunks' copies are issued and quantized after them (both
+  // latencies overlap); warps of blocks with fewer than kRB warps take their further rows after that.
+  {
+    const QRow<D> q = q_load<D>(a, b, hkv, int(row0), nrows, w, lane);
+    for (int s = 0; s < nst - 1; ++s) issue(s, stages + s * L::STAGE);
+    q_quantize<D>(q, w, lane, qs, qsc);
+#pragma unroll 1
+    for (int r = w + nw; r < kRB; r += nw) q_quantize<D>(q_load<D>(a, b, hkv, int(row0), nrows, r, lane), r, lane, qs, qsc);
+  }
+  decode_row_facts<kRB>(a, b, hkv, row0, nrows, kmax_s, mrow_s);
   __syncthreads();
 
   // Q fragments of row g (the A operand; rows g + 8 are the zero register), its scales times scale * log2 e.
@@ -205,19 +320,21 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
   float m_run = -INFINITY, l_run = 0.f;
 
+  int s_use = 0, s_next = nst - 1;  // stage of chunk it, stage of chunk it + nst - 1
   for (int it = 0; it < my_n; ++it) {
-    issue(it + nst - 1);
-    cp_async_wait_stages<3>(nst);
+    issue(it + nst - 1, stages + s_next * L::STAGE);
+    s_next = s_next + 1 == nst ? 0 : s_next + 1;
+    cp_async_wait_stages<kMaxStages>(nst);
     __syncwarp();
 
-    const uint8_t* st = stages + (it % nst) * L::STAGE;
+    const uint8_t* st = stages + s_use * L::STAGE;
+    s_use = s_use + 1 == nst ? 0 : s_use + 1;
     const int64_t j0 = kbeg + int64_t(w + int64_t(it) * nw) * kKC;
     const int n = int(kend - j0 < kKC ? kend - j0 : kKC);
-    const int sh = int(((head_row + j0) * NB) & 1);  // half-word shift of the scale runs (copy_scales)
 
     // ---- the chunk's (sk, -M sk) pairs: one float4 per (block, key pair) ----
     {
-      const uint16_t* kss = reinterpret_cast<const uint16_t*>(st + L::ST_K) + sh;
+      const uint16_t* kss = reinterpret_cast<const uint16_t*>(st + L::ST_K);
 #pragma unroll
       for (int e = lane; e < NB * 16; e += 32) {
         const int blk = e >> 4, kp = e & 15;
@@ -317,7 +434,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
         constexpr int GW = TW < 4 ? TW : 4, NG = TW / GW, MPG = MT / NG;  // words / M tiles per load group
         const int k0 = 16 * kk + 2 * tq;
         // V scales of the thread's block for the four keys, as (k0, k0+1) and (k0+8, k0+9) f16 pairs.
-        const uint16_t* vss = reinterpret_cast<const uint16_t*>(st + L::ST_K + L::ST_KS + L::ST_V) + sh;
+        const uint16_t* vss = reinterpret_cast<const uint16_t*>(st + L::ST_K + L::ST_KS + L::ST_V);
         const int bt = (g * (D / 8)) / 32;
         const uint32_t s01 = __byte_perm(vss[k0 * NB + bt], vss[(k0 + 1) * NB + bt], 0x5410);
         const uint32_t s89 = __byte_perm(vss[(k0 + 8) * NB + bt], vss[(k0 + 9) * NB + bt], 0x5410);
@@ -377,15 +494,16 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
     r1p[c1] = acc[m][3];
   }
   __syncthreads();
-  decode_rows_finish<kRB, D>(a, wm, wl, red, nw, nrows, row0, split, b, hkv);
+  rows_finish<D>(a, wm, wl, red, nw, nrows, int(row0), split, b, hkv);
 #endif
 }
 
 // ---- launch -------------------------------------------------------------------------------------------------------
 // Warps: no more than the block's key chunks; the decode route's few long blocks take up to 8 (short per-warp
 // walks), split_k's many blocks 4. Stages: decode 3, split_k 2 (a chunk in flight per warp while one is computed;
-// the third stage cost blocks per multiprocessor: 126 vs 102 us for q8_0 at 128k keys on the H200). Fewer where
-// shared memory runs out; DOT4ATTN_DECODE_NW / _NST force them (tuning).
+// on the H200 a third stage measured slower at 16k-128k keys for every V format, also where it keeps 2 blocks
+// per multiprocessor: q4_0 88.7 vs 85.8 us at 128k). Fewer where shared memory runs out; DOT4ATTN_DECODE_NW / _NST
+// force them (tuning, up to kMaxStages).
 template <int VK, int D>
 bool launch(TileArgs a, gpuStream_t s) {
   const DecodeEnv& e = decode_env();
@@ -397,7 +515,8 @@ bool launch(TileArgs a, gpuStream_t s) {
   if (want < 1) want = 1;
   if (e.nw > 0 && e.nw <= kMaxThreads / 32) want = e.nw;
   int nw = 0, nst = 0;
-  if (!pick_warps_stages(want, split ? 2 : 3, max_shared_bytes(), Layout<VK, D>::total, nw, nst)) return false;
+  if (!pick_warps_stages(want, split ? 2 : 3, max_shared_bytes(), Layout<VK, D>::total, nw, nst, kMaxStages))
+    return false;
   a.nst = nst;
   launch_decode_grid(decode_mma_kernel<VK, D>, a, nw * 32, Layout<VK, D>::total(nw, nst), s);
   return true;
@@ -415,6 +534,12 @@ bool launch_d(const TileArgs& a, gpuStream_t s) {
 
 inline bool takes(const TileArgs& a) {
   const DecodeEnv& e = decode_env();
+  // Scale rows move as one 2 NB-byte cp.async per key: both scale tensors aligned to that (ORT's buffers are).
+  // Q rows are read as whole 16-byte pieces per lane group.
+  const uintptr_t sal = uintptr_t(a.D / 32 * 2) - 1;
+  if ((reinterpret_cast<uintptr_t>(a.ks) & sal) != 0 || (a.vs != nullptr && (reinterpret_cast<uintptr_t>(a.vs) & sal) != 0) ||
+      (reinterpret_cast<uintptr_t>(a.q) & 15) != 0)
+    return false;
   return !e.simt && !e.tile && a.half && (a.D == 64 || a.D == 128 || a.D == 256) && a.vk != kVF32 &&
          device_attribute(cudaDevAttrComputeCapabilityMajor, 0) >= 8;
 }

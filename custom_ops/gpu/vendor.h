@@ -208,6 +208,24 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem, int byte
 #endif
 }
 
+// N-byte (4, 8 or 16) global -> shared copy, zero-filled when `valid` is false; both addresses N-byte aligned.
+template <int N>
+__device__ __forceinline__ void cp_async_n(void* smem, const void* gmem, bool valid) {
+  static_assert(N == 4 || N == 8 || N == 16, "cp.async copies 4, 8 or 16 bytes");
+#if defined(D4A_HAS_CP_ASYNC)
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_bytes = valid ? N : 0;
+  if constexpr (N == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(s), "l"(gmem), "n"(N), "r"(src_bytes));
+#else
+  uint32_t* d = static_cast<uint32_t*>(smem);
+  const uint32_t* g = static_cast<const uint32_t*>(gmem);
+  for (int i = 0; i < N / 4; ++i) d[i] = valid ? g[i] : 0u;
+#endif
+}
+
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(D4A_HAS_CP_ASYNC)
   asm volatile("cp.async.commit_group;\n" ::);
@@ -225,7 +243,8 @@ __device__ __forceinline__ void cp_async_wait() {
 // MAXST: the kernel's compile-time stage bound (nst <= MAXST).
 template <int MAXST>
 __device__ __forceinline__ void cp_async_wait_stages(int nst) {
-  if (MAXST >= 3 && nst >= 3) cp_async_wait<MAXST >= 3 ? 2 : 0>();
+  if (MAXST >= 4 && nst >= 4) cp_async_wait<MAXST >= 4 ? 3 : 0>();
+  else if (MAXST >= 3 && nst >= 3) cp_async_wait<MAXST >= 3 ? 2 : 0>();
   else if (nst == 2) cp_async_wait<1>();
   else cp_async_wait<0>();
 }
