@@ -228,6 +228,11 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   float4* ksf = reinterpret_cast<float4*>(wbase);
   uint8_t* stages = wbase + L::KSF;
 
+#if __CUDA_ARCH__ >= 900
+  // split_k: the merge kernel may launch now (it waits for this grid's completion: programmatic dependent launch).
+  if (a.part_acc != nullptr) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+
   // ---- which (row chunk, split, batch, kv head) ------------------------------------------------------------
   const int bid = int(blockIdx.x);  // below 2^31 (launcher): 32-bit division, see decode_row_bounds
   const int chunk = bid % int(a.n_chunks), rest = bid / int(a.n_chunks);

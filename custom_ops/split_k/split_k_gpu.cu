@@ -37,6 +37,10 @@ __global__ void __launch_bounds__(kMergeThreads)
                  int n_splits, int D, int half, void* out) {
   __shared__ float4 gacc[kMergeThreads];
   __shared__ float gm[kMergeThreads], gl[kMergeThreads];
+#if defined(D4A_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched early (programmatic dependent launch, see run_split_k): wait until stage 1 is complete and visible.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   const int64_t row = blockIdx.x;
   const int t = threadIdx.x, c4n = D / 4, groups = kMergeThreads / c4n;
   const int grp = t / c4n, c = t % c4n;
@@ -103,6 +107,26 @@ void run_split_k(const AttentionParams& p, void* scratch, gpuStream_t s) {
   launch_decode_tiles(a, s);
   if (rows > 0x7fffffffLL || a.n_splits > 8192) throw std::runtime_error("Dot4Attention GPU: too many rows/splits to merge");
   if (p.D % 4 != 0 || p.D / 4 > kMergeThreads) throw std::runtime_error("Dot4Attention GPU: merge needs D % 4 == 0, D <= 1024");
+#if defined(D4A_CUDA)
+  // sm_90+: programmatic dependent launch, so the merge grid is resident when stage 1 ends instead of being
+  // launched then (stage 1 lets it start once all its blocks run; the merge waits for stage 1's completion).
+  if (device_attribute(cudaDevAttrComputeCapabilityMajor, 0) >= 9) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(rows));
+    cfg.blockDim = dim3(kMergeThreads);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    D4A_GPU_CHECK(cudaLaunchKernelEx(&cfg, merge_kernel, static_cast<const float*>(a.part_acc),
+                                     static_cast<const float*>(a.part_ml), rows, int(a.n_splits), int(p.D),
+                                     p.half ? 1 : 0, p.out));
+    return;
+  }
+#endif
   merge_kernel<<<unsigned(rows), kMergeThreads, 0, s>>>(
       a.part_acc, a.part_ml, rows, int(a.n_splits), p.D, p.half ? 1 : 0, p.out);
   D4A_GPU_CHECK(gpuGetLastError());
