@@ -2,9 +2,9 @@
 // HIP builds, float32 T and head dims other than 64 / 128 / 256 keep the SIMT decode kernel (decode_kernel.cuh).
 //
 // Why: the SIMT kernel spends ~75% of its instructions on P.V (one FMA per (key, column, row)). Here both
-// products run on tensor cores and a warp needs ~700 instructions per 32 keys (PTX count, q4_0, D = 128), a third
-// of them the dequantization of V (2 ops per value, once per value). H200, (32, 8, 128), 128k keys, q4_0: 86 us
-// instead of 122 (docs/gpu.md has the table and where the remaining time goes).
+// products run on tensor cores and a warp needs ~700 SASS instructions per 32 keys (q4_0, D = 128), most of them
+// the dequantization of V (once per value) and the Q.K scaling. H200, (32, 8, 128), 128k keys, q4_0: 78 us instead
+// of the SIMT kernel's 122 (docs/gpu.md has the tables and where the remaining time goes).
 //
 // Same block structure as the SIMT kernel: one block per (batch, KV head, key split, chunk of 8 rows); every warp
 // streams its own 32-key chunks through its own nst-stage cp.async pipeline; warps combine once at the end.
