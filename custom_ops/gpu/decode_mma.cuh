@@ -540,7 +540,7 @@ bool launch_d(const TileArgs& a, gpuStream_t s) {
 inline bool takes(const TileArgs& a) {
   const DecodeEnv& e = decode_env();
   // Scale rows move as one 2 NB-byte cp.async per key: both scale tensors aligned to that (ORT's buffers are).
-  // Q rows are read as whole 16-byte pieces per lane group.
+  // Q rows are read as vectors of up to 16 bytes per lane.
   const uintptr_t sal = uintptr_t(a.D / 32 * 2) - 1;
   if ((reinterpret_cast<uintptr_t>(a.ks) & sal) != 0 || (a.vs != nullptr && (reinterpret_cast<uintptr_t>(a.vs) & sal) != 0) ||
       (reinterpret_cast<uintptr_t>(a.q) & 15) != 0)
