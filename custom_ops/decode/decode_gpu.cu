@@ -52,15 +52,7 @@ int warp_size() { return device_attribute(gpuDevAttrWarpSize, 32); }
 // Launches the decode kernel for one (VK, D, RB); false when no configuration fits the shared memory.
 template <int VK, int D, int RB>
 bool launch_decode_cfg(TileArgs a, int ws, gpuStream_t s) {
-  const DecodeEnv& env = decode_env();
-  const int cap = kDecodeMaxThreads / ws;
-  // Warps: no more than the key chunks of one block; split_k's many short-lived blocks do best with 4 warps
-  // (more blocks per multiprocessor), the decode route's few blocks with all 8 (H200 measurements).
-  const int64_t keys = a.split_len < a.Sk ? a.split_len : a.Sk;
-  int want = int((keys + ws - 1) / ws < cap ? (keys + ws - 1) / ws : cap);
-  const int split_warps = 128 / ws;  // 4 on wave32
-  if (a.part_acc != nullptr && want > split_warps) want = split_warps;
-  if (env.nw > 0 && env.nw <= cap) want = env.nw;
+  const int want = decode_warps_wanted(a, ws, kDecodeMaxThreads / ws);
   // Stages: 2 (a chunk in flight per warp while another is computed; 3 only cost occupancy), else 1.
   int nw = 0, nst = 0;
   auto bytes = [&](int w, int st) { return DecodeLayout(VK, D, RB, ws, w, st).total; };

@@ -68,6 +68,18 @@ inline bool pick_warps_stages(int want, int st_first, int limit, Bytes bytes, in
   return false;
 }
 
+// Host: warps wanted in a decode block: no more than its key chunks (ws keys each) nor max_warps; split_k's many
+// short-lived blocks take at most 128 threads (more blocks per multiprocessor), the decode route's few blocks up to
+// max_warps (H200 measurements); DOT4ATTN_DECODE_NW forces it (tuning).
+inline int decode_warps_wanted(const TileArgs& a, int ws, int max_warps) {
+  const int64_t keys = a.split_len < a.Sk ? a.split_len : a.Sk;
+  const int64_t chunks = (keys + ws - 1) / ws;
+  const int cap = a.part_acc != nullptr && 128 / ws < max_warps ? 128 / ws : max_warps;
+  const int want = int(chunks < cap ? chunks : cap);
+  const int forced = decode_env().nw;
+  return forced > 0 && forced <= max_warps ? forced : want < 1 ? 1 : want;
+}
+
 // Host: launches a decode kernel over a's (row chunk, split, batch, KV head) blocks.
 template <class Kernel>
 void launch_decode_grid(Kernel kern, const TileArgs& a, int threads, int bytes, gpuStream_t s) {

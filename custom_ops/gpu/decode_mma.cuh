@@ -511,14 +511,8 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
 // force them (tuning, up to kMaxStages).
 template <int VK, int D>
 bool launch(TileArgs a, gpuStream_t s) {
-  const DecodeEnv& e = decode_env();
   const bool split = a.part_acc != nullptr;
-  const int cap = split ? 4 : kMaxThreads / 32;
-  const int64_t keys = a.split_len < a.Sk ? a.split_len : a.Sk;
-  const int64_t chunks = (keys + kKC - 1) / kKC;
-  int want = int(chunks < cap ? chunks : cap);
-  if (want < 1) want = 1;
-  if (e.nw > 0 && e.nw <= kMaxThreads / 32) want = e.nw;
+  const int want = decode_warps_wanted(a, kKC, kMaxThreads / 32);
   int nw = 0, nst = 0;
   if (!pick_warps_stages(want, split ? 2 : 3, max_shared_bytes(), Layout<VK, D>::total, nw, nst, kMaxStages))
     return false;
