@@ -51,13 +51,13 @@ inline const DecodeEnv& decode_env() {
 }
 
 // Host: the first (warps, stages) whose block fits `limit` bytes of shared memory (bytes(warps, stages)), stages
-// from st_first down to 1 (DOT4ATTN_DECODE_NST forces one, up to max_st), warps from `want` down to 1; false when
-// none fits.
+// from st_first down to 1 (DOT4ATTN_DECODE_NST forces one, up to 3), warps from `want` down to 1; false when none
+// fits.
 template <class Bytes>
-inline bool pick_warps_stages(int want, int st_first, int limit, Bytes bytes, int& nw, int& nst, int max_st = 3) {
+inline bool pick_warps_stages(int want, int st_first, int limit, Bytes bytes, int& nw, int& nst) {
   const DecodeEnv& e = decode_env();
   for (int st = st_first; st >= 1; --st) {
-    const int use = e.nst > 0 ? (e.nst < max_st ? e.nst : max_st) : st;
+    const int use = e.nst > 0 ? (e.nst < 3 ? e.nst : 3) : st;
     for (int w = want; w >= 1; --w)
       if (bytes(w, use) <= limit) {
         nw = w;

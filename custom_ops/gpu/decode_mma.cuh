@@ -45,7 +45,6 @@ namespace dmma {
 constexpr int kKC = 32;   // keys per warp chunk
 constexpr int kRB = 8;    // rows per block (the mma's N)
 constexpr int kMaxThreads = 256;  // 8 warps (D = 256 needs ~190 registers)
-constexpr int kMaxStages = 4;     // cp.async stages per warp
 
 __host__ __device__ constexpr int up16(int x) { return (x + 15) & ~15; }
 
@@ -329,7 +328,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   for (int it = 0; it < my_n; ++it) {
     issue(it + nst - 1, stages + s_next * L::STAGE);
     s_next = s_next + 1 == nst ? 0 : s_next + 1;
-    cp_async_wait_stages<kMaxStages>(nst);
+    cp_async_wait_stages<3>(nst);
     __syncwarp();
 
     const uint8_t* st = stages + s_use * L::STAGE;
@@ -508,14 +507,13 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
 // walks), split_k's many blocks 4. Stages: decode 3, split_k 2 (a chunk in flight per warp while one is computed;
 // on the H200 a third stage measured slower at 16k-128k keys for every V format, also where it keeps 2 blocks
 // per multiprocessor: q4_0 88.7 vs 85.8 us at 128k). Fewer where shared memory runs out; DOT4ATTN_DECODE_NW / _NST
-// force them (tuning, up to kMaxStages).
+// force them (tuning, up to 3).
 template <int VK, int D>
 bool launch(TileArgs a, gpuStream_t s) {
   const bool split = a.part_acc != nullptr;
   const int want = decode_warps_wanted(a, kKC, kMaxThreads / 32);
   int nw = 0, nst = 0;
-  if (!pick_warps_stages(want, split ? 2 : 3, max_shared_bytes(), Layout<VK, D>::total, nw, nst, kMaxStages))
-    return false;
+  if (!pick_warps_stages(want, split ? 2 : 3, max_shared_bytes(), Layout<VK, D>::total, nw, nst)) return false;
   a.nst = nst;
   launch_decode_grid(decode_mma_kernel<VK, D>, a, nw * 32, Layout<VK, D>::total(nw, nst), s);
   return true;

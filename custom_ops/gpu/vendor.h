@@ -243,8 +243,7 @@ __device__ __forceinline__ void cp_async_wait() {
 // MAXST: the kernel's compile-time stage bound (nst <= MAXST).
 template <int MAXST>
 __device__ __forceinline__ void cp_async_wait_stages(int nst) {
-  if (MAXST >= 4 && nst >= 4) cp_async_wait<MAXST >= 4 ? 3 : 0>();
-  else if (MAXST >= 3 && nst >= 3) cp_async_wait<MAXST >= 3 ? 2 : 0>();
+  if (MAXST >= 3 && nst >= 3) cp_async_wait<MAXST >= 3 ? 2 : 0>();
   else if (nst == 2) cp_async_wait<1>();
   else cp_async_wait<0>();
 }
