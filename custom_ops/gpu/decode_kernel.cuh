@@ -34,6 +34,7 @@ constexpr int kDecodeMaxThreads = 256;
 // (tuning; 0 = automatic).
 struct DecodeEnv {
   bool tile = false, simt = false;
+  int stage = -1;  // DOT4ATTN_DECODE_STAGE=cp_async / regs / regs_v (0 / 1 / 2): tensor-core decode staging (tuning)
   int nw = 0, nst = 0;
 };
 
@@ -45,6 +46,8 @@ inline const DecodeEnv& decode_env() {
     d.simt = m != nullptr && std::strcmp(m, "simt") == 0;
     if (const char* v = std::getenv("DOT4ATTN_DECODE_NW")) d.nw = std::atoi(v);
     if (const char* v = std::getenv("DOT4ATTN_DECODE_NST")) d.nst = std::atoi(v);
+    const char* st = std::getenv("DOT4ATTN_DECODE_STAGE");
+    if (st != nullptr) d.stage = std::strcmp(st, "regs") == 0 ? 1 : std::strcmp(st, "regs_v") == 0 ? 2 : 0;
     return d;
   }();
   return e;

@@ -7,7 +7,8 @@
 // of the SIMT kernel's 122 (docs/gpu.md has the tables and where the remaining time goes).
 //
 // Same block structure as the SIMT kernel: one block per (batch, KV head, key split, chunk of 8 rows); every warp
-// streams its own 32-key chunks through its own nst-stage cp.async pipeline; warps combine once at the end.
+// streams its own 32-key chunks through its own nst-stage cp.async pipeline or, on long walks, through registers
+// (StageMode below); warps combine once at the end.
 // Rows (grouped heads x query rows, 8 per block) are the mma's 8-wide dimension, padded with zero Q rows.
 //
 //  * Q.K: mma.m16n8k32 s8 with M = query rows (rows 8..15 and rows past nrows are zero), N = 8 keys, K = one
@@ -203,8 +204,35 @@ __device__ __forceinline__ void rows_finish(const TileArgs& a, const float* wm, 
   }
 }
 
-template <int VK, int D>
+// How a warp's chunks reach shared memory (StageMode, picked per launch in launch()):
+//  * kStageCpAsync: the nst-stage cp.async pipeline (copies issued nst - 1 chunks ahead).
+//  * kStageRegs: lane l loads its 16-byte pieces of the next chunk (and key l's scale rows) into registers with
+//    evict-first (.cs) loads while the warp computes the current chunk, and stores them into the warp's single
+//    stage afterwards. It streams faster because read-once data then leaves L2 first instead of pushing other
+//    (also dirty) lines out; cp.async cannot take that policy here: CUDA 13.0's ptxas miscompiles
+//    cp.async.L2::cache_hint (illegal instruction on the H200). Synthetic copy-only kernel with the split_k access
+//    pattern (tools/gpu_stream_probe.cu, 128k keys, q4_0, ~1 us of compute per chunk): 64.6 us vs 69.6 (cp.async).
+//    Costs a register per 4 staged bytes (q4_0 D = 128: 147 -> 255 registers, no spill).
+//  * kStageRegsV: only V (and its scales) through registers, K by cp.async (q8_0: staging both spills).
+enum StageMode { kStageCpAsync = 0, kStageRegs = 1, kStageRegsV = 2 };
+
+template <int N>
+struct ScaleRow;  // one key's scale row (2 * D / 32 bytes) as a register value
+template <> struct ScaleRow<4> { using T = uint32_t; };
+template <> struct ScaleRow<8> { using T = uint2; };
+template <> struct ScaleRow<16> { using T = uint4; };
+
+__device__ __forceinline__ uint32_t ld_stream(const uint32_t* p) { return __ldcs(p); }
+__device__ __forceinline__ uint2 ld_stream(const uint2* p) { return __ldcs(p); }
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) { return __ldcs(p); }
+template <class T> __device__ __forceinline__ T zero_of();
+template <> __device__ __forceinline__ uint32_t zero_of<uint32_t>() { return 0u; }
+template <> __device__ __forceinline__ uint2 zero_of<uint2>() { return make_uint2(0u, 0u); }
+template <> __device__ __forceinline__ uint4 zero_of<uint4>() { return make_uint4(0u, 0u, 0u, 0u); }
+
+template <int VK, int D, int SM>
 __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs a) {
+  constexpr bool kRegK = SM == kStageRegs, kRegV = SM != kStageCpAsync;  // which parts go through registers
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using L = Layout<VK, D>;
   constexpr int NB = L::NB, KSTR = L::KSTR, VROW = L::VROW, VSTR = L::VSTR;
@@ -270,36 +298,88 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
       const int8_t* ks0 = kl + j0 * D;
       const uint8_t* vs0 = vl + j0 * VROW;
       if (n == kKC) {
+        if constexpr (!kRegK) {
 #pragma unroll
-        for (int i = 0; i < NPK; ++i) cp_async16(st + soff_k + i * kStepK, ks0 + 512 * i, true);
-#pragma unroll
-        for (int i = 0; i < NPV; ++i) cp_async16(st + soff_v + i * kStepV, vs0 + 512 * i, true);
-      } else {
-#pragma unroll
-        for (int i = 0; i < NPK; ++i) {
-          const bool ok = 16 * (lane + 32 * i) < n * D;
-          cp_async16(st + soff_k + i * kStepK, ok ? ks0 + 512 * i : kg, ok);
+          for (int i = 0; i < NPK; ++i) cp_async16(st + soff_k + i * kStepK, ks0 + 512 * i, true);
         }
+        if constexpr (!kRegV) {
 #pragma unroll
-        for (int i = 0; i < NPV; ++i) {
-          const bool ok = 16 * (lane + 32 * i) < n * VROW;
-          cp_async16(st + soff_v + i * kStepV, ok ? vs0 + 512 * i : vg, ok);
+          for (int i = 0; i < NPV; ++i) cp_async16(st + soff_v + i * kStepV, vs0 + 512 * i, true);
+        }
+      } else {
+        if constexpr (!kRegK) {
+#pragma unroll
+          for (int i = 0; i < NPK; ++i) {
+            const bool ok = 16 * (lane + 32 * i) < n * D;
+            cp_async16(st + soff_k + i * kStepK, ok ? ks0 + 512 * i : kg, ok);
+          }
+        }
+        if constexpr (!kRegV) {
+#pragma unroll
+          for (int i = 0; i < NPV; ++i) {
+            const bool ok = 16 * (lane + 32 * i) < n * VROW;
+            cp_async16(st + soff_v + i * kStepV, ok ? vs0 + 512 * i : vg, ok);
+          }
         }
       }
       const bool key_ok = lane < n;
-      cp_async_n<2 * NB>(st + L::ST_K + 2 * NB * lane, key_ok ? ksg + (j0 + lane) * NB : ksg, key_ok);
-      if constexpr (kVq)
+      if constexpr (!kRegK)
+        cp_async_n<2 * NB>(st + L::ST_K + 2 * NB * lane, key_ok ? ksg + (j0 + lane) * NB : ksg, key_ok);
+      if constexpr (kVq && !kRegV)
         cp_async_n<2 * NB>(st + L::ST_K + L::ST_KS + L::ST_V + 2 * NB * lane, key_ok ? vsg + (j0 + lane) * NB : vsg,
                            key_ok);
     }
     cp_async_commit();
   };
 
+  // Register staging (see StageMode): fetch() loads the register-staged parts of chunk `it` (evict-first), put()
+  // stores them into a stage.
+  using SRow = typename ScaleRow<2 * NB>::T;
+  uint4 kr[kRegK ? NPK : 1], vr[kRegV ? NPV : 1];
+  SRow ksr, vsr;
+  auto fetch = [&](int it) {
+    const int64_t j0 = kbeg + int64_t(w + int64_t(it) * nw) * kKC;
+    const int n = int(kend - j0 < kKC ? kend - j0 : kKC);
+    const uint4* k0 = reinterpret_cast<const uint4*>(kl + j0 * D);
+    const uint4* v0 = reinterpret_cast<const uint4*>(vl + j0 * VROW);
+    const bool full = n == kKC, key_ok = lane < n;
+    if constexpr (kRegK) {
+#pragma unroll
+      for (int i = 0; i < NPK; ++i)
+        kr[i] = full || 16 * (lane + 32 * i) < n * D ? ld_stream(k0 + 32 * i) : zero_of<uint4>();
+      ksr = key_ok ? ld_stream(reinterpret_cast<const SRow*>(ksg + (j0 + lane) * NB)) : zero_of<SRow>();
+    }
+    if constexpr (kRegV) {
+#pragma unroll
+      for (int i = 0; i < NPV; ++i)
+        vr[i] = full || 16 * (lane + 32 * i) < n * VROW ? ld_stream(v0 + 32 * i) : zero_of<uint4>();
+      if constexpr (kVq)
+        vsr = key_ok ? ld_stream(reinterpret_cast<const SRow*>(vsg + (j0 + lane) * NB)) : zero_of<SRow>();
+    }
+  };
+  auto put = [&](uint8_t* st) {
+    if constexpr (kRegK) {
+#pragma unroll
+      for (int i = 0; i < NPK; ++i) *reinterpret_cast<uint4*>(st + soff_k + i * kStepK) = kr[i];
+      *reinterpret_cast<SRow*>(st + L::ST_K + 2 * NB * lane) = ksr;
+    }
+    if constexpr (kRegV) {
+#pragma unroll
+      for (int i = 0; i < NPV; ++i) *reinterpret_cast<uint4*>(st + soff_v + i * kStepV) = vr[i];
+      if constexpr (kVq) *reinterpret_cast<SRow*>(st + L::ST_K + L::ST_KS + L::ST_V + 2 * NB * lane) = vsr;
+    }
+  };
+
   // The warp's first Q row is loaded before the first chunks' copies are issued and quantized after them (both
   // latencies overlap); warps of blocks with fewer than kRB warps take their further rows after that.
   {
     const QRow<D> q = q_load<D>(a, b, hkv, int(row0), nrows, w, lane);
-    for (int s = 0; s < nst - 1; ++s) issue(s, stages + s * L::STAGE);
+    if constexpr (SM != kStageCpAsync) {
+      if (my_n > 0) fetch(0);
+    }
+    if constexpr (SM != kStageRegs) {
+      for (int s = 0; s < nst - 1; ++s) issue(s, stages + s * L::STAGE);
+    }
     q_quantize<D>(q, w, lane, qs, qsc);
 #pragma unroll 1
     for (int r = w + nw; r < kRB; r += nw) q_quantize<D>(q_load<D>(a, b, hkv, int(row0), nrows, r, lane), r, lane, qs, qsc);
@@ -326,13 +406,23 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
 
   int s_use = 0, s_next = nst - 1;  // stage of chunk it, stage of chunk it + nst - 1
   for (int it = 0; it < my_n; ++it) {
-    issue(it + nst - 1, stages + s_next * L::STAGE);
-    s_next = s_next + 1 == nst ? 0 : s_next + 1;
-    cp_async_wait_stages<3>(nst);
-    __syncwarp();
+    if constexpr (SM == kStageRegs) {  // one stage: chunk it from the registers, then chunk it + 1 into them
+      put(stages);
+      __syncwarp();
+      if (it + 1 < my_n) fetch(it + 1);
+    } else {
+      if constexpr (SM == kStageRegsV) put(stages + s_use * L::STAGE);  // chunk it's V (its stage is free)
+      issue(it + nst - 1, stages + s_next * L::STAGE);
+      s_next = s_next + 1 == nst ? 0 : s_next + 1;
+      cp_async_wait_stages<3>(nst);
+      __syncwarp();
+      if constexpr (SM == kStageRegsV) {
+        if (it + 1 < my_n) fetch(it + 1);
+      }
+    }
 
     const uint8_t* st = stages + s_use * L::STAGE;
-    s_use = s_use + 1 == nst ? 0 : s_use + 1;
+    if constexpr (SM != kStageRegs) s_use = s_use + 1 == nst ? 0 : s_use + 1;
     const int64_t j0 = kbeg + int64_t(w + int64_t(it) * nw) * kKC;
     const int n = int(kend - j0 < kKC ? kend - j0 : kKC);
 
@@ -512,10 +602,28 @@ template <int VK, int D>
 bool launch(TileArgs a, gpuStream_t s) {
   const bool split = a.part_acc != nullptr;
   const int want = decode_warps_wanted(a, kKC, kMaxThreads / 32);
+  // Stage mode (H200, tools/gpu_time_decode.py): q4_0 stages everything in registers once every warp walks >= 3
+  // chunks (shorter walks gain nothing from the overlap); q8_0 at D = 128 only V (staging K too spills); float16 V
+  // and the rest stay on cp.async (V-only staging of float16 V spills and measured slower: 126.7 vs 122.0 us at
+  // 128k keys). DOT4ATTN_DECODE_STAGE=cp_async / regs / regs_v forces a mode where it is compiled (tuning).
+  const int64_t keys = a.split_len < a.Sk ? a.split_len : a.Sk;
+  const int64_t walk = ((keys + kKC - 1) / kKC + want - 1) / want;  // chunks per warp (at least)
+  constexpr int kAuto = VK == kVQ4 ? kStageRegs : VK == kVQ8 && D == 128 ? kStageRegsV : kStageCpAsync;
+  int mode = kAuto != kStageCpAsync && walk >= 3 ? kAuto : kStageCpAsync;
+  const int forced = decode_env().stage;
+  if (forced >= 0) mode = forced == kAuto ? kAuto : kStageCpAsync;
   int nw = 0, nst = 0;
-  if (!pick_warps_stages(want, split ? 2 : 3, max_shared_bytes(), Layout<VK, D>::total, nw, nst)) return false;
+  const int st_first = mode == kStageRegs ? 1 : split ? 2 : 3;  // full register staging needs one shared stage
+  if (!pick_warps_stages(want, st_first, max_shared_bytes(), Layout<VK, D>::total, nw, nst)) return false;
   a.nst = nst;
-  launch_decode_grid(decode_mma_kernel<VK, D>, a, nw * 32, Layout<VK, D>::total(nw, nst), s);
+  const int bytes = Layout<VK, D>::total(nw, nst);
+  if constexpr (kAuto != kStageCpAsync) {
+    if (mode == kAuto) {
+      launch_decode_grid(decode_mma_kernel<VK, D, kAuto>, a, nw * 32, bytes, s);
+      return true;
+    }
+  }
+  launch_decode_grid(decode_mma_kernel<VK, D, kStageCpAsync>, a, nw * 32, bytes, s);
   return true;
 }
 

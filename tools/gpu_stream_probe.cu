@@ -1,0 +1,278 @@
+// How fast can the split_k access pattern stream the packed K + q4_0 V cache, without the attention math?
+// Copy-only kernels over (Hkv 8, 128k keys, D 128): per-warp 32-key chunks as the tensor-core decode reads them,
+// moved by cp.async (cp2 / cp3 stages), TMA bulk copies (bulk2, bulk2h / bulk4h with the L2 evict-first policy),
+// registers then shared memory (reg; regcs with evict-first .cs loads: the kStageRegs mode of decode_mma.cuh), or
+// registers only (ldg / ldcs, payload without scales); 264 blocks of 4 warps (the split_k grid), an optional
+// spin of `delay` cycles per chunk standing in for the compute. Timed like bench_cuda (CUDA events, median): after
+// a 256 MiB memset ("dirty": L2 full of dirty lines, the benchmark's flush) and after a read pass ("clean").
+//   nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/probe tools/gpu_stream_probe.cu && for v in cp2 bulk2h regcs; do /tmp/probe $v; done
+// H200 results (docs/gpu.md, fifth session): q4_0 cache 218 MB, dirty, delay 0 / 2000 cycles: cp2 65.8 / 69.6 us,
+// bulk2h 59.6 / 64.5, regcs 61.4 / 64.6; clean: cp2 56.7, regcs 53.2.
+#include <cuda_runtime.h>
+#include <cstdio>
+#include <cstdint>
+#include <vector>
+#include <algorithm>
+#include <string>
+
+constexpr int HKV = 8, KROW = 128, KS = 8, VROW = 64, VS = 8;
+constexpr int KC = 32;
+
+// H = 1 / 2: with an L2::cache_hint policy (+ 256-byte prefetch). Both die with an illegal instruction on the H200
+// when built by CUDA 13.0 (ptxas puts the policy descriptor in a misaligned uniform register), so only H = 0 runs.
+template <int H> __device__ __forceinline__ void cp16(void* s, const void* g, uint64_t pol) {
+  if (H == 0) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(s)), "l"(g));
+  else if (H == 1) asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, 16, %2;\n" ::"r"((unsigned)__cvta_generic_to_shared(s)), "l"(g), "l"(pol));
+  else asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, 16, %2;\n" ::"r"((unsigned)__cvta_generic_to_shared(s)), "l"(g), "l"(pol));
+}
+template <int H> __device__ __forceinline__ void cp8(void* s, const void* g, uint64_t pol) {
+  if (H == 0) asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"((unsigned)__cvta_generic_to_shared(s)), "l"(g));
+  else asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 8, 8, %2;\n" ::"r"((unsigned)__cvta_generic_to_shared(s)), "l"(g), "l"(pol));
+}
+__device__ __forceinline__ uint64_t pol_first() { uint64_t p; asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p)); return p; }
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N> __device__ __forceinline__ void waitg() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void spin(long long cyc) {
+  if (cyc <= 0) return;
+  long long t0 = clock64();
+  while (clock64() - t0 < cyc) {}
+}
+
+struct Args {
+  const int8_t* k; const uint16_t* ks; const uint8_t* v; const uint16_t* vs;
+  int64_t S; int splits; int64_t split_len; long long delay; int* sink;
+};
+
+constexpr int STAGE = KC * (KROW + 16) + KC * KS + KC * (VROW + 16) + KC * VS;
+
+template <int NST, int H>
+__global__ void cpasync_kernel(Args a) {
+  const uint64_t pol = pol_first();
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int nw = blockDim.x >> 5, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int head = blockIdx.x / a.splits, split = blockIdx.x % a.splits;
+  const int64_t kbeg = split * a.split_len, kend = min(a.S, kbeg + a.split_len);
+  const int nck = int((kend - kbeg + KC - 1) / KC);
+  const int my_n = nck > w ? (nck - w + nw - 1) / nw : 0;
+  uint8_t* st0 = smem + w * NST * STAGE;
+  const int8_t* kg = a.k + (int64_t(head) * a.S) * KROW;
+  const uint8_t* vg = a.v + (int64_t(head) * a.S) * VROW;
+  const uint16_t* ksg = a.ks + int64_t(head) * a.S * 4;
+  const uint16_t* vsg = a.vs + int64_t(head) * a.S * 4;
+  auto issue = [&](int it) {
+    if (it < my_n) {
+      uint8_t* st = st0 + (it % NST) * STAGE;
+      const int64_t j0 = kbeg + int64_t(w + it * nw) * KC;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) { int p = lane + 32 * i; cp16<H>(st + (p / 8) * (KROW + 16) + (p % 8) * 16, kg + j0 * KROW + 16 * p, pol); }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) { int p = lane + 32 * i; cp16<H>(st + KC * (KROW + 16) + KC * KS + (p / 4) * (VROW + 16) + (p % 4) * 16, vg + j0 * VROW + 16 * p, pol); }
+      cp8<H>(st + KC * (KROW + 16) + 8 * lane, ksg + (j0 + lane) * 4, pol);
+      cp8<H>(st + KC * (KROW + 16) + KC * KS + KC * (VROW + 16) + 8 * lane, vsg + (j0 + lane) * 4, pol);
+    }
+    commit();
+  };
+  int acc = 0;
+  for (int s = 0; s < NST - 1; ++s) issue(s);
+  for (int it = 0; it < my_n; ++it) {
+    issue(it + NST - 1);
+    waitg<NST - 1>();
+    __syncwarp();
+    acc ^= st0[(it % NST) * STAGE + lane * 4];
+    spin(a.delay);
+    __syncwarp();
+  }
+  waitg<0>();
+  if (acc == 0x12345) a.sink[0] = acc;
+}
+
+// TMA bulk: lane 0 of each warp issues 4 bulk copies per chunk (K rows, K scales, V rows, V scales), mbarrier per stage.
+constexpr int BSTAGE = KC * KROW + KC * KS + KC * VROW + KC * VS;
+template <int NST, int H>
+__global__ void bulk_kernel(Args a) {
+  const uint64_t pol = pol_first();
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ __align__(8) uint64_t bar[8][NST];
+  const int nw = blockDim.x >> 5, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int head = blockIdx.x / a.splits, split = blockIdx.x % a.splits;
+  const int64_t kbeg = split * a.split_len, kend = min(a.S, kbeg + a.split_len);
+  const int nck = int((kend - kbeg + KC - 1) / KC);
+  const int my_n = nck > w ? (nck - w + nw - 1) / nw : 0;
+  uint8_t* st0 = smem + w * NST * BSTAGE;
+  if (lane == 0)
+    for (int s = 0; s < NST; ++s)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"((unsigned)__cvta_generic_to_shared(&bar[w][s])));
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  __syncwarp();
+  const int8_t* kg = a.k + (int64_t(head) * a.S) * KROW;
+  const uint8_t* vg = a.v + (int64_t(head) * a.S) * VROW;
+  const uint16_t* ksg = a.ks + int64_t(head) * a.S * 4;
+  const uint16_t* vsg = a.vs + int64_t(head) * a.S * 4;
+  auto issue = [&](int it) {
+    if (it < my_n && lane == 0) {
+      const int s = it % NST;
+      uint8_t* st = st0 + s * BSTAGE;
+      const int64_t j0 = kbeg + int64_t(w + it * nw) * KC;
+      unsigned b = (unsigned)__cvta_generic_to_shared(&bar[w][s]);
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(BSTAGE) : "memory");
+      auto bulk = [&](uint8_t* dst, const void* src, int n) {
+        if (H == 0) asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                     ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "r"(n), "r"(b) : "memory");
+        else asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
+                     ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "r"(n), "r"(b), "l"(pol) : "memory");
+      };
+      bulk(st, kg + j0 * KROW, KC * KROW);
+      bulk(st + KC * KROW, ksg + j0 * 4, KC * KS);
+      bulk(st + KC * KROW + KC * KS, vg + j0 * VROW, KC * VROW);
+      bulk(st + KC * KROW + KC * KS + KC * VROW, vsg + j0 * 4, KC * VS);
+    }
+  };
+  int acc = 0;
+  for (int s = 0; s < NST - 1; ++s) issue(s);
+  for (int it = 0; it < my_n; ++it) {
+    issue(it + NST - 1);
+    const int s = it % NST;
+    const unsigned par = (it / NST) & 1;
+    unsigned b = (unsigned)__cvta_generic_to_shared(&bar[w][s]);
+    asm volatile("{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}\n" ::"r"(b), "r"(par) : "memory");
+    acc ^= st0[s * BSTAGE + lane * 4];
+    spin(a.delay);
+    __syncwarp();
+  }
+  if (acc == 0x12345) a.sink[0] = acc;
+}
+
+
+// loads into registers (.cs streaming = evict-first in L2 when CS), stored to shared memory one iteration later
+template <int CS>
+__global__ void regstage_kernel(Args a) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int nw = blockDim.x >> 5, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int head = blockIdx.x / a.splits, split = blockIdx.x % a.splits;
+  const int64_t kbeg = split * a.split_len, kend = min(a.S, kbeg + a.split_len);
+  const int nck = int((kend - kbeg + KC - 1) / KC);
+  const int my_n = nck > w ? (nck - w + nw - 1) / nw : 0;
+  uint8_t* st0 = smem + w * 2 * STAGE;
+  const int8_t* kg = a.k + (int64_t(head) * a.S) * KROW;
+  const uint8_t* vg = a.v + (int64_t(head) * a.S) * VROW;
+  const uint16_t* ksg = a.ks + int64_t(head) * a.S * 4;
+  const uint16_t* vsg = a.vs + int64_t(head) * a.S * 4;
+  uint4 r[12]; uint2 sc[2];
+  auto load = [&](int it) {
+    const int64_t j0 = kbeg + int64_t(w + it * nw) * KC;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) { const uint4* p = reinterpret_cast<const uint4*>(kg + j0 * KROW) + lane + 32 * i; r[i] = CS ? __ldcs(p) : __ldg(p); }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { const uint4* p = reinterpret_cast<const uint4*>(vg + j0 * VROW) + lane + 32 * i; r[8 + i] = CS ? __ldcs(p) : __ldg(p); }
+    const uint2* p0 = reinterpret_cast<const uint2*>(ksg + (j0 + lane) * 4); const uint2* p1 = reinterpret_cast<const uint2*>(vsg + (j0 + lane) * 4);
+    sc[0] = CS ? __ldcs(p0) : __ldg(p0); sc[1] = CS ? __ldcs(p1) : __ldg(p1);
+  };
+  auto store = [&](uint8_t* st) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) { int p = lane + 32 * i; *reinterpret_cast<uint4*>(st + (p / 8) * (KROW + 16) + (p % 8) * 16) = r[i]; }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) { int p = lane + 32 * i; *reinterpret_cast<uint4*>(st + KC * (KROW + 16) + KC * KS + (p / 4) * (VROW + 16) + (p % 4) * 16) = r[8 + i]; }
+    *reinterpret_cast<uint2*>(st + KC * (KROW + 16) + 8 * lane) = sc[0];
+    *reinterpret_cast<uint2*>(st + KC * (KROW + 16) + KC * KS + KC * (VROW + 16) + 8 * lane) = sc[1];
+  };
+  int acc = 0;
+  if (my_n > 0) load(0);
+  for (int it = 0; it < my_n; ++it) {
+    uint8_t* st = st0 + (it & 1) * STAGE;
+    store(st);
+    __syncwarp();
+    if (it + 1 < my_n) load(it + 1);
+    acc ^= st[lane * 4 + 1];
+    spin(a.delay);
+    __syncwarp();
+  }
+  if (acc == 0x12345) a.sink[0] = acc;
+}
+
+// plain loads into registers, whole chunk per warp in flight (NU chunks unrolled)
+template <int NU, int CS>
+__global__ void ldg_kernel(Args a) {
+  const int nw = blockDim.x >> 5, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int head = blockIdx.x / a.splits, split = blockIdx.x % a.splits;
+  const int64_t kbeg = split * a.split_len, kend = min(a.S, kbeg + a.split_len);
+  const int nck = int((kend - kbeg + KC - 1) / KC);
+  const int my_n = nck > w ? (nck - w + nw - 1) / nw : 0;
+  const int8_t* kg = a.k + (int64_t(head) * a.S) * KROW;
+  const uint8_t* vg = a.v + (int64_t(head) * a.S) * VROW;
+  uint4 acc = make_uint4(0, 0, 0, 0);
+  for (int it = 0; it < my_n; it += NU) {
+    uint4 r[NU][12];
+#pragma unroll
+    for (int u = 0; u < NU; ++u) {
+      const int64_t j0 = kbeg + int64_t(w + min(it + u, my_n - 1) * nw) * KC;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) r[u][i] = CS ? __ldcs(reinterpret_cast<const uint4*>(kg + j0 * KROW) + lane + 32 * i) : __ldg(reinterpret_cast<const uint4*>(kg + j0 * KROW) + lane + 32 * i);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) r[u][8 + i] = CS ? __ldcs(reinterpret_cast<const uint4*>(vg + j0 * VROW) + lane + 32 * i) : __ldg(reinterpret_cast<const uint4*>(vg + j0 * VROW) + lane + 32 * i);
+    }
+#pragma unroll
+    for (int u = 0; u < NU; ++u)
+#pragma unroll
+      for (int i = 0; i < 12; ++i) { acc.x ^= r[u][i].x; acc.y ^= r[u][i].y; }
+  }
+  if (acc.x == 0x12345 && acc.y == 7) a.sink[0] = 1;
+}
+
+__global__ void readall(const uint4* p, int64_t n, int* sink) {
+  uint32_t x = 0;
+  for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) x ^= p[i].x;
+  if (x == 0x1234567) sink[0] = x;
+}
+
+int main(int argc, char** argv) {
+  const int64_t S = 131072;
+  int8_t* k; uint16_t *ks, *vs; uint8_t* v; int* sink; uint8_t* flush;
+  cudaMalloc(&k, HKV * S * KROW); cudaMalloc(&v, HKV * S * VROW);
+  cudaMalloc(&ks, HKV * S * KS); cudaMalloc(&vs, HKV * S * VS);
+  cudaMalloc(&sink, 4); cudaMalloc(&flush, 256 << 20); uint8_t* flush2; cudaMalloc(&flush2, 256 << 20); cudaMemset(flush2, 3, 256 << 20);
+  cudaMemset(k, 1, HKV * S * KROW); cudaMemset(v, 1, HKV * S * VROW); cudaMemset(ks, 1, HKV * S * KS); cudaMemset(vs, 1, HKV * S * VS);
+  const double bytes = double(HKV) * S * (KROW + KS + VROW + VS);
+  int sms; cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
+  auto timeit = [&](const char* name, auto launch, int dirty) {
+    std::vector<float> ts;
+    for (int r = 0; r < 12; ++r) {
+      if (dirty) cudaMemsetAsync(flush, r, 256 << 20);
+      else { cudaMemsetAsync(flush, r, 256 << 20); readall<<<1024, 256>>>(reinterpret_cast<const uint4*>(flush2), (256 << 20) / 16, sink); }
+      cudaEventRecord(e0); launch(); cudaEventRecord(e1); cudaEventSynchronize(e1);
+      float ms; cudaEventElapsedTime(&ms, e0, e1); if (r >= 2) ts.push_back(ms * 1e3f);
+    }
+    std::sort(ts.begin(), ts.end());
+    float med = ts[ts.size() / 2];
+    cudaError_t err = cudaGetLastError();
+    printf("%-40s %s %8.1f us  %.2f TB/s %s\n", name, dirty ? "dirty" : "clean", med, bytes / (med * 1e-6) / 1e12,
+           err ? cudaGetErrorString(err) : "");
+  };
+  const std::string which = argc > 1 ? argv[1] : "cp2";
+  for (int dirty : {1, 0})
+  for (long long delay : {0LL, 2000LL}) {
+    const int waves = 2, nw = 4;
+    Args a{k, ks, v, vs, S, 0, 0, delay, sink};
+    a.splits = (sms * waves + HKV - 1) / HKV;
+    a.split_len = (S + a.splits - 1) / a.splits;
+    a.split_len = (a.split_len + KC - 1) / KC * KC;
+    const int blocks = HKV * a.splits;
+    char nm[128];
+    auto go = [&](auto kern, int sm) {
+      cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, sm);
+      snprintf(nm, sizeof nm, "%s delay%lld", which.c_str(), delay);
+      timeit(nm, [&] { kern<<<blocks, nw * 32, sm>>>(a); }, dirty);
+    };
+    if (which == "cp2") go(cpasync_kernel<2, 0>, nw * 2 * STAGE);
+    if (which == "cp3") go(cpasync_kernel<3, 0>, nw * 3 * STAGE);
+    if (which == "bulk2") go(bulk_kernel<2, 0>, nw * 2 * BSTAGE);
+    if (which == "bulk2h") go(bulk_kernel<2, 1>, nw * 2 * BSTAGE);
+    if (which == "bulk4h") go(bulk_kernel<4, 1>, nw * 4 * BSTAGE);
+    if (which == "reg") go(regstage_kernel<0>, nw * 2 * STAGE);
+    if (which == "regcs") go(regstage_kernel<1>, nw * 2 * STAGE);
+    if (which == "ldg" && delay == 0) go(ldg_kernel<2, 0>, 0);
+    if (which == "ldcs" && delay == 0) go(ldg_kernel<2, 1>, 0);
+  }
+  return 0;
+}
