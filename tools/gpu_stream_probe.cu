@@ -1,13 +1,14 @@
 // How fast can the split_k access pattern stream the packed K + q4_0 V cache, without the attention math?
 // Copy-only kernels over (Hkv 8, 128k keys, D 128): per-warp 32-key chunks as the tensor-core decode reads them,
-// moved by cp.async (cp2 / cp3 stages), TMA bulk copies (bulk2, bulk2h / bulk4h with the L2 evict-first policy),
+// moved by cp.async (cp2 / cp3 stages; cp2pfN: plus a TMA L2 prefetch, evict-first, N chunks ahead of the copy), TMA bulk copies (bulk2, bulk2h / bulk4h with the L2 evict-first policy),
 // registers then shared memory (reg; regcs with evict-first .cs loads: the kStageRegs mode of decode_mma.cuh), or
 // registers only (ldg / ldcs, payload without scales); 264 blocks of 4 warps (the split_k grid), an optional
 // spin of `delay` cycles per chunk standing in for the compute. Timed like bench_cuda (CUDA events, median): after
 // a 256 MiB memset ("dirty": L2 full of dirty lines, the benchmark's flush) and after a read pass ("clean").
 //   nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/probe tools/gpu_stream_probe.cu && for v in cp2 bulk2h regcs; do /tmp/probe $v; done
 // H200 results (docs/gpu.md, fifth session): q4_0 cache 218 MB, dirty, delay 0 / 2000 cycles: cp2 65.8 / 69.6 us,
-// bulk2h 59.6 / 64.5, regcs 61.4 / 64.6; clean: cp2 56.7, regcs 53.2.
+// bulk2h 59.6 / 64.5, regcs 61.4 / 64.6; clean: cp2 56.7, regcs 53.2. The L2 prefetch in front of cp.async is
+// slower the further ahead it runs: cp2 65.0 / 68.0, cp2pf1 70.0 / 75.8, cp2pf2 75.1 / 80.1, cp2pf4 90.1 / 95.5.
 #include <cuda_runtime.h>
 #include <cstdio>
 #include <cstdint>
@@ -46,7 +47,7 @@ struct Args {
 
 constexpr int STAGE = KC * (KROW + 16) + KC * KS + KC * (VROW + 16) + KC * VS;
 
-template <int NST, int H>
+template <int NST, int H, int PF = 0>
 __global__ void cpasync_kernel(Args a) {
   const uint64_t pol = pol_first();
   extern __shared__ __align__(16) uint8_t smem[];
@@ -60,7 +61,17 @@ __global__ void cpasync_kernel(Args a) {
   const uint8_t* vg = a.v + (int64_t(head) * a.S) * VROW;
   const uint16_t* ksg = a.ks + int64_t(head) * a.S * 4;
   const uint16_t* vsg = a.vs + int64_t(head) * a.S * 4;
+  auto prefetch = [&](int it) {  // TMA L2 prefetch of chunk it with the evict-first policy (one lane)
+    if (PF > 0 && lane == 0 && it < my_n) {
+      const int64_t j0 = kbeg + int64_t(w + it * nw) * KC;
+      auto pf = [&](const void* p, int n) {
+        asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(p), "r"(n), "l"(pol) : "memory");
+      };
+      pf(kg + j0 * KROW, KC * KROW); pf(vg + j0 * VROW, KC * VROW); pf(ksg + j0 * 4, KC * KS); pf(vsg + j0 * 4, KC * VS);
+    }
+  };
   auto issue = [&](int it) {
+    prefetch(it + PF);
     if (it < my_n) {
       uint8_t* st = st0 + (it % NST) * STAGE;
       const int64_t j0 = kbeg + int64_t(w + it * nw) * KC;
@@ -74,6 +85,7 @@ __global__ void cpasync_kernel(Args a) {
     commit();
   };
   int acc = 0;
+  for (int p = 0; p < PF; ++p) prefetch(p);
   for (int s = 0; s < NST - 1; ++s) issue(s);
   for (int it = 0; it < my_n; ++it) {
     issue(it + NST - 1);
@@ -266,6 +278,9 @@ int main(int argc, char** argv) {
     };
     if (which == "cp2") go(cpasync_kernel<2, 0>, nw * 2 * STAGE);
     if (which == "cp3") go(cpasync_kernel<3, 0>, nw * 3 * STAGE);
+    if (which == "cp2pf1") go(cpasync_kernel<2, 0, 1>, nw * 2 * STAGE);
+    if (which == "cp2pf2") go(cpasync_kernel<2, 0, 2>, nw * 2 * STAGE);
+    if (which == "cp2pf4") go(cpasync_kernel<2, 0, 4>, nw * 2 * STAGE);
     if (which == "bulk2") go(bulk_kernel<2, 0>, nw * 2 * BSTAGE);
     if (which == "bulk2h") go(bulk_kernel<2, 1>, nw * 2 * BSTAGE);
     if (which == "bulk4h") go(bulk_kernel<4, 1>, nw * 4 * BSTAGE);
