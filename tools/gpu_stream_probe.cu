@@ -6,6 +6,9 @@
 // spin of `delay` cycles per chunk standing in for the compute. Timed like bench_cuda (CUDA events, median): after
 // a 256 MiB memset ("dirty": L2 full of dirty lines, the benchmark's flush) and after a read pass ("clean").
 //   nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/probe tools/gpu_stream_probe.cu && for v in cp2 bulk2h regcs; do /tmp/probe $v; done
+// short512 / split512 / empty: the same cp.async copy at 512 keys as the decode route / split_k grids, and a
+// launch with no chunks (the timing floor of a short decode); their TB/s column is meaningless (128k-key bytes).
+// H200, dirty, delay 0 / 2000: empty 3.1 us; short512 5.5 / 7.0; split512 4.5 / 5.6 (the op's 512-key decode: 12.2).
 // H200 results (docs/gpu.md, fifth session): q4_0 cache 218 MB, dirty, delay 0 / 2000 cycles: cp2 65.8 / 69.6 us,
 // bulk2h 59.6 / 64.5, regcs 61.4 / 64.6; clean: cp2 56.7, regcs 53.2. The L2 prefetch in front of cp.async is
 // slower the further ahead it runs: cp2 65.0 / 68.0, cp2pf1 70.0 / 75.8, cp2pf2 75.1 / 80.1, cp2pf4 90.1 / 95.5.
@@ -264,11 +267,16 @@ int main(int argc, char** argv) {
   const std::string which = argc > 1 ? argv[1] : "cp2";
   for (int dirty : {1, 0})
   for (long long delay : {0LL, 2000LL}) {
-    const int waves = 2, nw = 4;
-    Args a{k, ks, v, vs, S, 0, 0, delay, sink};
-    a.splits = (sms * waves + HKV - 1) / HKV;
-    a.split_len = (S + a.splits - 1) / a.splits;
+    // short512: the decode route at 512 keys (one block of 8 warps per KV head, 2 chunks per warp);
+    // split512: split_k there (4 splits of 128 keys, 4 warps, one chunk per warp); empty: the launch + timing floor.
+    const bool short512 = which == "short512", split512 = which == "split512", empty = which == "empty";
+    const int64_t SS = short512 || split512 || empty ? 512 : S;
+    const int waves = 2, nw = short512 || empty ? 8 : 4;
+    Args a{k, ks, v, vs, SS, 0, 0, delay, sink};
+    a.splits = short512 || empty ? 1 : split512 ? 4 : (sms * waves + HKV - 1) / HKV;
+    a.split_len = (SS + a.splits - 1) / a.splits;
     a.split_len = (a.split_len + KC - 1) / KC * KC;
+    if (empty) a.split_len = 0;  // no chunks: launch, block set-up, exit
     const int blocks = HKV * a.splits;
     char nm[128];
     auto go = [&](auto kern, int sm) {
@@ -276,7 +284,7 @@ int main(int argc, char** argv) {
       snprintf(nm, sizeof nm, "%s delay%lld", which.c_str(), delay);
       timeit(nm, [&] { kern<<<blocks, nw * 32, sm>>>(a); }, dirty);
     };
-    if (which == "cp2") go(cpasync_kernel<2, 0>, nw * 2 * STAGE);
+    if (which == "cp2" || short512 || split512 || empty) go(cpasync_kernel<2, 0>, nw * 2 * STAGE);
     if (which == "cp3") go(cpasync_kernel<3, 0>, nw * 3 * STAGE);
     if (which == "cp2pf1") go(cpasync_kernel<2, 0, 1>, nw * 2 * STAGE);
     if (which == "cp2pf2") go(cpasync_kernel<2, 0, 2>, nw * 2 * STAGE);
