@@ -22,16 +22,14 @@
 constexpr int HKV = 8, KROW = 128, KS = 8, VROW = 64, VS = 8;
 constexpr int KC = 32;
 
-// H = 1 / 2: with an L2::cache_hint policy (+ 256-byte prefetch). Both die with an illegal instruction on the H200
-// when built by CUDA 13.0 (ptxas puts the policy descriptor in a misaligned uniform register), so only H = 0 runs.
-template <int H> __device__ __forceinline__ void cp16(void* s, const void* g, uint64_t pol) {
-  if (H == 0) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(s)), "l"(g));
-  else if (H == 1) asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, 16, %2;\n" ::"r"((unsigned)__cvta_generic_to_shared(s)), "l"(g), "l"(pol));
-  else asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, 16, %2;\n" ::"r"((unsigned)__cvta_generic_to_shared(s)), "l"(g), "l"(pol));
+// cp.async copies are plain: cp.async...L2::cache_hint (with or without a 256-byte prefetch) dies with an illegal
+// instruction on the H200 when built by CUDA 13.0 (ptxas puts the policy descriptor in a misaligned uniform
+// register), so the evict-first variants below are TMA bulk copies and .cs loads.
+__device__ __forceinline__ void cp16(void* s, const void* g) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(s)), "l"(g));
 }
-template <int H> __device__ __forceinline__ void cp8(void* s, const void* g, uint64_t pol) {
-  if (H == 0) asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"((unsigned)__cvta_generic_to_shared(s)), "l"(g));
-  else asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 8, 8, %2;\n" ::"r"((unsigned)__cvta_generic_to_shared(s)), "l"(g), "l"(pol));
+__device__ __forceinline__ void cp8(void* s, const void* g) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"((unsigned)__cvta_generic_to_shared(s)), "l"(g));
 }
 __device__ __forceinline__ uint64_t pol_first() { uint64_t p; asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p)); return p; }
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n"); }
@@ -48,25 +46,37 @@ struct Args {
   int64_t S; int splits; int64_t split_len; long long delay; int* sink;
 };
 
+// One warp's walk, as in the tensor-core decode: block = (KV head, split), warp w takes chunks w, w + nw, ...
+struct Walk {
+  int nw, w, lane, my_n;
+  int64_t kbeg;
+  const int8_t* kg; const uint8_t* vg; const uint16_t* ksg; const uint16_t* vsg;  // the head's rows
+  __device__ explicit Walk(const Args& a) {
+    nw = blockDim.x >> 5; w = threadIdx.x >> 5; lane = threadIdx.x & 31;
+    const int head = blockIdx.x / a.splits, split = blockIdx.x % a.splits;
+    kbeg = split * a.split_len;
+    const int64_t kend = min(a.S, kbeg + a.split_len);
+    const int nck = int((kend - kbeg + KC - 1) / KC);
+    my_n = nck > w ? (nck - w + nw - 1) / nw : 0;
+    kg = a.k + int64_t(head) * a.S * KROW; vg = a.v + int64_t(head) * a.S * VROW;
+    ksg = a.ks + int64_t(head) * a.S * 4; vsg = a.vs + int64_t(head) * a.S * 4;
+  }
+  __device__ int64_t j0(int it) const { return kbeg + int64_t(w + it * nw) * KC; }  // first key of chunk it
+};
+
 constexpr int STAGE = KC * (KROW + 16) + KC * KS + KC * (VROW + 16) + KC * VS;
 
-template <int NST, int H, int PF = 0>
+template <int NST, int PF = 0>
 __global__ void cpasync_kernel(Args a) {
-  const uint64_t pol = pol_first();
+  const uint64_t pol = pol_first();  // for the L2 prefetch
   extern __shared__ __align__(16) uint8_t smem[];
-  const int nw = blockDim.x >> 5, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int head = blockIdx.x / a.splits, split = blockIdx.x % a.splits;
-  const int64_t kbeg = split * a.split_len, kend = min(a.S, kbeg + a.split_len);
-  const int nck = int((kend - kbeg + KC - 1) / KC);
-  const int my_n = nck > w ? (nck - w + nw - 1) / nw : 0;
+  const Walk wk(a);
+  const int w = wk.w, lane = wk.lane, my_n = wk.my_n;
   uint8_t* st0 = smem + w * NST * STAGE;
-  const int8_t* kg = a.k + (int64_t(head) * a.S) * KROW;
-  const uint8_t* vg = a.v + (int64_t(head) * a.S) * VROW;
-  const uint16_t* ksg = a.ks + int64_t(head) * a.S * 4;
-  const uint16_t* vsg = a.vs + int64_t(head) * a.S * 4;
+  const int8_t* kg = wk.kg; const uint8_t* vg = wk.vg; const uint16_t* ksg = wk.ksg; const uint16_t* vsg = wk.vsg;
   auto prefetch = [&](int it) {  // TMA L2 prefetch of chunk it with the evict-first policy (one lane)
     if (PF > 0 && lane == 0 && it < my_n) {
-      const int64_t j0 = kbeg + int64_t(w + it * nw) * KC;
+      const int64_t j0 = wk.j0(it);
       auto pf = [&](const void* p, int n) {
         asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n" ::"l"(p), "r"(n), "l"(pol) : "memory");
       };
@@ -77,13 +87,13 @@ __global__ void cpasync_kernel(Args a) {
     prefetch(it + PF);
     if (it < my_n) {
       uint8_t* st = st0 + (it % NST) * STAGE;
-      const int64_t j0 = kbeg + int64_t(w + it * nw) * KC;
+      const int64_t j0 = wk.j0(it);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) { int p = lane + 32 * i; cp16<H>(st + (p / 8) * (KROW + 16) + (p % 8) * 16, kg + j0 * KROW + 16 * p, pol); }
+      for (int i = 0; i < 8; ++i) { int p = lane + 32 * i; cp16(st + (p / 8) * (KROW + 16) + (p % 8) * 16, kg + j0 * KROW + 16 * p); }
 #pragma unroll
-      for (int i = 0; i < 4; ++i) { int p = lane + 32 * i; cp16<H>(st + KC * (KROW + 16) + KC * KS + (p / 4) * (VROW + 16) + (p % 4) * 16, vg + j0 * VROW + 16 * p, pol); }
-      cp8<H>(st + KC * (KROW + 16) + 8 * lane, ksg + (j0 + lane) * 4, pol);
-      cp8<H>(st + KC * (KROW + 16) + KC * KS + KC * (VROW + 16) + 8 * lane, vsg + (j0 + lane) * 4, pol);
+      for (int i = 0; i < 4; ++i) { int p = lane + 32 * i; cp16(st + KC * (KROW + 16) + KC * KS + (p / 4) * (VROW + 16) + (p % 4) * 16, vg + j0 * VROW + 16 * p); }
+      cp8(st + KC * (KROW + 16) + 8 * lane, ksg + (j0 + lane) * 4);
+      cp8(st + KC * (KROW + 16) + KC * KS + KC * (VROW + 16) + 8 * lane, vsg + (j0 + lane) * 4);
     }
     commit();
   };
@@ -109,26 +119,20 @@ __global__ void bulk_kernel(Args a) {
   const uint64_t pol = pol_first();
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ __align__(8) uint64_t bar[8][NST];
-  const int nw = blockDim.x >> 5, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int head = blockIdx.x / a.splits, split = blockIdx.x % a.splits;
-  const int64_t kbeg = split * a.split_len, kend = min(a.S, kbeg + a.split_len);
-  const int nck = int((kend - kbeg + KC - 1) / KC);
-  const int my_n = nck > w ? (nck - w + nw - 1) / nw : 0;
+  const Walk wk(a);
+  const int w = wk.w, lane = wk.lane, my_n = wk.my_n;
   uint8_t* st0 = smem + w * NST * BSTAGE;
   if (lane == 0)
     for (int s = 0; s < NST; ++s)
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"((unsigned)__cvta_generic_to_shared(&bar[w][s])));
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   __syncwarp();
-  const int8_t* kg = a.k + (int64_t(head) * a.S) * KROW;
-  const uint8_t* vg = a.v + (int64_t(head) * a.S) * VROW;
-  const uint16_t* ksg = a.ks + int64_t(head) * a.S * 4;
-  const uint16_t* vsg = a.vs + int64_t(head) * a.S * 4;
+  const int8_t* kg = wk.kg; const uint8_t* vg = wk.vg; const uint16_t* ksg = wk.ksg; const uint16_t* vsg = wk.vsg;
   auto issue = [&](int it) {
     if (it < my_n && lane == 0) {
       const int s = it % NST;
       uint8_t* st = st0 + s * BSTAGE;
-      const int64_t j0 = kbeg + int64_t(w + it * nw) * KC;
+      const int64_t j0 = wk.j0(it);
       unsigned b = (unsigned)__cvta_generic_to_shared(&bar[w][s]);
       asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(BSTAGE) : "memory");
       auto bulk = [&](uint8_t* dst, const void* src, int n) {
@@ -163,19 +167,13 @@ __global__ void bulk_kernel(Args a) {
 template <int CS>
 __global__ void regstage_kernel(Args a) {
   extern __shared__ __align__(16) uint8_t smem[];
-  const int nw = blockDim.x >> 5, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int head = blockIdx.x / a.splits, split = blockIdx.x % a.splits;
-  const int64_t kbeg = split * a.split_len, kend = min(a.S, kbeg + a.split_len);
-  const int nck = int((kend - kbeg + KC - 1) / KC);
-  const int my_n = nck > w ? (nck - w + nw - 1) / nw : 0;
+  const Walk wk(a);
+  const int w = wk.w, lane = wk.lane, my_n = wk.my_n;
   uint8_t* st0 = smem + w * 2 * STAGE;
-  const int8_t* kg = a.k + (int64_t(head) * a.S) * KROW;
-  const uint8_t* vg = a.v + (int64_t(head) * a.S) * VROW;
-  const uint16_t* ksg = a.ks + int64_t(head) * a.S * 4;
-  const uint16_t* vsg = a.vs + int64_t(head) * a.S * 4;
+  const int8_t* kg = wk.kg; const uint8_t* vg = wk.vg; const uint16_t* ksg = wk.ksg; const uint16_t* vsg = wk.vsg;
   uint4 r[12]; uint2 sc[2];
   auto load = [&](int it) {
-    const int64_t j0 = kbeg + int64_t(w + it * nw) * KC;
+    const int64_t j0 = wk.j0(it);
 #pragma unroll
     for (int i = 0; i < 8; ++i) { const uint4* p = reinterpret_cast<const uint4*>(kg + j0 * KROW) + lane + 32 * i; r[i] = CS ? __ldcs(p) : __ldg(p); }
 #pragma unroll
@@ -208,19 +206,15 @@ __global__ void regstage_kernel(Args a) {
 // plain loads into registers, whole chunk per warp in flight (NU chunks unrolled)
 template <int NU, int CS>
 __global__ void ldg_kernel(Args a) {
-  const int nw = blockDim.x >> 5, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int head = blockIdx.x / a.splits, split = blockIdx.x % a.splits;
-  const int64_t kbeg = split * a.split_len, kend = min(a.S, kbeg + a.split_len);
-  const int nck = int((kend - kbeg + KC - 1) / KC);
-  const int my_n = nck > w ? (nck - w + nw - 1) / nw : 0;
-  const int8_t* kg = a.k + (int64_t(head) * a.S) * KROW;
-  const uint8_t* vg = a.v + (int64_t(head) * a.S) * VROW;
+  const Walk wk(a);
+  const int lane = wk.lane, my_n = wk.my_n;
+  const int8_t* kg = wk.kg; const uint8_t* vg = wk.vg;
   uint4 acc = make_uint4(0, 0, 0, 0);
   for (int it = 0; it < my_n; it += NU) {
     uint4 r[NU][12];
 #pragma unroll
     for (int u = 0; u < NU; ++u) {
-      const int64_t j0 = kbeg + int64_t(w + min(it + u, my_n - 1) * nw) * KC;
+      const int64_t j0 = wk.j0(min(it + u, my_n - 1));
 #pragma unroll
       for (int i = 0; i < 8; ++i) r[u][i] = CS ? __ldcs(reinterpret_cast<const uint4*>(kg + j0 * KROW) + lane + 32 * i) : __ldg(reinterpret_cast<const uint4*>(kg + j0 * KROW) + lane + 32 * i);
 #pragma unroll
@@ -284,11 +278,11 @@ int main(int argc, char** argv) {
       snprintf(nm, sizeof nm, "%s delay%lld", which.c_str(), delay);
       timeit(nm, [&] { kern<<<blocks, nw * 32, sm>>>(a); }, dirty);
     };
-    if (which == "cp2" || short512 || split512 || empty) go(cpasync_kernel<2, 0>, nw * 2 * STAGE);
-    if (which == "cp3") go(cpasync_kernel<3, 0>, nw * 3 * STAGE);
-    if (which == "cp2pf1") go(cpasync_kernel<2, 0, 1>, nw * 2 * STAGE);
-    if (which == "cp2pf2") go(cpasync_kernel<2, 0, 2>, nw * 2 * STAGE);
-    if (which == "cp2pf4") go(cpasync_kernel<2, 0, 4>, nw * 2 * STAGE);
+    if (which == "cp2" || short512 || split512 || empty) go(cpasync_kernel<2>, nw * 2 * STAGE);
+    if (which == "cp3") go(cpasync_kernel<3>, nw * 3 * STAGE);
+    if (which == "cp2pf1") go(cpasync_kernel<2, 1>, nw * 2 * STAGE);
+    if (which == "cp2pf2") go(cpasync_kernel<2, 2>, nw * 2 * STAGE);
+    if (which == "cp2pf4") go(cpasync_kernel<2, 4>, nw * 2 * STAGE);
     if (which == "bulk2") go(bulk_kernel<2, 0>, nw * 2 * BSTAGE);
     if (which == "bulk2h") go(bulk_kernel<2, 1>, nw * 2 * BSTAGE);
     if (which == "bulk4h") go(bulk_kernel<4, 1>, nw * 4 * BSTAGE);
