@@ -34,7 +34,7 @@ constexpr int kDecodeMaxThreads = 256;
 // (tuning; 0 = automatic).
 struct DecodeEnv {
   bool tile = false, simt = false;
-  int stage = -1;  // DOT4ATTN_DECODE_STAGE=cp_async / regs / regs_v (0 / 1 / 2): tensor-core decode staging (tuning)
+  int stage = -1;  // DOT4ATTN_DECODE_STAGE=cp_async / regs / regs_v / tma (0 / 1 / 2 / 3): tensor-core decode staging
   int nw = 0, nst = 0;
 };
 
@@ -47,7 +47,8 @@ inline const DecodeEnv& decode_env() {
     if (const char* v = std::getenv("DOT4ATTN_DECODE_NW")) d.nw = std::atoi(v);
     if (const char* v = std::getenv("DOT4ATTN_DECODE_NST")) d.nst = std::atoi(v);
     const char* st = std::getenv("DOT4ATTN_DECODE_STAGE");
-    if (st != nullptr) d.stage = std::strcmp(st, "regs") == 0 ? 1 : std::strcmp(st, "regs_v") == 0 ? 2 : 0;
+    if (st != nullptr)
+      d.stage = std::strcmp(st, "regs") == 0 ? 1 : std::strcmp(st, "regs_v") == 0 ? 2 : std::strcmp(st, "tma") == 0 ? 3 : 0;
     return d;
   }();
   return e;
@@ -84,12 +85,12 @@ inline int decode_warps_wanted(const TileArgs& a, int ws, int max_warps) {
 }
 
 // Host: launches a decode kernel over a's (row chunk, split, batch, KV head) blocks.
-template <class Kernel>
-void launch_decode_grid(Kernel kern, const TileArgs& a, int threads, int bytes, gpuStream_t s) {
+template <class Kernel, class... Extra>
+void launch_decode_grid(Kernel kern, const TileArgs& a, int threads, int bytes, gpuStream_t s, const Extra&... extra) {
   if (bytes > 48 * 1024) D4A_GPU_CHECK(gpuFuncSetAttribute(kern, gpuFuncAttributeMaxDynamicSharedMemorySize, bytes));
   const int64_t blocks = a.n_chunks * a.n_splits * a.B * a.Hkv;
   if (blocks > 0x7fffffffLL) throw std::runtime_error("Dot4Attention GPU: more than 2^31-1 blocks");
-  kern<<<unsigned(blocks), unsigned(threads), bytes, s>>>(a);
+  kern<<<unsigned(blocks), unsigned(threads), bytes, s>>>(a, extra...);
   D4A_GPU_CHECK(gpuGetLastError());
 }
 

@@ -3,11 +3,11 @@
 //
 // Why: the SIMT kernel spends ~75% of its instructions on P.V (one FMA per (key, column, row)). Here both
 // products run on tensor cores and a warp needs ~700 SASS instructions per 32 keys (q4_0, D = 128), most of them
-// the dequantization of V (once per value) and the Q.K scaling. H200, (32, 8, 128), 128k keys, q4_0: 78 us instead
+// the dequantization of V (once per value) and the Q.K scaling. H200, (32, 8, 128), 128k keys, q4_0: 72 us instead
 // of the SIMT kernel's 122 (docs/gpu.md has the tables and where the remaining time goes).
 //
 // Same block structure as the SIMT kernel: one block per (batch, KV head, key split, chunk of 8 rows); every warp
-// streams its own 32-key chunks through its own nst-stage cp.async pipeline or, on long walks, through registers
+// streams its own 32-key chunks through its own nst-stage pipeline (cp.async, or TMA on sm_90) or through registers
 // (StageMode below); warps combine once at the end.
 // Rows (grouped heads x query rows, 8 per block) are the mma's 8-wide dimension, padded with zero Q rows.
 //
@@ -32,9 +32,11 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "gpu/decode_kernel.cuh"
 #include "gpu/mma_primitives.cuh"
+#include "gpu/tma.cuh"
 
 #if defined(D4A_CUDA)
 #define D4A_HAS_DECODE_MMA 1
@@ -47,36 +49,54 @@ constexpr int kKC = 32;   // keys per warp chunk
 constexpr int kRB = 8;    // rows per block (the mma's N)
 constexpr int kMaxThreads = 256;  // 8 warps (D = 256 needs ~190 registers)
 
+constexpr int kMaxStages = 3;    // stages per warp (cp.async / TMA)
+
 __host__ __device__ constexpr int up16(int x) { return (x + 15) & ~15; }
+__host__ __device__ constexpr int up1024(int x) { return (x + 1023) & ~1023; }
 
 // Shared memory (bytes), identical on host and device. Block part: int8 Q [8][D], float Q scales [8][NB], last
-// visible key and mask row offset per row, warps' (m, l) [nw][8]; then per warp its (sk, -M sk) table and nst
-// stages. After the key loop the warp areas become the [nw][8][D] float32 combine buffer (it fits: a warp's
-// area holds at least the 32 x (D + 16) K bytes of one stage).
-template <int VK, int D>
+// visible key and mask row offset per row, warps' (m, l) [nw][8] (TMA: and the warps' stage mbarriers); then per
+// warp its (sk, -M sk) table and nst stages. After the key loop the warp areas become the [nw][8][D] float32
+// combine buffer (it fits: a warp's area holds at least the 32 x D K bytes of one stage).
+// A stage: K rows, K scale rows (2 NB bytes per key), V rows, V scale rows (q8_0 / q4_0). cp.async / register
+// staging pads the rows by 16 bytes (conflict-free ldmatrix); TMA writes dense 32-key slabs with the hardware's
+// XOR swizzle instead (tma_row_byte: conflict-free the same way), so its stages and warp areas are 1024-byte
+// aligned (the swizzle's period) and the block asks for 1024 bytes of slack to align its base.
+template <int VK, int D, bool TMA = false>
 struct Layout {
   static constexpr int NB = D / 32;
   static constexpr bool kVq = VK == kVQ8 || VK == kVQ4;
-  static constexpr int KSTR = D + 16;                 // K row bytes: conflict-free ldmatrix
+  static constexpr int KSTR = D + 16;                 // padded K row bytes
   static constexpr int VROW = v_row_bytes(VK, D);
-  static constexpr int VSTR = VROW + 16;              // V row bytes: conflict-free ldmatrix.trans / word loads
-  static constexpr int ST_K = kKC * KSTR;
-  static constexpr int ST_KS = kKC * NB * 2;           // the chunk's K scale rows (2 NB bytes per key)
-  static constexpr int ST_V = kKC * VSTR;
+  static constexpr int VSTR = VROW + 16;              // padded V row bytes
+  static constexpr int ST_KS = kKC * NB * 2;           // the chunk's K scale rows
   static constexpr int ST_VS = kVq ? ST_KS : 0;
-  static constexpr int STAGE = ST_K + ST_KS + ST_V + ST_VS;
+  static constexpr int OFF_KS = TMA ? kKC * (D + VROW) : kKC * KSTR;  // stage offsets
+  static constexpr int OFF_V = TMA ? kKC * D : OFF_KS + ST_KS;
+  static constexpr int OFF_VS = TMA ? OFF_KS + ST_KS : OFF_V + kKC * VSTR;
+  static constexpr int STAGE = TMA ? up1024(OFF_VS + ST_VS) : OFF_VS + ST_VS;
   static constexpr int KSF = NB * 16 * 16;  // float4 (sk0, sk1, -M sk0, -M sk1) per (block, key pair)
+  static constexpr int KSF_AREA = TMA ? up1024(KSF) : KSF;
   static constexpr int OFF_QS = 0;
   static constexpr int OFF_QSC = up16(kRB * D);
   static constexpr int OFF_KMAX = OFF_QSC + up16(kRB * NB * 4);
   static constexpr int OFF_MROW = OFF_KMAX + kRB * 8;
   static constexpr int OFF_WM = OFF_MROW + kRB * 8;
   __host__ __device__ static int off_wl(int nw) { return OFF_WM + up16(nw * kRB * 4); }
-  __host__ __device__ static int off_warps(int nw) { return off_wl(nw) + up16(nw * kRB * 4); }
-  __host__ __device__ static int warp_bytes(int nst) { return KSF + nst * STAGE; }
-  __host__ __device__ static int total(int nw, int nst) { return off_warps(nw) + nw * warp_bytes(nst); }
+  __host__ __device__ static int off_bar(int nw) { return off_wl(nw) + up16(nw * kRB * 4); }  // [nw][kMaxStages]
+  __host__ __device__ static int off_warps(int nw) { return TMA ? up1024(off_bar(nw) + nw * kMaxStages * 8) : off_bar(nw); }
+  __host__ __device__ static int warp_bytes(int nst) { return KSF_AREA + nst * STAGE; }
+  __host__ __device__ static int total(int nw, int nst) { return off_warps(nw) + nw * warp_bytes(nst) + (TMA ? 1024 : 0); }
   static_assert(KSF + STAGE >= kRB * D * 4, "a warp's area must hold its combine rows");
 };
+
+// Byte b of key row r in a stage's K (ROW = D) or V (ROW = VROW) rows: padded rows STR bytes apart, or the TMA's
+// swizzled slabs.
+template <int ROW, int STR, bool TMA>
+__device__ __forceinline__ int row_byte(int r, int b) {
+  if constexpr (TMA) return tma_row_byte<ROW, kKC>(r, b);
+  else return r * STR + b;
+}
 
 // f16 pair (key a, key b) of local column lc of a thread's q8_0 / q4_0 words: the exact levels, biased (see top).
 template <int VK>
@@ -214,7 +234,11 @@ __device__ __forceinline__ void rows_finish(const TileArgs& a, const float* wm, 
 //    pattern (tools/gpu_stream_probe.cu, 128k keys, q4_0, ~1 us of compute per chunk): 64.6 us vs 69.6 (cp.async).
 //    Costs a register per 4 staged bytes (q4_0 D = 128: 147 -> 255 registers, no spill).
 //  * kStageRegsV: only V (and its scales) through registers, K by cp.async (q8_0: staging both spills).
-enum StageMode { kStageCpAsync = 0, kStageRegs = 1, kStageRegsV = 2 };
+//  * kStageTma (sm_90): the nst-stage pipeline with the K / V rows moved by TMA tensor copies carrying the
+//    evict-first policy (lane 0 issues one copy per 32-key x 128-byte slab and arms the stage's mbarrier; the
+//    scale rows stay on cp.async), written as swizzled dense slabs (Layout). No registers held, no per-lane copy
+//    instructions. Keys of a partial chunk past the range are zeroed by the warp (float16 V could hold NaN there).
+enum StageMode { kStageCpAsync = 0, kStageRegs = 1, kStageRegsV = 2, kStageTma = 3 };
 
 template <int N>
 struct ScaleRow;  // one key's scale row (2 * D / 32 bytes) as a register value
@@ -231,10 +255,11 @@ template <> __device__ __forceinline__ uint2 zero_of<uint2>() { return make_uint
 template <> __device__ __forceinline__ uint4 zero_of<uint4>() { return make_uint4(0u, 0u, 0u, 0u); }
 
 template <int VK, int D, int SM>
-__global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs a) {
-  constexpr bool kRegK = SM == kStageRegs, kRegV = SM != kStageCpAsync;  // which parts go through registers
+__global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs a, const __grid_constant__ TmaMaps tm) {
+  constexpr bool kTma = SM == kStageTma;
+  constexpr bool kRegK = SM == kStageRegs, kRegV = SM == kStageRegs || SM == kStageRegsV;  // through registers
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  using L = Layout<VK, D>;
+  using L = Layout<VK, D, kTma>;
   constexpr int NB = L::NB, KSTR = L::KSTR, VROW = L::VROW, VSTR = L::VSTR;
   constexpr int MT = D / 16;  // P.V M tiles
   constexpr int NPK = D / 16;          // 16-byte K pieces per lane per chunk
@@ -242,7 +267,9 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   constexpr bool kVq = L::kVq;
   static_assert(VK != kVF32 && (D == 64 || D == 128 || D == 256), "decode_mma: float16 T, D 64 / 128 / 256");
 
-  extern __shared__ __align__(16) uint8_t smem[];
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw;  // TMA: moved up to the swizzle period (the launcher adds the slack)
+  if constexpr (kTma) smem += (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
   const int nw = int(blockDim.x) >> 5, nst = a.nst;
   const int t = threadIdx.x, lane = t & 31, w = t >> 5, g = lane >> 2, tq = lane & 3;
   int8_t* qs = reinterpret_cast<int8_t*>(smem + L::OFF_QS);
@@ -253,7 +280,18 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   float* wl = reinterpret_cast<float*>(smem + L::off_wl(nw));
   uint8_t* wbase = smem + L::off_warps(nw) + w * L::warp_bytes(nst);
   float4* ksf = reinterpret_cast<float4*>(wbase);
-  uint8_t* stages = wbase + L::KSF;
+  uint8_t* stages = wbase + L::KSF_AREA;
+  const uint32_t bars = smem_u32(smem + L::off_bar(nw)) + 8 * kMaxStages * w;  // TMA: the warp's stage barriers
+  uint64_t l2_first = 0;
+  if constexpr (kTma) {
+    if (lane == 0) {
+#pragma unroll 1
+      for (int s = 0; s < nst; ++s) mbar_init(bars + 8 * s, 1);
+      mbar_init_fence();
+      l2_first = l2_evict_first_policy();
+    }
+    __syncwarp();
+  }
 
 #if __CUDA_ARCH__ >= 900
   // split_k: the merge kernel may launch now (it waits for this grid's completion: programmatic dependent launch).
@@ -288,16 +326,28 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   constexpr int kStepK = 512 + 16 * (32 / KPR), kStepV = 512 + 16 * (32 / VPR);
   const int8_t* kl = kg + 16 * lane;
   const uint8_t* vl = vg + 16 * lane;
-  const int soff_k = 16 * lane + 16 * (lane / KPR), soff_v = L::ST_K + L::ST_KS + 16 * lane + 16 * (lane / VPR);
+  const int soff_k = 16 * lane + 16 * (lane / KPR), soff_v = L::OFF_V + 16 * lane + 16 * (lane / VPR);
   const uint16_t* ksg = a.ks + head_row * NB;
   const uint16_t* vsg = kVq ? a.vs + head_row * NB : nullptr;
-  auto issue = [&](int it, uint8_t* st) {
+  auto issue = [&](int it, int sidx) {
+    uint8_t* st = stages + sidx * L::STAGE;
     if (it < my_n) {
       const int64_t j0 = kbeg + int64_t(w + int64_t(it) * nw) * kKC;
       const int n = int(kend - j0 < kKC ? kend - j0 : kKC);
       const int8_t* ks0 = kl + j0 * D;
       const uint8_t* vs0 = vl + j0 * VROW;
-      if (n == kKC) {
+      if constexpr (kTma) {
+        if (lane == 0) {  // the stage's last reads were ordered before this by the previous iteration's __syncwarp
+          constexpr int WK = tma_slab(D), WV = tma_slab(VROW);
+          const uint32_t bar = bars + 8 * sidx, dst = smem_u32(st);
+          mbar_arrive_expect(bar, kKC * (D + VROW));  // whole boxes: rows past Sk arrive as zeros
+#pragma unroll
+          for (int x = 0; x < D; x += WK) tma_load_3d(dst + kKC * x, &tm.k, x, int(j0), bh, bar, l2_first);
+#pragma unroll
+          for (int x = 0; x < VROW; x += WV)
+            tma_load_3d(dst + L::OFF_V + kKC * x, &tm.v, x, int(j0), bh, bar, l2_first);
+        }
+      } else if (n == kKC) {
         if constexpr (!kRegK) {
 #pragma unroll
           for (int i = 0; i < NPK; ++i) cp_async16(st + soff_k + i * kStepK, ks0 + 512 * i, true);
@@ -324,9 +374,9 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
       }
       const bool key_ok = lane < n;
       if constexpr (!kRegK)
-        cp_async_n<2 * NB>(st + L::ST_K + 2 * NB * lane, key_ok ? ksg + (j0 + lane) * NB : ksg, key_ok);
+        cp_async_n<2 * NB>(st + L::OFF_KS + 2 * NB * lane, key_ok ? ksg + (j0 + lane) * NB : ksg, key_ok);
       if constexpr (kVq && !kRegV)
-        cp_async_n<2 * NB>(st + L::ST_K + L::ST_KS + L::ST_V + 2 * NB * lane, key_ok ? vsg + (j0 + lane) * NB : vsg,
+        cp_async_n<2 * NB>(st + L::OFF_VS + 2 * NB * lane, key_ok ? vsg + (j0 + lane) * NB : vsg,
                            key_ok);
     }
     cp_async_commit();
@@ -361,12 +411,12 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
     if constexpr (kRegK) {
 #pragma unroll
       for (int i = 0; i < NPK; ++i) *reinterpret_cast<uint4*>(st + soff_k + i * kStepK) = kr[i];
-      *reinterpret_cast<SRow*>(st + L::ST_K + 2 * NB * lane) = ksr;
+      *reinterpret_cast<SRow*>(st + L::OFF_KS + 2 * NB * lane) = ksr;
     }
     if constexpr (kRegV) {
 #pragma unroll
       for (int i = 0; i < NPV; ++i) *reinterpret_cast<uint4*>(st + soff_v + i * kStepV) = vr[i];
-      if constexpr (kVq) *reinterpret_cast<SRow*>(st + L::ST_K + L::ST_KS + L::ST_V + 2 * NB * lane) = vsr;
+      if constexpr (kVq) *reinterpret_cast<SRow*>(st + L::OFF_VS + 2 * NB * lane) = vsr;
     }
   };
 
@@ -378,7 +428,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
       if (my_n > 0) fetch(0);
     }
     if constexpr (SM != kStageRegs) {
-      for (int s = 0; s < nst - 1; ++s) issue(s, stages + s * L::STAGE);
+      for (int s = 0; s < nst - 1; ++s) issue(s, s);
     }
     q_quantize<D>(q, w, lane, qs, qsc);
 #pragma unroll 1
@@ -405,6 +455,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   float m_run = -INFINITY, l_run = 0.f;
 
   int s_use = 0, s_next = nst - 1;  // stage of chunk it, stage of chunk it + nst - 1
+  uint32_t phases = 0;               // TMA: parity of each stage barrier's next phase
   for (int it = 0; it < my_n; ++it) {
     if constexpr (SM == kStageRegs) {  // one stage: chunk it from the registers, then chunk it + 1 into them
       put(stages);
@@ -412,9 +463,13 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
       if (it + 1 < my_n) fetch(it + 1);
     } else {
       if constexpr (SM == kStageRegsV) put(stages + s_use * L::STAGE);  // chunk it's V (its stage is free)
-      issue(it + nst - 1, stages + s_next * L::STAGE);
+      issue(it + nst - 1, s_next);
       s_next = s_next + 1 == nst ? 0 : s_next + 1;
-      cp_async_wait_stages<3>(nst);
+      cp_async_wait_stages<kMaxStages>(nst);
+      if constexpr (kTma) {
+        mbar_wait(bars + 8 * s_use, (phases >> s_use) & 1u);
+        phases ^= 1u << s_use;
+      }
       __syncwarp();
       if constexpr (SM == kStageRegsV) {
         if (it + 1 < my_n) fetch(it + 1);
@@ -425,10 +480,20 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
     if constexpr (SM != kStageRegs) s_use = s_use + 1 == nst ? 0 : s_use + 1;
     const int64_t j0 = kbeg + int64_t(w + int64_t(it) * nw) * kKC;
     const int n = int(kend - j0 < kKC ? kend - j0 : kKC);
+    if constexpr (kTma && VK == kVF16) {
+      if (n < kKC) {  // keys past the range: the TMA read real rows there (or uninitialised cache), zero them
+        uint8_t* vz = const_cast<uint8_t*>(st) + L::OFF_V;
+        for (int e = lane; e < (kKC - n) * (VROW / 16); e += 32)
+          *reinterpret_cast<uint4*>(vz + row_byte<VROW, VSTR, true>(n + e / (VROW / 16), 16 * (e % (VROW / 16)))) =
+              make_uint4(0u, 0u, 0u, 0u);
+        fence_proxy_async_smem();  // before the TMA rewrites these bytes
+        __syncwarp();
+      }
+    }
 
     // ---- the chunk's (sk, -M sk) pairs: one float4 per (block, key pair) ----
     {
-      const uint16_t* kss = reinterpret_cast<const uint16_t*>(st + L::ST_K);
+      const uint16_t* kss = reinterpret_cast<const uint16_t*>(st + L::OFF_KS);
 #pragma unroll
       for (int e = lane; e < NB * 16; e += 32) {
         const int blk = e >> 4, kp = e & 15;
@@ -447,7 +512,8 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
 #pragma unroll
       for (int jp = 0; jp < 2; ++jp) {  // n tiles 2jp, 2jp + 1 (keys 16jp .. 16jp + 15)
         uint32_t r0, r1, r2, r3;
-        ldsm_x4(smem_u32(st + (16 * jp + (lane & 7) + 8 * (lane >> 4)) * KSTR + 32 * blk + 16 * ((lane >> 3) & 1)),
+        ldsm_x4(smem_u32(st + row_byte<D, KSTR, kTma>(16 * jp + (lane & 7) + 8 * (lane >> 4),
+                                                      32 * blk + 16 * ((lane >> 3) & 1))),
                 r0, r1, r2, r3);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -508,7 +574,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
     }
 
     // ---- P.V: O^T += V^T P^T per 16 keys ----
-    const uint8_t* vt = st + L::ST_K + L::ST_KS;
+    const uint8_t* vt = st + L::OFF_V;
     const uint32_t pbs[4] = {pack_h2(p[0][0], p[0][1]), pack_h2(p[1][0], p[1][1]), pack_h2(p[2][0], p[2][1]),
                              pack_h2(p[3][0], p[3][1])};
     // D = 256: one 16-key step at a time (a rolled loop), else ptxas keeps both steps' fragments live and spills.
@@ -516,11 +582,11 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
     for (int kk = 0; kk < 2; ++kk) {
       const uint32_t pb0 = kk ? pbs[2] : pbs[0], pb1 = kk ? pbs[3] : pbs[1];
       if constexpr (VK == kVF16) {
-        const uint8_t* vrow = vt + (16 * kk + (lane & 7) + 8 * (lane >> 4)) * VSTR + 16 * ((lane >> 3) & 1);
+        const int vr_row = 16 * kk + (lane & 7) + 8 * (lane >> 4), vr_col = 16 * ((lane >> 3) & 1);
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
           uint32_t av[4];
-          ldsm_x4_t(smem_u32(vrow + 32 * m), av[0], av[1], av[2], av[3]);
+          ldsm_x4_t(smem_u32(vt + row_byte<VROW, VSTR, kTma>(vr_row, vr_col + 32 * m)), av[0], av[1], av[2], av[3]);
           mma_f16(acc[m], av, pb0, pb1);
         }
       } else {
@@ -528,7 +594,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
         constexpr int GW = TW < 4 ? TW : 4, NG = TW / GW, MPG = MT / NG;  // words / M tiles per load group
         const int k0 = 16 * kk + 2 * tq;
         // V scales of the thread's block for the four keys, as (k0, k0+1) and (k0+8, k0+9) f16 pairs.
-        const uint16_t* vss = reinterpret_cast<const uint16_t*>(st + L::ST_K + L::ST_KS + L::ST_V);
+        const uint16_t* vss = reinterpret_cast<const uint16_t*>(st + L::OFF_VS);
         const int bt = (g * (D / 8)) / 32;
         const uint32_t s01 = __byte_perm(vss[k0 * NB + bt], vss[(k0 + 1) * NB + bt], 0x5410);
         const uint32_t s89 = __byte_perm(vss[(k0 + 8) * NB + bt], vss[(k0 + 9) * NB + bt], 0x5410);
@@ -539,7 +605,8 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
             const int key = k0 + (q & 1) + 8 * (q >> 1);  // k0, k0 + 1, k0 + 8, k0 + 9
-            const uint32_t* src = reinterpret_cast<const uint32_t*>(vt + key * VSTR + g * (TW * 4)) + gi * GW;
+            const uint32_t* src =
+                reinterpret_cast<const uint32_t*>(vt + row_byte<VROW, VSTR, kTma>(key, g * (TW * 4) + gi * GW * 4));
             if constexpr (GW == 4) {
               const uint4 u = *reinterpret_cast<const uint4*>(src);
               wv[q][0] = u.x; wv[q][1] = u.y; wv[q][2] = u.z; wv[q][3] = u.w;
@@ -601,29 +668,50 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
 template <int VK, int D>
 bool launch(TileArgs a, gpuStream_t s) {
   const bool split = a.part_acc != nullptr;
-  const int want = decode_warps_wanted(a, kKC, kMaxThreads / 32);
-  // Stage mode (H200, tools/gpu_time_decode.py): q4_0 stages everything in registers once every warp walks >= 3
-  // chunks (shorter walks gain nothing from the overlap); q8_0 at D = 128 only V (staging K too spills); float16 V
-  // and the rest stay on cp.async (V-only staging of float16 V spills and measured slower: 126.7 vs 122.0 us at
-  // 128k keys). DOT4ATTN_DECODE_STAGE=cp_async / regs / regs_v forces a mode where it is compiled (tuning).
+  int want = decode_warps_wanted(a, kKC, kMaxThreads / 32);
+  // Stage mode (H200, tools/gpu_time_decode.py; docs/gpu.md has the tables). Walks of >= 3 chunks per warp: TMA on
+  // sm_90 for D = 128 / 256 (128k keys, (32, 8, 128): float16 V 121.7 -> 119.0 us, q8_0 92.6 -> 91.5, q4_0 73.9 ->
+  // 72.5; (24, 4, 256) float16 130.8 -> 124.3, q8_0 119.7 -> 107.8) except q4_0 at D = 256, where the register
+  // staging stays faster (94.3 vs 99.2); before sm_90 (and at D = 64) q4_0 stages in registers, q8_0 at D = 128
+  // its V, the rest uses cp.async. Shorter walks gain nothing from either (float16 V at 4k keys: 15.3 us with
+  // cp.async, 16.3 with TMA). DOT4ATTN_DECODE_STAGE=cp_async / regs / regs_v / tma forces a mode where it is
+  // compiled and the device takes it (tuning).
   const int64_t keys = a.split_len < a.Sk ? a.split_len : a.Sk;
-  const int64_t walk = ((keys + kKC - 1) / kKC + want - 1) / want;  // chunks per warp (at least)
+  const int64_t chunks = (keys + kKC - 1) / kKC;
+  const int64_t walk = (chunks + want - 1) / want;  // chunks per warp (at least)
   constexpr int kAuto = VK == kVQ4 ? kStageRegs : VK == kVQ8 && D == 128 ? kStageRegsV : kStageCpAsync;
-  int mode = kAuto != kStageCpAsync && walk >= 3 ? kAuto : kStageCpAsync;
+  constexpr bool kTmaAuto = D >= 128 && !(VK == kVQ4 && D == 256);
+  const bool tma_dev = device_attribute(cudaDevAttrComputeCapabilityMajor, 0) >= 9;
+  int mode = walk < 3 ? kStageCpAsync : kTmaAuto && tma_dev ? kStageTma : kAuto;
   const int forced = decode_env().stage;
-  if (forced >= 0) mode = forced == kAuto ? kAuto : kStageCpAsync;
+  if (forced >= 0) mode = forced == kAuto || forced == kStageTma ? forced : kStageCpAsync;
+  // float16 V's long split walks (>= 24 chunks per warp at 4 warps, 128k keys) take 8 warps per block: one block
+  // per multiprocessor instead of two (shared memory), each warp walking half as far: 119.0 -> 116.5-117.3 us.
+  if (mode == kStageTma && VK == kVF16 && split && walk >= 24 && decode_env().nw == 0)
+    want = int(chunks < kMaxThreads / 32 ? chunks : kMaxThreads / 32);
+  TmaMaps tm;
+  std::memset(static_cast<void*>(&tm), 0, sizeof(tm));
+  if (mode == kStageTma && !(tma_dev && tma_map_rows(&tm.k, a.k, D, a.Sk, a.B * a.Hkv, kKC) &&
+                             tma_map_rows(&tm.v, a.v, Layout<VK, D>::VROW, a.Sk, a.B * a.Hkv, kKC)))
+    mode = kStageCpAsync;
   int nw = 0, nst = 0;
   const int st_first = mode == kStageRegs ? 1 : split ? 2 : 3;  // full register staging needs one shared stage
+  if (mode == kStageTma) {
+    if (!pick_warps_stages(want, st_first, max_shared_bytes(), Layout<VK, D, true>::total, nw, nst)) return false;
+    a.nst = nst;
+    launch_decode_grid(decode_mma_kernel<VK, D, kStageTma>, a, nw * 32, Layout<VK, D, true>::total(nw, nst), s, tm);
+    return true;
+  }
   if (!pick_warps_stages(want, st_first, max_shared_bytes(), Layout<VK, D>::total, nw, nst)) return false;
   a.nst = nst;
   const int bytes = Layout<VK, D>::total(nw, nst);
   if constexpr (kAuto != kStageCpAsync) {
     if (mode == kAuto) {
-      launch_decode_grid(decode_mma_kernel<VK, D, kAuto>, a, nw * 32, bytes, s);
+      launch_decode_grid(decode_mma_kernel<VK, D, kAuto>, a, nw * 32, bytes, s, tm);
       return true;
     }
   }
-  launch_decode_grid(decode_mma_kernel<VK, D, kStageCpAsync>, a, nw * 32, bytes, s);
+  launch_decode_grid(decode_mma_kernel<VK, D, kStageCpAsync>, a, nw * 32, bytes, s, tm);
   return true;
 }
 
