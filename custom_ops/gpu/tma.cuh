@@ -47,7 +47,7 @@ __host__ __device__ constexpr int tma_slab(int row_bytes) { return row_bytes < 1
 // zeros. False when there is no encoder or the shape does not fit the TMA's rules (the caller then uses cp.async).
 inline bool tma_map_rows(CUtensorMap* m, const void* base, int64_t row_bytes, int64_t sk, int64_t heads, int keys) {
   const PFN_cuTensorMapEncodeTiled_v12000 fn = tma_encoder();
-  const int w = tma_slab(int(row_bytes < 1024 ? row_bytes : 1024));
+  const int64_t w = row_bytes < 128 ? row_bytes : 128;  // the slab width (tma_slab)
   if (fn == nullptr || (w != 32 && w != 64 && w != 128) || row_bytes % w != 0 || sk < 1 || heads < 1 ||
       sk > 0xffffffffLL || heads > 0xffffffffLL || (reinterpret_cast<uintptr_t>(base) & 15) != 0 ||
       row_bytes * sk >= (int64_t(1) << 40))
