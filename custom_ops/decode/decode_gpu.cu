@@ -58,7 +58,7 @@ bool launch_decode_cfg(TileArgs a, int ws, gpuStream_t s) {
   auto bytes = [&](int w, int st) { return DecodeLayout(VK, D, RB, ws, w, st).total; };
   if (!pick_warps_stages(want, 2, max_shared_bytes(), bytes, nw, nst)) return false;
   a.nst = nst;
-  launch_decode_grid(decode_kernel<VK, D, RB, 3>, a, nw * ws, bytes(nw, nst), s);
+  launch_decode_grid(decode_kernel<VK, D, RB, kDecodeMaxStages>, a, nw * ws, bytes(nw, nst), s);
   return true;
 }
 

@@ -28,6 +28,9 @@ namespace dot4attn {
 namespace gpu {
 
 constexpr int kDecodeMaxThreads = 256;
+// Stages per warp of the decode kernels (cp.async / TMA pipelines): the bound of pick_warps_stages, the SIMT
+// kernel's wait template and the tensor-core kernel's per-warp stage barriers.
+constexpr int kDecodeMaxStages = 3;
 
 // Switches of the decode kernels, read once: DOT4ATTN_GPU_DECODE=tile runs the tile kernel, =simt the SIMT decode
 // kernel instead of the tensor-core one (comparison, fallback); DOT4ATTN_DECODE_NW / _NST force warps / stages
@@ -55,13 +58,13 @@ inline const DecodeEnv& decode_env() {
 }
 
 // Host: the first (warps, stages) whose block fits `limit` bytes of shared memory (bytes(warps, stages)), stages
-// from st_first down to 1 (DOT4ATTN_DECODE_NST forces one, up to 3), warps from `want` down to 1; false when none
-// fits.
+// from st_first down to 1 (DOT4ATTN_DECODE_NST forces one, up to kDecodeMaxStages), warps from `want` down to 1;
+// false when none fits.
 template <class Bytes>
 inline bool pick_warps_stages(int want, int st_first, int limit, Bytes bytes, int& nw, int& nst) {
   const DecodeEnv& e = decode_env();
   for (int st = st_first; st >= 1; --st) {
-    const int use = e.nst > 0 ? (e.nst < 3 ? e.nst : 3) : st;
+    const int use = e.nst > 0 ? (e.nst < kDecodeMaxStages ? e.nst : kDecodeMaxStages) : st;
     for (int w = want; w >= 1; --w)
       if (bytes(w, use) <= limit) {
         nw = w;

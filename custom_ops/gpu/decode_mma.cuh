@@ -49,8 +49,6 @@ constexpr int kKC = 32;   // keys per warp chunk
 constexpr int kRB = 8;    // rows per block (the mma's N)
 constexpr int kMaxThreads = 256;  // 8 warps (D = 256 needs ~190 registers)
 
-constexpr int kMaxStages = 3;    // stages per warp (cp.async / TMA)
-
 __host__ __device__ constexpr int up16(int x) { return (x + 15) & ~15; }
 __host__ __device__ constexpr int up1024(int x) { return (x + 1023) & ~1023; }
 
@@ -83,8 +81,8 @@ struct Layout {
   static constexpr int OFF_MROW = OFF_KMAX + kRB * 8;
   static constexpr int OFF_WM = OFF_MROW + kRB * 8;
   __host__ __device__ static int off_wl(int nw) { return OFF_WM + up16(nw * kRB * 4); }
-  __host__ __device__ static int off_bar(int nw) { return off_wl(nw) + up16(nw * kRB * 4); }  // [nw][kMaxStages]
-  __host__ __device__ static int off_warps(int nw) { return TMA ? up1024(off_bar(nw) + nw * kMaxStages * 8) : off_bar(nw); }
+  __host__ __device__ static int off_bar(int nw) { return off_wl(nw) + up16(nw * kRB * 4); }  // [nw][kDecodeMaxStages]
+  __host__ __device__ static int off_warps(int nw) { return TMA ? up1024(off_bar(nw) + nw * kDecodeMaxStages * 8) : off_bar(nw); }
   __host__ __device__ static int warp_bytes(int nst) { return KSF_AREA + nst * STAGE; }
   __host__ __device__ static int total(int nw, int nst) { return off_warps(nw) + nw * warp_bytes(nst) + (TMA ? 1024 : 0); }
   static_assert(KSF + STAGE >= kRB * D * 4, "a warp's area must hold its combine rows");
@@ -281,7 +279,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   uint8_t* wbase = smem + L::off_warps(nw) + w * L::warp_bytes(nst);
   float4* ksf = reinterpret_cast<float4*>(wbase);
   uint8_t* stages = wbase + L::KSF_AREA;
-  const uint32_t bars = smem_u32(smem + L::off_bar(nw)) + 8 * kMaxStages * w;  // TMA: the warp's stage barriers
+  const uint32_t bars = smem_u32(smem + L::off_bar(nw)) + 8 * kDecodeMaxStages * w;  // TMA: the warp's stage barriers
   uint64_t l2_first = 0;
   if constexpr (kTma) {
     if (lane == 0) {
@@ -465,7 +463,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
       if constexpr (SM == kStageRegsV) put(stages + s_use * L::STAGE);  // chunk it's V (its stage is free)
       issue(it + nst - 1, s_next);
       s_next = s_next + 1 == nst ? 0 : s_next + 1;
-      cp_async_wait_stages<kMaxStages>(nst);
+      cp_async_wait_stages<kDecodeMaxStages>(nst);
       if constexpr (kTma) {
         mbar_wait(bars + 8 * s_use, (phases >> s_use) & 1u);
         phases ^= 1u << s_use;
@@ -664,7 +662,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
 // walks), split_k's many blocks 4. Stages: decode 3, split_k 2 (a chunk in flight per warp while one is computed;
 // on the H200 a third stage measured slower at 16k-128k keys for every V format, also where it keeps 2 blocks
 // per multiprocessor: q4_0 88.7 vs 85.8 us at 128k). Fewer where shared memory runs out; DOT4ATTN_DECODE_NW / _NST
-// force them (tuning, up to 3).
+// force them (tuning, up to kDecodeMaxStages).
 template <int VK, int D>
 bool launch(TileArgs a, gpuStream_t s) {
   const bool split = a.part_acc != nullptr;
