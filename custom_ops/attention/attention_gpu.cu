@@ -33,6 +33,7 @@ TileArgs make_tile_args(const AttentionParams& p) {
   a.n_chunks = 1;
   a.reverse_chunks = 0;
   a.nst = 1;
+  a.cluster = 1;
   return a;
 }
 

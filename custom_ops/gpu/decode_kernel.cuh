@@ -39,6 +39,7 @@ struct DecodeEnv {
   bool tile = false, simt = false;
   int stage = -1;  // DOT4ATTN_DECODE_STAGE=cp_async / regs / regs_v / tma (0 / 1 / 2 / 3): tensor-core decode staging
   int nw = 0, nst = 0;
+  int cluster = 0;  // DOT4ATTN_DECODE_CLUSTER: the tensor-core decode route's cluster size (1 = none; 0 = automatic)
 };
 
 inline const DecodeEnv& decode_env() {
@@ -49,6 +50,7 @@ inline const DecodeEnv& decode_env() {
     d.simt = m != nullptr && std::strcmp(m, "simt") == 0;
     if (const char* v = std::getenv("DOT4ATTN_DECODE_NW")) d.nw = std::atoi(v);
     if (const char* v = std::getenv("DOT4ATTN_DECODE_NST")) d.nst = std::atoi(v);
+    if (const char* v = std::getenv("DOT4ATTN_DECODE_CLUSTER")) d.cluster = std::atoi(v);
     const char* st = std::getenv("DOT4ATTN_DECODE_STAGE");
     if (st != nullptr)
       d.stage = std::strcmp(st, "regs") == 0 ? 1 : std::strcmp(st, "regs_v") == 0 ? 2 : std::strcmp(st, "tma") == 0 ? 3 : 0;

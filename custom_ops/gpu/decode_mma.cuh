@@ -8,7 +8,8 @@
 //
 // Same block structure as the SIMT kernel: one block per (batch, KV head, key split, chunk of 8 rows); every warp
 // streams its own 32-key chunks through its own nst-stage pipeline (cp.async, or TMA on sm_90) or through registers
-// (StageMode below); warps combine once at the end.
+// (StageMode below); warps combine once at the end. On sm_90 the decode route's short key ranges split over a
+// cluster of blocks that combine through distributed shared memory (decode_cluster, rows_finish_cluster).
 // Rows (grouped heads x query rows, 8 per block) are the mma's 8-wide dimension, padded with zero Q rows.
 //
 //  * Q.K: mma.m16n8k32 s8 with M = query rows (rows 8..15 and rows past nrows are zero), N = 8 keys, K = one
@@ -31,6 +32,7 @@
 //  * the end: the warps' (m, l, acc) meet in shared memory and rows_finish writes the rows or the partials.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -48,14 +50,16 @@ namespace dmma {
 constexpr int kKC = 32;   // keys per warp chunk
 constexpr int kRB = 8;    // rows per block (the mma's N)
 constexpr int kMaxThreads = 256;  // 8 warps (D = 256 needs ~190 registers)
+constexpr int kMaxCluster = 8;    // decode route's cluster (the portable cluster size limit)
 
 __host__ __device__ constexpr int up16(int x) { return (x + 15) & ~15; }
 __host__ __device__ constexpr int up1024(int x) { return (x + 1023) & ~1023; }
 
 // Shared memory (bytes), identical on host and device. Block part: int8 Q [8][D], float Q scales [8][NB], last
-// visible key and mask row offset per row, warps' (m, l) [nw][8] (TMA: and the warps' stage mbarriers); then per
-// warp its (sk, -M sk) table and nst stages. After the key loop the warp areas become the [nw][8][D] float32
-// combine buffer (it fits: a warp's area holds at least the 32 x D K bytes of one stage).
+// visible key and mask row offset per row, the block's merged (m, l) [2][8] (clusters), warps' (m, l) [nw][8]
+// (TMA: and the warps' stage mbarriers); then per warp its (sk, -M sk) table and nst stages. After the key loop
+// the warp areas become the [nw][8][D] float32 combine buffer (it fits: a warp's area holds at least the 32 x D K
+// bytes of one stage).
 // A stage: K rows, K scale rows (2 NB bytes per key), V rows, V scale rows (q8_0 / q4_0). cp.async / register
 // staging pads the rows by 16 bytes (conflict-free ldmatrix); TMA writes dense 32-key slabs with the hardware's
 // XOR swizzle instead (tma_row_byte: conflict-free the same way), so its stages and warp areas are 1024-byte
@@ -79,7 +83,8 @@ struct Layout {
   static constexpr int OFF_QSC = up16(kRB * D);
   static constexpr int OFF_KMAX = OFF_QSC + up16(kRB * NB * 4);
   static constexpr int OFF_MROW = OFF_KMAX + kRB * 8;
-  static constexpr int OFF_WM = OFF_MROW + kRB * 8;
+  static constexpr int OFF_BML = OFF_MROW + kRB * 8;  // cluster: the block's merged (M, l) [2][kRB]
+  static constexpr int OFF_WM = OFF_BML + 2 * kRB * 4;
   __host__ __device__ static int off_wl(int nw) { return OFF_WM + up16(nw * kRB * 4); }
   __host__ __device__ static int off_bar(int nw) { return off_wl(nw) + up16(nw * kRB * 4); }  // [nw][kDecodeMaxStages]
   __host__ __device__ static int off_warps(int nw) { return TMA ? up1024(off_bar(nw) + nw * kDecodeMaxStages * 8) : off_bar(nw); }
@@ -182,45 +187,127 @@ __device__ __forceinline__ void q_quantize(const QRow<D>& q, int r, int lane, in
   if (lane % LPB == 0) qsc[r * NB + lane / LPB] = sc;
 }
 
-// After the key loop (its barrier passed): the warps' (m, l) [nw][kRB] and float32 accumulators red [nw][kRB][D]
-// become the normalised float16 rows (decode) or the split partials (split_k). Four columns per thread and step;
-// every thread recomputes its row's warp weights 2^(m_w - M) (nw <= 8 exp2) instead of a second barrier. Same sums
-// in the same order as decode_rows_finish (the SIMT kernel's), without its per-element 64-bit row arithmetic.
+// Row r past the block's rows: the zeros q_quantize writes for a zero row, without its math.
+template <int D>
+__device__ __forceinline__ void q_zero(int r, int lane, int8_t* qs, float* qsc) {
+  constexpr int E = QRow<D>::E, LPB = 32 / E, NB = D / 32;
+  int8_t* dst = qs + r * D + lane * E;
+  if constexpr (E == 8) *reinterpret_cast<uint2*>(dst) = make_uint2(0u, 0u);
+  else if constexpr (E == 4) *reinterpret_cast<uint32_t*>(dst) = 0u;
+  else *reinterpret_cast<uint16_t*>(dst) = uint16_t(0);
+  if (lane % LPB == 0) qsc[r * NB + lane / LPB] = 0.f;
+}
+
+// One output item (row r, columns 4 c4 .. 4 c4 + 3) from its running max M (log2 units), sum l and unnormalised
+// accumulator o: split_k's partials, or the normalised float16 row.
+template <int D>
+__device__ __forceinline__ void row_store(const TileArgs& a, int r, int c4, float M, float l, float4 o, int row0,
+                                          int split, int b, int hkv) {
+  const int rr = row0 + r, i = rr % int(a.Sq);
+  const int64_t grow = (int64_t(b) * a.Hq + int64_t(hkv) * a.g + rr / int(a.Sq)) * a.Sq + i;
+  if (a.part_acc) {
+    const int64_t prow = int64_t(split) * (a.B * a.Hq * a.Sq) + grow;
+    reinterpret_cast<float4*>(a.part_acc + prow * D)[c4] = o;
+    if (c4 == 0) {
+      a.part_ml[prow * 2] = M;
+      a.part_ml[prow * 2 + 1] = l;
+    }
+  } else {
+    if (l > 0.f) { o.x /= l; o.y /= l; o.z /= l; o.w /= l; }
+    else o = make_float4(0.f, 0.f, 0.f, 0.f);
+    const uint2 u = make_uint2(uint32_t(f2h(o.x)) | (uint32_t(f2h(o.y)) << 16),
+                               uint32_t(f2h(o.z)) | (uint32_t(f2h(o.w)) << 16));
+    reinterpret_cast<uint2*>(static_cast<uint16_t*>(a.out) + grow * D)[c4] = u;
+  }
+}
+
+// The block's warps' (m, l) [nw][kRB] and float32 accumulators red [nw][kRB][D] merged for item (r, c4): M, l, o.
+// Every thread recomputes its row's warp weights 2^(m_w - M) (nw <= 8 exp2) instead of a second barrier. Same sums
+// in the same order as decode_rows_finish (the SIMT kernel's).
+template <int D>
+__device__ __forceinline__ void warps_merge(const float* wm, const float* wl, const float* red, int nw, int r, int c4,
+                                            float& M, float& l, float4& o) {
+  M = -INFINITY;
+  for (int k = 0; k < nw; ++k) M = fmaxf(M, wm[k * kRB + r]);
+  const float Mu = M == -INFINITY ? 0.f : M;
+  l = 0.f;
+  o = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int k = 0; k < nw; ++k) {
+    const float f = exp2f(wm[k * kRB + r] - Mu);
+    l += f * wl[k * kRB + r];
+    const float4 x = reinterpret_cast<const float4*>(red + (k * kRB + r) * D)[c4];
+    o.x += f * x.x; o.y += f * x.y; o.z += f * x.z; o.w += f * x.w;
+  }
+}
+
+// After the key loop (its barrier passed): the block's rows (decode) or split partials (split_k), four columns per
+// thread and step.
 template <int D>
 __device__ __forceinline__ void rows_finish(const TileArgs& a, const float* wm, const float* wl, const float* red,
                                             int nw, int nrows, int row0, int split, int b, int hkv) {
   constexpr int C4 = D / 4;
   for (int idx = int(threadIdx.x); idx < nrows * C4; idx += int(blockDim.x)) {
     const int r = idx / C4, c4 = idx % C4;
+    float M, l;
+    float4 o;
+    warps_merge<D>(wm, wl, red, nw, r, c4, M, l, o);
+    row_store<D>(a, r, c4, M, l, o, row0, split, b, hkv);
+  }
+}
+
+#if __CUDA_ARCH__ >= 900
+// The same for a cluster of `ranks` blocks (this one `rank`; the key splits of one row chunk, kMaxCluster at most),
+// in two levels so that no thread walks a chain of remote reads: each block merges its own warps into
+// (M, l) bml [2][kRB] and o, in place of warp 0's rows of red (each item's thread is the only one touching them);
+// after the cluster barrier each block takes a share of the items and merges the ranks' partials, read through
+// distributed shared memory (loops unrolled over kMaxCluster: independent loads, about one remote round trip; holding
+// all ranks' float4 in arrays instead made ptxas spill the D = 256 kernels). The caller's second cluster barrier
+// keeps every block's shared memory alive until the others are done reading it.
+template <int D>
+__device__ __forceinline__ void rows_finish_cluster(const TileArgs& a, const float* wm, const float* wl, float* red,
+                                                    float* bml, int nw, int nrows, int row0, int b, int hkv,
+                                                    int ranks, int rank) {
+  constexpr int C4 = D / 4;
+  for (int idx = int(threadIdx.x); idx < nrows * C4; idx += int(blockDim.x)) {
+    const int r = idx / C4, c4 = idx % C4;
+    float M, l;
+    float4 o;
+    warps_merge<D>(wm, wl, red, nw, r, c4, M, l, o);
+    reinterpret_cast<float4*>(red + r * D)[c4] = o;
+    if (c4 == 0) {
+      bml[r] = M;
+      bml[kRB + r] = l;
+    }
+  }
+  __cluster_barrier_arrive();  // release: the block partials are visible to the cluster after the wait
+  __cluster_barrier_wait();
+  for (int idx = rank * int(blockDim.x) + int(threadIdx.x); idx < nrows * C4; idx += ranks * int(blockDim.x)) {
+    const int r = idx / C4, c4 = idx % C4;
+    float mk[kMaxCluster];
     float M = -INFINITY;
-    for (int k = 0; k < nw; ++k) M = fmaxf(M, wm[k * kRB + r]);
+#pragma unroll
+    for (int k = 0; k < kMaxCluster; ++k) {
+      mk[k] = k < ranks ? static_cast<const float*>(__cluster_map_shared_rank(bml, unsigned(k)))[r] : -INFINITY;
+      M = fmaxf(M, mk[k]);
+    }
     const float Mu = M == -INFINITY ? 0.f : M;
     float l = 0.f;
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int k = 0; k < nw; ++k) {
-      const float f = exp2f(wm[k * kRB + r] - Mu);
-      l += f * wl[k * kRB + r];
-      const float4 x = reinterpret_cast<const float4*>(red + (k * kRB + r) * D)[c4];
-      o.x += f * x.x; o.y += f * x.y; o.z += f * x.z; o.w += f * x.w;
-    }
-    const int rr = row0 + r, i = rr % int(a.Sq);
-    const int64_t grow = (int64_t(b) * a.Hq + int64_t(hkv) * a.g + rr / int(a.Sq)) * a.Sq + i;
-    if (a.part_acc) {
-      const int64_t prow = int64_t(split) * (a.B * a.Hq * a.Sq) + grow;
-      reinterpret_cast<float4*>(a.part_acc + prow * D)[c4] = o;
-      if (c4 == 0) {
-        a.part_ml[prow * 2] = M;
-        a.part_ml[prow * 2 + 1] = l;
+#pragma unroll
+    for (int k = 0; k < kMaxCluster; ++k) {
+      if (k < ranks) {
+        const float* rb = static_cast<const float*>(__cluster_map_shared_rank(bml, unsigned(k)));
+        const float* rr = static_cast<const float*>(__cluster_map_shared_rank(red, unsigned(k)));
+        const float4 x = reinterpret_cast<const float4*>(rr + r * D)[c4];
+        const float f = exp2f(mk[k] - Mu);
+        l += f * rb[kRB + r];
+        o.x += f * x.x; o.y += f * x.y; o.z += f * x.z; o.w += f * x.w;
       }
-    } else {
-      if (l > 0.f) { o.x /= l; o.y /= l; o.z /= l; o.w /= l; }
-      else o = make_float4(0.f, 0.f, 0.f, 0.f);
-      const uint2 u = make_uint2(uint32_t(f2h(o.x)) | (uint32_t(f2h(o.y)) << 16),
-                                 uint32_t(f2h(o.z)) | (uint32_t(f2h(o.w)) << 16));
-      reinterpret_cast<uint2*>(static_cast<uint16_t*>(a.out) + grow * D)[c4] = u;
     }
+    row_store<D>(a, r, c4, M, l, o, row0, 0, b, hkv);
   }
 }
+#endif
 
 // How a warp's chunks reach shared memory (StageMode, picked per launch in launch()):
 //  * kStageCpAsync: the nst-stage cp.async pipeline (copies issued nst - 1 chunks ahead).
@@ -252,7 +339,7 @@ template <> __device__ __forceinline__ uint32_t zero_of<uint32_t>() { return 0u;
 template <> __device__ __forceinline__ uint2 zero_of<uint2>() { return make_uint2(0u, 0u); }
 template <> __device__ __forceinline__ uint4 zero_of<uint4>() { return make_uint4(0u, 0u, 0u, 0u); }
 
-template <int VK, int D, int SM>
+template <int VK, int D, int SM, bool CL = false>
 __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs a, const __grid_constant__ TmaMaps tm) {
   constexpr bool kTma = SM == kStageTma;
   constexpr bool kRegK = SM == kStageRegs, kRegV = SM == kStageRegs || SM == kStageRegsV;  // through registers
@@ -297,9 +384,11 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
 #endif
 
   // ---- which (row chunk, split, batch, kv head) ------------------------------------------------------------
+  // Row chunks vary fastest (they share K / V through L2); a cluster's blocks are its splits (consecutive ids).
   const int bid = int(blockIdx.x);  // below 2^31 (launcher): 32-bit division, see decode_row_bounds
-  const int chunk = bid % int(a.n_chunks), rest = bid / int(a.n_chunks);
-  const int split = rest % int(a.n_splits), bh = rest / int(a.n_splits);
+  const int sc = CL ? int(a.n_splits) : int(a.n_chunks), oc = CL ? int(a.n_chunks) : int(a.n_splits);
+  const int i0 = bid % sc, rest = bid / sc, i1 = rest % oc, bh = rest / oc;
+  const int chunk = CL ? i1 : i0, split = CL ? i0 : i1;
   const int b = bh / int(a.Hkv), hkv = bh % int(a.Hkv);
   const int64_t row0 = chunk * kRB;
   const int nrows = int(a.g * a.Sq - row0 < kRB ? a.g * a.Sq - row0 : kRB);
@@ -418,19 +507,28 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
     }
   };
 
-  // The warp's first Q row is loaded before the first chunks' copies are issued and quantized after them (both
-  // latencies overlap); warps of blocks with fewer than kRB warps take their further rows after that.
+  // The warp's first two Q rows are loaded before the first chunks' copies are issued and quantized after them (the
+  // latencies overlap: a further row loaded after a quantization costs a memory round trip of the block's
+  // prologue; H200, 512 keys in 2-warp blocks); warps of blocks with fewer than kRB / 2 warps take their further
+  // rows after that. Rows past nrows (the mma's padding) are written as zeros without the quantization's math.
   {
+    const int r1 = w + nw;
     const QRow<D> q = q_load<D>(a, b, hkv, int(row0), nrows, w, lane);
+    const QRow<D> q1 = q_load<D>(a, b, hkv, int(row0), nrows, r1, lane);  // no load past nrows
     if constexpr (SM != kStageCpAsync) {
       if (my_n > 0) fetch(0);
     }
     if constexpr (SM != kStageRegs) {
       for (int s = 0; s < nst - 1; ++s) issue(s, s);
     }
-    q_quantize<D>(q, w, lane, qs, qsc);
+    auto put_row = [&](const QRow<D>& x, int r) {
+      if (r < nrows) q_quantize<D>(x, r, lane, qs, qsc);
+      else q_zero<D>(r, lane, qs, qsc);
+    };
+    put_row(q, w);
+    if (r1 < kRB) put_row(q1, r1);
 #pragma unroll 1
-    for (int r = w + nw; r < kRB; r += nw) q_quantize<D>(q_load<D>(a, b, hkv, int(row0), nrows, r, lane), r, lane, qs, qsc);
+    for (int r = r1 + nw; r < kRB; r += nw) put_row(q_load<D>(a, b, hkv, int(row0), nrows, r, lane), r);
   }
   decode_row_facts<kRB>(a, b, hkv, row0, nrows, kmax_s, mrow_s);
   __syncthreads();
@@ -653,18 +751,70 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
     r1p[c1] = acc[m][3];
   }
   __syncthreads();
+#if __CUDA_ARCH__ >= 900
+  if constexpr (CL) {  // the cluster's blocks (its key splits) merge through distributed shared memory
+    rows_finish_cluster<D>(a, wm, wl, red, reinterpret_cast<float*>(smem + L::OFF_BML), nw, nrows, int(row0), b, hkv,
+                           int(a.n_splits), split);
+    __cluster_barrier_arrive();  // no block leaves while the others may still read its shared memory
+    __cluster_barrier_wait();
+    return;
+  }
+#endif
   rows_finish<D>(a, wm, wl, red, nw, nrows, int(row0), split, b, hkv);
 #endif
 }
 
 // ---- launch -------------------------------------------------------------------------------------------------------
+// One launch of kernel `kern`: a plain grid, or (a.cluster > 1) clusters of a.cluster consecutive blocks (the splits
+// of one (row chunk, batch, KV head)); false when the device refuses the cluster launch (the caller runs without).
+template <class Kernel>
+bool launch_grid(Kernel kern, const TileArgs& a, int threads, int bytes, gpuStream_t s, const TmaMaps& tm) {
+  if (a.cluster <= 1) {
+    launch_decode_grid(kern, a, threads, bytes, s, tm);
+    return true;
+  }
+  if (bytes > 48 * 1024) D4A_GPU_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(a.n_chunks * a.n_splits * a.B * a.Hkv));  // at most the SM count (decode_cluster)
+  cfg.blockDim = dim3(unsigned(threads));
+  cfg.dynamicSmemBytes = size_t(bytes);
+  cfg.stream = s;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = unsigned(a.cluster);
+  at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
+  if (cudaLaunchKernelEx(&cfg, kern, a, tm) != cudaSuccess) {
+    (void)cudaGetLastError();  // a refused configuration is not sticky
+    return false;
+  }
+  return true;
+}
+
+// The decode route's cluster size on sm_90: when its (row chunk, batch, KV head) blocks leave most multiprocessors
+// idle (short contexts, small batches), the keys split over up to 8 blocks of a cluster (about 4 key chunks each,
+// so one or two per warp) instead of one block walking them all, and the blocks merge through distributed shared
+// memory: no scratch and no second kernel. H200, (32, 8, 128), 512 keys: see docs/gpu.md. DOT4ATTN_DECODE_CLUSTER
+// forces it (1 = none).
+inline int decode_cluster(const TileArgs& a, int64_t chunks) {
+  if (a.part_acc != nullptr || device_attribute(cudaDevAttrComputeCapabilityMajor, 0) < 9) return 1;
+  const int forced = decode_env().cluster;
+  const int64_t base = a.n_chunks * a.B * a.Hkv;
+  const int64_t sms = device_attribute(cudaDevAttrMultiProcessorCount, 1);
+  int64_t cs = forced > 0 ? forced : std::min<int64_t>(sms / std::max<int64_t>(1, base), (chunks + 3) / 4);
+  cs = std::min<int64_t>(std::min<int64_t>(cs, kMaxCluster), chunks);
+  return cs < 2 || base * cs > sms * 2 ? 1 : int(cs);
+}
+
 // Warps: no more than the block's key chunks; the decode route's few long blocks take up to 8 (short per-warp
 // walks), split_k's many blocks 4. Stages: decode 3, split_k 2 (a chunk in flight per warp while one is computed;
 // on the H200 a third stage measured slower at 16k-128k keys for every V format, also where it keeps 2 blocks
-// per multiprocessor: q4_0 88.7 vs 85.8 us at 128k). Fewer where shared memory runs out; DOT4ATTN_DECODE_NW / _NST
-// force them (tuning, up to kDecodeMaxStages).
+// per multiprocessor: q4_0 88.7 vs 85.8 us at 128k), 2 for one chunk per warp. Fewer where shared memory runs
+// out; DOT4ATTN_DECODE_NW / _NST force them (tuning, up to kDecodeMaxStages).
 template <int VK, int D>
-bool launch(TileArgs a, gpuStream_t s) {
+bool launch_cfg(TileArgs a, gpuStream_t s) {
   const bool split = a.part_acc != nullptr;
   int want = decode_warps_wanted(a, kKC, kMaxThreads / 32);
   // Stage mode (H200, tools/gpu_time_decode.py; docs/gpu.md has the tables). Walks of >= 3 chunks per warp: TMA on
@@ -692,25 +842,40 @@ bool launch(TileArgs a, gpuStream_t s) {
   if (mode == kStageTma && !(tma_dev && tma_map_rows(&tm.k, a.k, D, a.Sk, a.B * a.Hkv, kKC) &&
                              tma_map_rows(&tm.v, a.v, Layout<VK, D>::VROW, a.Sk, a.B * a.Hkv, kKC)))
     mode = kStageCpAsync;
+  if (a.cluster > 1 && mode != kStageCpAsync) return false;  // clusters: cp.async only (short walks)
   int nw = 0, nst = 0;
-  const int st_first = mode == kStageRegs ? 1 : split ? 2 : 3;  // full register staging needs one shared stage
+  // full register staging needs one shared stage; one chunk per warp needs only its own in flight
+  const int st_first = mode == kStageRegs ? 1 : split || walk <= 1 ? 2 : 3;
   if (mode == kStageTma) {
     if (!pick_warps_stages(want, st_first, max_shared_bytes(), Layout<VK, D, true>::total, nw, nst)) return false;
     a.nst = nst;
-    launch_decode_grid(decode_mma_kernel<VK, D, kStageTma>, a, nw * 32, Layout<VK, D, true>::total(nw, nst), s, tm);
-    return true;
+    const int bytes = Layout<VK, D, true>::total(nw, nst);
+    return launch_grid(decode_mma_kernel<VK, D, kStageTma>, a, nw * 32, bytes, s, tm);
   }
   if (!pick_warps_stages(want, st_first, max_shared_bytes(), Layout<VK, D>::total, nw, nst)) return false;
   a.nst = nst;
   const int bytes = Layout<VK, D>::total(nw, nst);
   if constexpr (kAuto != kStageCpAsync) {
-    if (mode == kAuto) {
-      launch_decode_grid(decode_mma_kernel<VK, D, kAuto>, a, nw * 32, bytes, s, tm);
-      return true;
-    }
+    if (mode == kAuto)
+      return launch_grid(decode_mma_kernel<VK, D, kAuto>, a, nw * 32, bytes, s, tm);
   }
-  launch_decode_grid(decode_mma_kernel<VK, D, kStageCpAsync>, a, nw * 32, bytes, s, tm);
-  return true;
+  if (a.cluster > 1) return launch_grid(decode_mma_kernel<VK, D, kStageCpAsync, true>, a, nw * 32, bytes, s, tm);
+  return launch_grid(decode_mma_kernel<VK, D, kStageCpAsync>, a, nw * 32, bytes, s, tm);
+}
+
+template <int VK, int D>
+bool launch(TileArgs a, gpuStream_t s) {
+  const int64_t chunks = (a.Sk + kKC - 1) / kKC;
+  const int cs = a.n_splits == 1 ? decode_cluster(a, chunks) : 1;
+  if (cs > 1) {
+    TileArgs c = a;
+    c.split_len = (chunks + cs - 1) / cs * kKC;
+    c.n_splits = (a.Sk + c.split_len - 1) / c.split_len;
+    c.cluster = int(c.n_splits);
+    if (c.cluster > 1 && launch_cfg<VK, D>(c, s)) return true;  // else: refused, run without the cluster
+  }
+  a.cluster = 1;
+  return launch_cfg<VK, D>(a, s);
 }
 
 template <int VK>
