@@ -241,44 +241,42 @@ __device__ __forceinline__ void warps_merge(const float* wm, const float* wl, co
 }
 
 // After the key loop (its barrier passed): the block's rows (decode) or split partials (split_k), four columns per
-// thread and step.
-template <int D>
-__device__ __forceinline__ void rows_finish(const TileArgs& a, const float* wm, const float* wl, const float* red,
-                                            int nw, int nrows, int row0, int split, int b, int hkv) {
+// thread and step. KEEP (a cluster's first level): the block's merged (M, l) into bml [2][kRB] and o in place of
+// warp 0's rows of red instead (each item's thread is the only one touching them).
+template <int D, bool KEEP = false>
+__device__ __forceinline__ void rows_finish(const TileArgs& a, const float* wm, const float* wl, float* red, int nw,
+                                            int nrows, int row0, int split, int b, int hkv, float* bml = nullptr) {
   constexpr int C4 = D / 4;
   for (int idx = int(threadIdx.x); idx < nrows * C4; idx += int(blockDim.x)) {
     const int r = idx / C4, c4 = idx % C4;
     float M, l;
     float4 o;
     warps_merge<D>(wm, wl, red, nw, r, c4, M, l, o);
-    row_store<D>(a, r, c4, M, l, o, row0, split, b, hkv);
+    if constexpr (KEEP) {
+      reinterpret_cast<float4*>(red + r * D)[c4] = o;
+      if (c4 == 0) {
+        bml[r] = M;
+        bml[kRB + r] = l;
+      }
+    } else {
+      row_store<D>(a, r, c4, M, l, o, row0, split, b, hkv);
+    }
   }
 }
 
 #if __CUDA_ARCH__ >= 900
 // The same for a cluster of `ranks` blocks (this one `rank`; the key splits of one row chunk, kMaxCluster at most),
-// in two levels so that no thread walks a chain of remote reads: each block merges its own warps into
-// (M, l) bml [2][kRB] and o, in place of warp 0's rows of red (each item's thread is the only one touching them);
-// after the cluster barrier each block takes a share of the items and merges the ranks' partials, read through
-// distributed shared memory (loops unrolled over kMaxCluster: independent loads, about one remote round trip; holding
-// all ranks' float4 in arrays instead made ptxas spill the D = 256 kernels). The caller's second cluster barrier
-// keeps every block's shared memory alive until the others are done reading it.
+// in two levels so that no thread walks a chain of remote reads: each block merges its own warps (rows_finish
+// with KEEP); after the cluster barrier each block takes a share of the items and merges the ranks' partials,
+// read through distributed shared memory (loops unrolled over kMaxCluster: independent loads, about one remote
+// round trip; holding all ranks' float4 in arrays instead made ptxas spill the D = 256 kernels). The caller's
+// second cluster barrier keeps every block's shared memory alive until the others are done reading it.
 template <int D>
 __device__ __forceinline__ void rows_finish_cluster(const TileArgs& a, const float* wm, const float* wl, float* red,
                                                     float* bml, int nw, int nrows, int row0, int b, int hkv,
                                                     int ranks, int rank) {
   constexpr int C4 = D / 4;
-  for (int idx = int(threadIdx.x); idx < nrows * C4; idx += int(blockDim.x)) {
-    const int r = idx / C4, c4 = idx % C4;
-    float M, l;
-    float4 o;
-    warps_merge<D>(wm, wl, red, nw, r, c4, M, l, o);
-    reinterpret_cast<float4*>(red + r * D)[c4] = o;
-    if (c4 == 0) {
-      bml[r] = M;
-      bml[kRB + r] = l;
-    }
-  }
+  rows_finish<D, true>(a, wm, wl, red, nw, nrows, row0, 0, b, hkv, bml);
   __cluster_barrier_arrive();  // release: the block partials are visible to the cluster after the wait
   __cluster_barrier_wait();
   for (int idx = rank * int(blockDim.x) + int(threadIdx.x); idx < nrows * C4; idx += ranks * int(blockDim.x)) {
