@@ -33,7 +33,7 @@ TileArgs make_tile_args(const AttentionParams& p) {
   a.n_chunks = 1;
   a.reverse_chunks = 0;
   a.nst = 1;
-  a.cluster = 1;
+  a.cluster = 0;
   return a;
 }
 

@@ -54,8 +54,8 @@ struct TileArgs {
   int64_t n_splits, split_len, n_chunks;
   int reverse_chunks;  // causal prefill: heaviest row chunks first
   int nst;             // pipeline stages in use (1 .. ST), chosen from the device's shared memory
-  int cluster;         // tensor-core decode (sm_90): the n_splits key splits of a (row chunk, batch, KV head) run as
-                       // one thread-block cluster and merge through distributed shared memory; 1 = no cluster
+  int cluster;         // tensor-core decode (sm_90), nonzero: the n_splits key splits of a (row chunk, batch, KV
+                       // head) run as one cluster of n_splits blocks and merge through distributed shared memory
 };
 
 __host__ __device__ constexpr int v_row_bytes(int vk, int d) {

@@ -763,11 +763,11 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
 }
 
 // ---- launch -------------------------------------------------------------------------------------------------------
-// One launch of kernel `kern`: a plain grid, or (a.cluster > 1) clusters of a.cluster consecutive blocks (the splits
-// of one (row chunk, batch, KV head)); false when the device refuses the cluster launch (the caller runs without).
+// One launch of kernel `kern`: a plain grid, or (a.cluster) clusters of a.n_splits consecutive blocks (the splits of
+// one (row chunk, batch, KV head)); false when the device refuses the cluster launch (the caller runs without).
 template <class Kernel>
 bool launch_grid(Kernel kern, const TileArgs& a, int threads, int bytes, gpuStream_t s, const TmaMaps& tm) {
-  if (a.cluster <= 1) {
+  if (!a.cluster) {
     launch_decode_grid(kern, a, threads, bytes, s, tm);
     return true;
   }
@@ -779,7 +779,7 @@ bool launch_grid(Kernel kern, const TileArgs& a, int threads, int bytes, gpuStre
   cfg.stream = s;
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = unsigned(a.cluster);
+  at[0].val.clusterDim.x = unsigned(a.n_splits);
   at[0].val.clusterDim.y = 1;
   at[0].val.clusterDim.z = 1;
   cfg.attrs = at;
@@ -835,12 +835,13 @@ bool launch_cfg(TileArgs a, gpuStream_t s) {
   // per multiprocessor instead of two (shared memory), each warp walking half as far: 119.0 -> 116.5-117.3 us.
   if (mode == kStageTma && VK == kVF16 && split && walk >= 24 && decode_env().nw == 0)
     want = int(chunks < kMaxThreads / 32 ? chunks : kMaxThreads / 32);
+  // Clusters take cp.async only (short walks); refused before the tensor maps are encoded (the caller relaunches).
+  if (a.cluster && mode != kStageCpAsync) return false;
   TmaMaps tm;
   std::memset(static_cast<void*>(&tm), 0, sizeof(tm));
   if (mode == kStageTma && !(tma_dev && tma_map_rows(&tm.k, a.k, D, a.Sk, a.B * a.Hkv, kKC) &&
                              tma_map_rows(&tm.v, a.v, Layout<VK, D>::VROW, a.Sk, a.B * a.Hkv, kKC)))
     mode = kStageCpAsync;
-  if (a.cluster > 1 && mode != kStageCpAsync) return false;  // clusters: cp.async only (short walks)
   int nw = 0, nst = 0;
   // full register staging needs one shared stage; one chunk per warp needs only its own in flight
   const int st_first = mode == kStageRegs ? 1 : split || walk <= 1 ? 2 : 3;
@@ -857,7 +858,7 @@ bool launch_cfg(TileArgs a, gpuStream_t s) {
     if (mode == kAuto)
       return launch_grid(decode_mma_kernel<VK, D, kAuto>, a, nw * 32, bytes, s, tm);
   }
-  if (a.cluster > 1) return launch_grid(decode_mma_kernel<VK, D, kStageCpAsync, true>, a, nw * 32, bytes, s, tm);
+  if (a.cluster) return launch_grid(decode_mma_kernel<VK, D, kStageCpAsync, true>, a, nw * 32, bytes, s, tm);
   return launch_grid(decode_mma_kernel<VK, D, kStageCpAsync>, a, nw * 32, bytes, s, tm);
 }
 
@@ -869,10 +870,9 @@ bool launch(TileArgs a, gpuStream_t s) {
     TileArgs c = a;
     c.split_len = (chunks + cs - 1) / cs * kKC;
     c.n_splits = (a.Sk + c.split_len - 1) / c.split_len;
-    c.cluster = int(c.n_splits);
-    if (c.cluster > 1 && launch_cfg<VK, D>(c, s)) return true;  // else: refused, run without the cluster
+    c.cluster = 1;
+    if (c.n_splits > 1 && launch_cfg<VK, D>(c, s)) return true;  // else: refused, run without the cluster
   }
-  a.cluster = 1;
   return launch_cfg<VK, D>(a, s);
 }
 
