@@ -2,8 +2,8 @@
 // HIP builds, float32 T and head dims other than 64 / 128 / 256 keep the SIMT decode kernel (decode_kernel.cuh).
 //
 // Why: the SIMT kernel spends ~75% of its instructions on P.V (one FMA per (key, column, row)). Here both
-// products run on tensor cores and a warp needs ~700 SASS instructions per 32 keys (q4_0, D = 128), most of them
-// the dequantization of V (once per value) and the Q.K scaling. H200, (32, 8, 128), 128k keys, q4_0: 72 us instead
+// products run on tensor cores and a warp needs ~710 SASS instructions per 32 keys (q4_0, D = 128, TMA staging; 800
+// before lop3_imm and the A quads below), most of them the dequantization of V (once per value) and the Q.K scaling. H200, (32, 8, 128), 128k keys, q4_0: 72 us instead
 // of the SIMT kernel's 122 (docs/gpu.md has the tables and where the remaining time goes).
 //
 // Same block structure as the SIMT kernel: one block per (batch, KV head, key split, chunk of 8 rows); every warp
@@ -102,26 +102,33 @@ __device__ __forceinline__ int row_byte(int r, int b) {
 }
 
 // f16 pair (key a, key b) of local column lc of a thread's q8_0 / q4_0 words: the exact levels, biased (see top).
-template <int VK>
+// The mask-and-merge is one LOP3 holding a constant in a register (lop3_imm; 64 LOP3s fewer per q4_0 chunk at
+// D = 128), except at D = 256 (LOP3 = false), whose register-staged q4_0 kernel spills more with the extra register.
+template <int VK, bool LOP3 = true>
 __device__ __forceinline__ uint32_t level_pair(const uint32_t* wa, const uint32_t* wb, int lc) {
   if constexpr (VK == kVQ8) {
     const int e = lc & 3;
     const uint32_t x = __byte_perm(wa[lc >> 2], wb[lc >> 2], e | (e << 4) | ((4 + e) << 8) | ((4 + e) << 12));
-    return hsub2_u((x & 0x00FF00FFu) ^ 0x64806480u, 0x64806480u);  // (1024 + q + 128) - 1152
+    const uint32_t y = LOP3 ? lop3_imm<0x00FF00FFu, 0x64806480u, 0x6A>(x) : (x & 0x00FF00FFu) ^ 0x64806480u;
+    return hsub2_u(y, 0x64806480u);  // (1024 + q + 128) - 1152
   } else {
     const int by = lc >> 1, e = by & 3;
     const uint32_t x = __byte_perm(wa[by >> 2], wb[by >> 2], e | (e << 4) | ((4 + e) << 8) | ((4 + e) << 12));
-    if (lc & 1) return hsub2_u((x & 0x00F000F0u) | 0x54005400u, 0x54805480u);  // (64 + n) - 72
-    return hsub2_u((x & 0x000F000Fu) | 0x64006400u, 0x64086408u);              // (1024 + n) - 1032
+    if (lc & 1) {
+      const uint32_t y = LOP3 ? lop3_imm<0x00F000F0u, 0x54005400u, 0xEA>(x) : (x & 0x00F000F0u) | 0x54005400u;
+      return hsub2_u(y, 0x54805480u);  // (64 + n) - 72
+    }
+    const uint32_t y = LOP3 ? lop3_imm<0x000F000Fu, 0x64006400u, 0xEA>(x) : (x & 0x000F000Fu) | 0x64006400u;
+    return hsub2_u(y, 0x64086408u);  // (1024 + n) - 1032
   }
 }
 
-// c = bias + A(16x32 s8: a0 row g, a2 row g cols +16; rows g+8 zero) x B(32x8 s8), bias = kMagicI.
-__device__ __forceinline__ void mma_s8_rows8(int (&c)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+// c = bias + A(16x32 s8: a[0] row g, a[2] row g cols +16, a[1] = a[3] = 0: rows g+8 zero) x B(32x8 s8), bias = kMagicI.
+__device__ __forceinline__ void mma_s8_rows8(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%10,%10,%10,%10};\n"
       : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-      : "r"(a0), "r"(0), "r"(a2), "r"(0), "r"(b0), "r"(b1), "r"(kMagicI));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(kMagicI));
 }
 
 // ---- the block's Q rows and its end ---------------------------------------------------------------------------
@@ -531,13 +538,18 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   decode_row_facts<kRB>(a, b, hkv, row0, nrows, kmax_s, mrow_s);
   __syncthreads();
 
-  // Q fragments of row g (the A operand; rows g + 8 are the zero register), its scales times scale * log2 e.
-  uint32_t qa[NB][2];
+  // Q fragments of row g (the A operand; rows g + 8 are zero), its scales times scale * log2 e.
+  uint32_t qa[NB][4];
+  // The mma's A quads (a0, 0, a2, 0) per block. D = 128: the zeros come from an opaque 0 so that ptxas builds the
+  // quads once instead of copying a0 / a2 next to fresh zeros for every mma (32 moves per chunk); D = 64 / 256 keep
+  // the literal (their register budgets spill with the 2 NB extra registers).
+  const uint32_t zero = D == 128 ? uint32_t(a.nst) >> 31 : 0u;
   float sqf[NB];
 #pragma unroll
   for (int blk = 0; blk < NB; ++blk) {
     qa[blk][0] = *reinterpret_cast<const uint32_t*>(qs + g * D + 32 * blk + 4 * tq);
-    qa[blk][1] = *reinterpret_cast<const uint32_t*>(qs + g * D + 32 * blk + 16 + 4 * tq);
+    qa[blk][2] = *reinterpret_cast<const uint32_t*>(qs + g * D + 32 * blk + 16 + 4 * tq);
+    qa[blk][1] = qa[blk][3] = zero;
     sqf[blk] = qsc[g * NB + blk] * a.scale_log2;
   }
   const int64_t kmax_g = kmax_s[g];
@@ -613,7 +625,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
         for (int h = 0; h < 2; ++h) {
           const int j = 2 * jp + h;
           int c[4];
-          mma_s8_rows8(c, qa[blk][0], qa[blk][1], h ? r2 : r0, h ? r3 : r1);
+          mma_s8_rows8(c, qa[blk], h ? r2 : r0, h ? r3 : r1);
           const float4 f = ksf[blk * 16 + 4 * j + tq];
           x[j][0] = fmaf(sqf[blk], fmaf(bits_f(uint32_t(c[0])), f.x, f.z), x[j][0]);
           x[j][1] = fmaf(sqf[blk], fmaf(bits_f(uint32_t(c[1])), f.y, f.w), x[j][1]);
@@ -715,10 +727,10 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
 #pragma unroll
           for (int mi = 0; mi < MPG; ++mi) {
             uint32_t av[4];
-            av[0] = hmul2_u(level_pair<VK>(wv[0], wv[1], 2 * mi), h01);
-            av[1] = hmul2_u(level_pair<VK>(wv[0], wv[1], 2 * mi + 1), h01);
-            av[2] = hmul2_u(level_pair<VK>(wv[2], wv[3], 2 * mi), h89);
-            av[3] = hmul2_u(level_pair<VK>(wv[2], wv[3], 2 * mi + 1), h89);
+            av[0] = hmul2_u(level_pair<VK, D != 256>(wv[0], wv[1], 2 * mi), h01);
+            av[1] = hmul2_u(level_pair<VK, D != 256>(wv[0], wv[1], 2 * mi + 1), h01);
+            av[2] = hmul2_u(level_pair<VK, D != 256>(wv[2], wv[3], 2 * mi), h89);
+            av[3] = hmul2_u(level_pair<VK, D != 256>(wv[2], wv[3], 2 * mi + 1), h89);
             mma_f16(acc[gi * MPG + mi], av, pb0, pb1);
           }
         }

@@ -65,6 +65,15 @@ __device__ __forceinline__ uint32_t hmul2_u(uint32_t a, __half2 s) {
   return *reinterpret_cast<const uint32_t*>(&x);
 }
 
+// (x & M) | O (LUT 0xEA) or (x & M) ^ O (LUT 0x6A) as one LOP3. Written in C, ptxas keeps the two operations as two
+// LOP3s (a LOP3 takes one immediate); one PTX lop3 with both immediates makes it hold one of them in a register.
+template <uint32_t M, uint32_t O, int LUT>
+__device__ __forceinline__ uint32_t lop3_imm(uint32_t x) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, %4;\n" : "=r"(r) : "r"(x), "n"(M), "n"(O), "n"(LUT));
+  return r;
+}
+
 __device__ __forceinline__ uint32_t hsub2_u(uint32_t a, uint32_t b) {
   __half2 x = *reinterpret_cast<const __half2*>(&a);
   const __half2 y = *reinterpret_cast<const __half2*>(&b);
