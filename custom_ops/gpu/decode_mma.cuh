@@ -2,9 +2,10 @@
 // HIP builds, float32 T and head dims other than 64 / 128 / 256 keep the SIMT decode kernel (decode_kernel.cuh).
 //
 // Why: the SIMT kernel spends ~75% of its instructions on P.V (one FMA per (key, column, row)). Here both
-// products run on tensor cores and a warp needs ~710 SASS instructions per 32 keys (q4_0, D = 128, TMA staging; 800
-// before lop3_imm and the A quads below), most of them the dequantization of V (once per value) and the Q.K scaling. H200, (32, 8, 128), 128k keys, q4_0: 72 us instead
-// of the SIMT kernel's 122 (docs/gpu.md has the tables and where the remaining time goes).
+// products run on tensor cores and a warp needs ~710 SASS instructions per 32 keys (q4_0, D = 128, TMA staging;
+// ~800 before lop3_imm and the A quads below), most of them the dequantization of V (once per value) and the Q.K
+// scaling. H200, (32, 8, 128), 128k keys, q4_0: 72 us instead of the SIMT kernel's 122 (docs/gpu.md has the tables
+// and where the remaining time goes).
 //
 // Same block structure as the SIMT kernel: one block per (batch, KV head, key split, chunk of 8 rows); every warp
 // streams its own 32-key chunks through its own nst-stage pipeline (cp.async, or TMA on sm_90) or through registers
@@ -123,7 +124,8 @@ __device__ __forceinline__ uint32_t level_pair(const uint32_t* wa, const uint32_
   }
 }
 
-// c = bias + A(16x32 s8: a[0] row g, a[2] row g cols +16, a[1] = a[3] = 0: rows g+8 zero) x B(32x8 s8), bias = kMagicI.
+// c = bias + A(16x32 s8: a[0] row g, a[2] row g cols +16; a[1] = a[3] = 0, rows g+8 zero) x B(32x8 s8),
+// bias = kMagicI.
 __device__ __forceinline__ void mma_s8_rows8(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%10,%10,%10,%10};\n"
@@ -540,9 +542,9 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
 
   // Q fragments of row g (the A operand; rows g + 8 are zero), its scales times scale * log2 e.
   uint32_t qa[NB][4];
-  // The mma's A quads (a0, 0, a2, 0) per block. D = 128: the zeros come from an opaque 0 so that ptxas builds the
-  // quads once instead of copying a0 / a2 next to fresh zeros for every mma (32 moves per chunk); D = 64 / 256 keep
-  // the literal (their register budgets spill with the 2 NB extra registers).
+  // The mma's A quads (a0, 0, a2, 0) per block. D = 128: the zeros come from an opaque 0 (nst >= 1) so that ptxas
+  // builds the quads once instead of copying a0 / a2 next to fresh zeros for every mma (32 moves per chunk); D = 64
+  // / 256 keep the literal (their register budgets spill with the 2 NB extra registers).
   const uint32_t zero = D == 128 ? uint32_t(a.nst) >> 31 : 0u;
   float sqf[NB];
 #pragma unroll
