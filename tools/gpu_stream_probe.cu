@@ -1,6 +1,8 @@
 // How fast can the split_k access pattern stream the packed K + q4_0 V cache, without the attention math?
 // Copy-only kernels over (Hkv 8, 128k keys, D 128): per-warp 32-key chunks as the tensor-core decode reads them,
-// moved by cp.async (cp2 / cp3 stages; cp2pfN: plus a TMA L2 prefetch, evict-first, N chunks ahead of the copy), TMA bulk copies (bulk2, bulk2h / bulk4h with the L2 evict-first policy),
+// moved by cp.async (cp2 / cp3 stages; cp2pfN: plus a TMA L2 prefetch, evict-first, N chunks ahead of the copy), TMA
+// bulk copies (bulk2, bulk2h / bulk3h / bulk4h with the L2 evict-first policy; bulk2h64: 64-key chunks, copies twice
+// as large),
 // registers then shared memory (reg; regcs with evict-first .cs loads: the kStageRegs mode of decode_mma.cuh), or
 // registers only (ldg / ldcs, payload without scales); 264 blocks of 4 warps (the split_k grid), an optional
 // spin of `delay` cycles per chunk standing in for the compute. Timed like bench_cuda (CUDA events, median): after
@@ -48,20 +50,21 @@ struct Args {
 
 // One warp's walk, as in the tensor-core decode: block = (KV head, split), warp w takes chunks w, w + nw, ...
 struct Walk {
-  int nw, w, lane, my_n;
+  int nw, w, lane, my_n, kc;
   int64_t kbeg;
   const int8_t* kg; const uint8_t* vg; const uint16_t* ksg; const uint16_t* vsg;  // the head's rows
-  __device__ explicit Walk(const Args& a) {
+  __device__ explicit Walk(const Args& a, int chunk_keys = KC) {
+    kc = chunk_keys;
     nw = blockDim.x >> 5; w = threadIdx.x >> 5; lane = threadIdx.x & 31;
     const int head = blockIdx.x / a.splits, split = blockIdx.x % a.splits;
     kbeg = split * a.split_len;
     const int64_t kend = min(a.S, kbeg + a.split_len);
-    const int nck = int((kend - kbeg + KC - 1) / KC);
+    const int nck = int((kend - kbeg + kc - 1) / kc);
     my_n = nck > w ? (nck - w + nw - 1) / nw : 0;
     kg = a.k + int64_t(head) * a.S * KROW; vg = a.v + int64_t(head) * a.S * VROW;
     ksg = a.ks + int64_t(head) * a.S * 4; vsg = a.vs + int64_t(head) * a.S * 4;
   }
-  __device__ int64_t j0(int it) const { return kbeg + int64_t(w + it * nw) * KC; }  // first key of chunk it
+  __device__ int64_t j0(int it) const { return kbeg + int64_t(w + it * nw) * kc; }  // first key of chunk it
 };
 
 constexpr int STAGE = KC * (KROW + 16) + KC * KS + KC * (VROW + 16) + KC * VS;
@@ -113,13 +116,15 @@ __global__ void cpasync_kernel(Args a) {
 }
 
 // TMA bulk: lane 0 of each warp issues 4 bulk copies per chunk (K rows, K scales, V rows, V scales), mbarrier per stage.
+// KCB keys per chunk (64: copies twice as large, the spin per chunk doubled so the work per key stays the same).
 constexpr int BSTAGE = KC * KROW + KC * KS + KC * VROW + KC * VS;
-template <int NST, int H>
+template <int NST, int H, int KCB = KC>
 __global__ void bulk_kernel(Args a) {
+  constexpr int BSTAGE = KCB * (KROW + KS + VROW + VS);
   const uint64_t pol = pol_first();
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ __align__(8) uint64_t bar[8][NST];
-  const Walk wk(a);
+  const Walk wk(a, KCB);
   const int w = wk.w, lane = wk.lane, my_n = wk.my_n;
   uint8_t* st0 = smem + w * NST * BSTAGE;
   if (lane == 0)
@@ -141,10 +146,10 @@ __global__ void bulk_kernel(Args a) {
         else asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
                      ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "r"(n), "r"(b), "l"(pol) : "memory");
       };
-      bulk(st, kg + j0 * KROW, KC * KROW);
-      bulk(st + KC * KROW, ksg + j0 * 4, KC * KS);
-      bulk(st + KC * KROW + KC * KS, vg + j0 * VROW, KC * VROW);
-      bulk(st + KC * KROW + KC * KS + KC * VROW, vsg + j0 * 4, KC * VS);
+      bulk(st, kg + j0 * KROW, KCB * KROW);
+      bulk(st + KCB * KROW, ksg + j0 * 4, KCB * KS);
+      bulk(st + KCB * KROW + KCB * KS, vg + j0 * VROW, KCB * VROW);
+      bulk(st + KCB * KROW + KCB * KS + KCB * VROW, vsg + j0 * 4, KCB * VS);
     }
   };
   int acc = 0;
@@ -156,7 +161,7 @@ __global__ void bulk_kernel(Args a) {
     unsigned b = (unsigned)__cvta_generic_to_shared(&bar[w][s]);
     asm volatile("{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}\n" ::"r"(b), "r"(par) : "memory");
     acc ^= st0[s * BSTAGE + lane * 4];
-    spin(a.delay);
+    spin(a.delay * (KCB / KC));
     __syncwarp();
   }
   if (acc == 0x12345) a.sink[0] = acc;
@@ -269,7 +274,7 @@ int main(int argc, char** argv) {
     Args a{k, ks, v, vs, SS, 0, 0, delay, sink};
     a.splits = short512 || empty ? 1 : split512 ? 4 : (sms * waves + HKV - 1) / HKV;
     a.split_len = (SS + a.splits - 1) / a.splits;
-    a.split_len = (a.split_len + KC - 1) / KC * KC;
+    a.split_len = (a.split_len + 2 * KC - 1) / (2 * KC) * (2 * KC);  // whole 64-key chunks for bulk2h64 as well
     if (empty) a.split_len = 0;  // no chunks: launch, block set-up, exit
     const int blocks = HKV * a.splits;
     char nm[128];
@@ -285,7 +290,9 @@ int main(int argc, char** argv) {
     if (which == "cp2pf4") go(cpasync_kernel<2, 4>, nw * 2 * STAGE);
     if (which == "bulk2") go(bulk_kernel<2, 0>, nw * 2 * BSTAGE);
     if (which == "bulk2h") go(bulk_kernel<2, 1>, nw * 2 * BSTAGE);
+    if (which == "bulk3h") go(bulk_kernel<3, 1>, nw * 3 * BSTAGE);
     if (which == "bulk4h") go(bulk_kernel<4, 1>, nw * 4 * BSTAGE);
+    if (which == "bulk2h64") go(bulk_kernel<2, 1, 64>, nw * 2 * 2 * BSTAGE);
     if (which == "reg") go(regstage_kernel<0>, nw * 2 * STAGE);
     if (which == "regcs") go(regstage_kernel<1>, nw * 2 * STAGE);
     if (which == "ldg" && delay == 0) go(ldg_kernel<2, 0>, 0);
