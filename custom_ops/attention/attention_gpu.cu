@@ -55,6 +55,19 @@ int device_attribute(gpuDeviceAttr_t attr, int fallback) {
 
 int max_shared_bytes() { return device_attribute(gpuDevAttrMaxSharedMemoryPerBlockOptin, 48 * 1024); }
 
+void set_dynamic_smem(const void* kern, int bytes) {
+  if (bytes <= 48 * 1024) return;  // the default limit
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, int> done;  // (kernel, device) -> the limit set
+  int dev = 0;
+  D4A_GPU_CHECK(gpuGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  int& have = done[std::make_pair(kern, dev)];
+  if (bytes <= have) return;
+  D4A_GPU_CHECK(gpuFuncSetAttribute(kern, gpuFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  have = bytes;
+}
+
 }  // namespace gpu
 
 size_t attention_gpu_scratch_bytes(const AttentionParams& p) {

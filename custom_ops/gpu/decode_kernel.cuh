@@ -92,7 +92,7 @@ inline int decode_warps_wanted(const TileArgs& a, int ws, int max_warps) {
 // Host: launches a decode kernel over a's (row chunk, split, batch, KV head) blocks.
 template <class Kernel, class... Extra>
 void launch_decode_grid(Kernel kern, const TileArgs& a, int threads, int bytes, gpuStream_t s, const Extra&... extra) {
-  if (bytes > 48 * 1024) D4A_GPU_CHECK(gpuFuncSetAttribute(kern, gpuFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  set_dynamic_smem(reinterpret_cast<const void*>(kern), bytes);
   const int64_t blocks = a.n_chunks * a.n_splits * a.B * a.Hkv;
   if (blocks > 0x7fffffffLL) throw std::runtime_error("Dot4Attention GPU: more than 2^31-1 blocks");
   kern<<<unsigned(blocks), unsigned(threads), bytes, s>>>(a, extra...);

@@ -785,7 +785,7 @@ bool launch_grid(Kernel kern, const TileArgs& a, int threads, int bytes, gpuStre
     launch_decode_grid(kern, a, threads, bytes, s, tm);
     return true;
   }
-  if (bytes > 48 * 1024) D4A_GPU_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  set_dynamic_smem(reinterpret_cast<const void*>(kern), bytes);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(unsigned(a.n_chunks * a.n_splits * a.B * a.Hkv));  // at most the SM count (decode_cluster)
   cfg.blockDim = dim3(unsigned(threads));

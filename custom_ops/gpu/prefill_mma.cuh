@@ -688,7 +688,7 @@ bool launch_grid(TileArgs a, const int bytes, gpuStream_t stream) {
   if (blocks <= 0) return true;
   if (blocks > 0x7fffffffLL) return false;
   auto kern = prefill_mma_kernel<VK, D, MT, MINB>;
-  D4A_GPU_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  set_dynamic_smem(reinterpret_cast<const void*>(kern), bytes);
   kern<<<unsigned(blocks), kThreads, bytes, stream>>>(a, ncq);
   D4A_GPU_CHECK(gpuGetLastError());
   return true;
