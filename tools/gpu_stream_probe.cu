@@ -117,10 +117,10 @@ __global__ void cpasync_kernel(Args a) {
 
 // TMA bulk: lane 0 of each warp issues 4 bulk copies per chunk (K rows, K scales, V rows, V scales), mbarrier per stage.
 // KCB keys per chunk (64: copies twice as large, the spin per chunk doubled so the work per key stays the same).
-constexpr int BSTAGE = KC * KROW + KC * KS + KC * VROW + KC * VS;
+__host__ __device__ constexpr int bulk_stage(int kc) { return kc * (KROW + KS + VROW + VS); }  // one chunk's bytes, dense
 template <int NST, int H, int KCB = KC>
 __global__ void bulk_kernel(Args a) {
-  constexpr int BSTAGE = KCB * (KROW + KS + VROW + VS);
+  constexpr int BSTAGE = bulk_stage(KCB);
   const uint64_t pol = pol_first();
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ __align__(8) uint64_t bar[8][NST];
@@ -288,11 +288,11 @@ int main(int argc, char** argv) {
     if (which == "cp2pf1") go(cpasync_kernel<2, 1>, nw * 2 * STAGE);
     if (which == "cp2pf2") go(cpasync_kernel<2, 2>, nw * 2 * STAGE);
     if (which == "cp2pf4") go(cpasync_kernel<2, 4>, nw * 2 * STAGE);
-    if (which == "bulk2") go(bulk_kernel<2, 0>, nw * 2 * BSTAGE);
-    if (which == "bulk2h") go(bulk_kernel<2, 1>, nw * 2 * BSTAGE);
-    if (which == "bulk3h") go(bulk_kernel<3, 1>, nw * 3 * BSTAGE);
-    if (which == "bulk4h") go(bulk_kernel<4, 1>, nw * 4 * BSTAGE);
-    if (which == "bulk2h64") go(bulk_kernel<2, 1, 64>, nw * 2 * 2 * BSTAGE);
+    if (which == "bulk2") go(bulk_kernel<2, 0>, nw * 2 * bulk_stage(KC));
+    if (which == "bulk2h") go(bulk_kernel<2, 1>, nw * 2 * bulk_stage(KC));
+    if (which == "bulk3h") go(bulk_kernel<3, 1>, nw * 3 * bulk_stage(KC));
+    if (which == "bulk4h") go(bulk_kernel<4, 1>, nw * 4 * bulk_stage(KC));
+    if (which == "bulk2h64") go(bulk_kernel<2, 1, 64>, nw * 2 * bulk_stage(64));
     if (which == "reg") go(regstage_kernel<0>, nw * 2 * STAGE);
     if (which == "regcs") go(regstage_kernel<1>, nw * 2 * STAGE);
     if (which == "ldg" && delay == 0) go(ldg_kernel<2, 0>, 0);
