@@ -2,7 +2,8 @@
 library's dot4attn_gpu_attention_masked C entry on torch tensors vs python/dot4attn/reference.py, over a
 representative set (decode and split_k forced; D 32..256; g 1/4/8; Sq 1/4/8 (up to 64 rows per KV head); bool /
 additive masks through broadcast strides; causal 0/1; f16 / f32; float / q8_0 / q4_0 V; Sk 0/1/63/512/4097/70000;
-rows with no visible key). Prints a pass/fail table; exit status 1 on any failure.
+rows with no visible key). Prints a pass/fail table; exit status 1 on any failure. --streams: split_k on four
+streams at once and under CUDA graph capture instead (stage 1 + the programmatic-dependent merge launch).
     DOT4ATTN_LIBRARY=build/gpu/libdot4attn_ops.so python3 tools/gpu_check_decode.py [--small] [--out FILE]
 --small: a few quick cases (for compute-sanitizer), both decode kernels (tensor-core: float16 T, D 64/128/256).
 """
@@ -117,12 +118,79 @@ CASES = [
 SMALL = [CASES[i] for i in (1, 2, 5, 9, 10, 11, 13, 14, 17, 19, 21, 29)]  # float16 D 64/128/256: tensor cores
 
 
+def stream_checks(f):
+    """split_k launched on four streams at once, 30 times each, must give the single-stream output bit for bit;
+    captured into a CUDA graph (stage 1 and the programmatic-dependent merge launch) and replayed, it must match the
+    reference. Returns the number of failures."""
+    B, Hq, Hkv, Sq, Sk, D = 2, 32, 8, 1, 16384, 128
+    rng = np.random.default_rng(5)
+    q = (rng.standard_normal((B, Hq, Sq, D), dtype=np.float32) * 3).astype(np.float16)
+    k = rng.standard_normal((B, Hkv, Sk, D), dtype=np.float32).astype(np.float16)
+    v = rng.standard_normal((B, Hkv, Sk, D), dtype=np.float32).astype(np.float16)
+    kp, ks = R.pack_k(k)
+    vp, vs = R.pack_v(v, "q4_0")
+    ref = R.attention(q, kp, ks, vp, vs, None, causal=1, v_format="q4_0")
+    T = lambda a: torch.from_numpy(np.ascontiguousarray(a)).cuda()  # noqa: E731
+    tq, tk, tks, tv, tvs = T(q), T(kp), T(ks.view(np.int16)), T(vp), T(vs.view(np.int16))
+    err = ctypes.create_string_buffer(512)
+    args = (B, Hq, Hkv, Sq, Sk, D, 1, VFMT["q4_0"], 1, ROUTES["split_k"], 0.0, 2048)
+    nbytes = ctypes.c_size_t(0)
+
+    def call(out, scratch, stream):
+        rc = f(*args, tq.data_ptr(), tk.data_ptr(), tks.data_ptr(), tv.data_ptr(), tvs.data_ptr(), out.data_ptr(),
+               None if scratch is None else scratch.data_ptr(), None if scratch is not None else ctypes.byref(nbytes),
+               None, stream, err, 512, 0, None, None)
+        if rc:
+            raise RuntimeError(err.value.decode())
+
+    call(torch.empty_like(tq), None, torch.cuda.current_stream().cuda_stream)  # scratch size only
+    want = torch.empty_like(tq)
+    scr = torch.empty(nbytes.value, dtype=torch.uint8, device="cuda")
+    call(want, scr, torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    fails = 0
+    streams = [torch.cuda.Stream() for _ in range(4)]
+    outs = [[torch.empty_like(tq) for _ in range(30)] for _ in streams]
+    scrs = [torch.empty(nbytes.value, dtype=torch.uint8, device="cuda") for _ in streams]
+    torch.cuda.synchronize()
+    for i in range(30):
+        for s, st in enumerate(streams):
+            call(outs[s][i], scrs[s], st.cuda_stream)
+    torch.cuda.synchronize()
+    bad = sum(not torch.equal(o, want) for lst in outs for o in lst)
+    print(f"| streams | 4 streams x 30 calls, bitwise equal to one call | {'PASS' if bad == 0 else f'FAIL ({bad} differ)'} |")
+    fails += bad != 0
+    g_out, g_scr = torch.empty_like(tq), torch.empty(nbytes.value, dtype=torch.uint8, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call(g_out, g_scr, side.cuda_stream)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(g_out, g_scr, torch.cuda.current_stream().cuda_stream)
+    ok = True
+    for _ in range(3):
+        g_out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        e = R.nmse(g_out.cpu().numpy(), ref)
+        ok = ok and bool(np.isfinite(e) and e <= 1e-6)
+    print(f"| graph | captured split_k replayed 3 times vs reference (NMSE {e:.1e}) | {'PASS' if ok else 'FAIL'} |")
+    fails += not ok
+    return fails
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true")
+    ap.add_argument("--streams", action="store_true", help="only the multi-stream and CUDA graph checks")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     f = lib()
+    if a.streams:
+        return 1 if stream_checks(f) else 0
     rng = np.random.default_rng(0)
     lines = ["| # | B,Hq,Hkv,Sq,Sk,D | V | causal | route | mask | T | splits | dead rows | nmse | result |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]

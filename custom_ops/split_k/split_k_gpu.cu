@@ -27,16 +27,75 @@ __device__ __forceinline__ void store4(void* out, int half, int64_t off, float4 
 }
 
 constexpr int kMergeThreads = 256;
+constexpr int kMergeBatch = 8;  // splits whose loads a merge thread has in flight at once
+
+// A running log-sum-exp state of four output columns: max M (log2 units), sum L, unnormalised accumulator o.
+struct MergeState {
+  float M = -INFINITY, L = 0.f;
+  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+  // Adds a partial (max m, sum l, accumulator x); partials that saw no key (l = 0) drop out.
+  __device__ __forceinline__ void add(float m, float l, float4 x) {
+    if (!(l > 0.f)) return;
+    const float Mn = fmaxf(M, m);
+    const float fo = exp2f(M - Mn), fn = exp2f(m - Mn);  // fo = 0 while M = -inf (o and L are zero then)
+    o.x = fmaf(fn, x.x, o.x * fo); o.y = fmaf(fn, x.y, o.y * fo);
+    o.z = fmaf(fn, x.z, o.z * fo); o.w = fmaf(fn, x.w, o.w * fo);
+    L = fmaf(fn, l, L * fo);
+    M = Mn;
+  }
+};
+
+// Float4 column c of output row `row` over splits s0, s0 + step, ...: in batches of kMergeBatch splits whose loads
+// are all issued before any is used (one L2 round trip per batch, not per split), each batch folded in with one
+// rescale against its max.
+__device__ __forceinline__ MergeState merge_column(const float* __restrict__ acc, const float2* __restrict__ ml,
+                                                   int64_t rows, int n_splits, int D, int64_t row, int c, int s0,
+                                                   int step) {
+  MergeState x;
+  for (int s = s0; s < n_splits; s += kMergeBatch * step) {
+    float2 v[kMergeBatch];
+    float4 a[kMergeBatch];
+#pragma unroll
+    for (int j = 0; j < kMergeBatch; ++j) {
+      const int sj = s + j * step;
+      if (sj < n_splits) {
+        const int64_t p = int64_t(sj) * rows + row;
+        v[j] = ml[p];
+        a[j] = reinterpret_cast<const float4*>(acc + p * D)[c];
+      } else {
+        v[j] = make_float2(-INFINITY, 0.f);
+        a[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+    float Mn = x.M;
+#pragma unroll
+    for (int j = 0; j < kMergeBatch; ++j)
+      if (v[j].y > 0.f) Mn = fmaxf(Mn, v[j].x);
+    if (Mn == -INFINITY) continue;  // no split so far saw a key
+    const float fo = exp2f(x.M - Mn);  // 0 while x.M = -inf
+    x.o.x *= fo; x.o.y *= fo; x.o.z *= fo; x.o.w *= fo;
+    x.L *= fo;
+#pragma unroll
+    for (int j = 0; j < kMergeBatch; ++j) {
+      const float w = v[j].y > 0.f ? exp2f(v[j].x - Mn) : 0.f;  // splits that saw no key drop out
+      x.o.x = fmaf(w, a[j].x, x.o.x); x.o.y = fmaf(w, a[j].y, x.o.y);
+      x.o.z = fmaf(w, a[j].z, x.o.z); x.o.w = fmaf(w, a[j].w, x.o.w);
+      x.L = fmaf(w, v[j].y, x.L);
+    }
+    x.M = Mn;
+  }
+  return x;
+}
 
 // One block per output row. Its threads form groups of D/4 (one float4 column each; D is a multiple of 32 up to
-// 256, so there are 4 to 32 groups); group i merges splits i, i + groups, ... against its own max, then the groups
-// meet once in shared memory. So each thread has only a few splits to load, all independent (one column per thread
-// looping over every split took ~6 us at 33 splits on the H200, 15-20% of split_k at 16k keys).
+// 256, so there are 4 to 32 groups); group i merges splits i, i + groups, ..., then the groups meet once in shared
+// memory. So each thread has a few splits to load, all in flight together (one column per thread looping over
+// every split took ~6 us at 33 splits on the H200; loading them one or two at a time, ~0.5-1 us more than this).
 __global__ void __launch_bounds__(kMergeThreads)
     merge_kernel(const float* __restrict__ part_acc, const float* __restrict__ part_ml, int64_t rows,
                  int n_splits, int D, int half, void* out) {
-  __shared__ float4 gacc[kMergeThreads];
-  __shared__ float gm[kMergeThreads], gl[kMergeThreads];
+  __shared__ float4 go[kMergeThreads];
+  __shared__ float2 gml[kMergeThreads];
 #if defined(D4A_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched early (programmatic dependent launch, see run_split_k): wait until stage 1 is complete and visible.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -44,41 +103,17 @@ __global__ void __launch_bounds__(kMergeThreads)
   const int64_t row = blockIdx.x;
   const int t = threadIdx.x, c4n = D / 4, groups = kMergeThreads / c4n;
   const int grp = t / c4n, c = t % c4n;
-  const float2* ml = reinterpret_cast<const float2*>(part_ml);
-  float M = -INFINITY, L = 0.f;
-  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
   if (grp < groups) {
-    for (int s = grp; s < n_splits; s += groups) {
-      const float2 v = ml[int64_t(s) * rows + row];
-      if (v.y > 0.f) M = fmaxf(M, v.x);
-    }
-    if (M != -INFINITY) {
-#pragma unroll 4
-      for (int s = grp; s < n_splits; s += groups) {
-        const float2 v = ml[int64_t(s) * rows + row];
-        const float4 x = reinterpret_cast<const float4*>(part_acc + (int64_t(s) * rows + row) * D)[c];
-        const float w = v.y > 0.f ? exp2f(v.x - M) : 0.f;  // splits that saw no key drop out
-        o.x = fmaf(w, x.x, o.x); o.y = fmaf(w, x.y, o.y); o.z = fmaf(w, x.z, o.z); o.w = fmaf(w, x.w, o.w);
-        L = fmaf(w, v.y, L);
-      }
-    }
-    gacc[t] = o;
-    if (c == 0) { gm[grp] = M; gl[grp] = L; }
+    const MergeState x = merge_column(part_acc, reinterpret_cast<const float2*>(part_ml), rows, n_splits, D, row, c,
+                                      grp, groups);
+    go[t] = x.o;
+    gml[t] = make_float2(x.M, x.L);
   }
   __syncthreads();
   if (t >= c4n) return;
-  float Mx = -INFINITY;
-  for (int i = 0; i < groups; ++i) Mx = fmaxf(Mx, gm[i]);
-  o = make_float4(0.f, 0.f, 0.f, 0.f);
-  L = 0.f;
-  for (int i = 0; i < groups; ++i) {
-    if (gm[i] == -INFINITY) continue;  // the group saw no key
-    const float w = exp2f(gm[i] - Mx);
-    const float4 x = gacc[i * c4n + t];
-    o.x = fmaf(w, x.x, o.x); o.y = fmaf(w, x.y, o.y); o.z = fmaf(w, x.z, o.z); o.w = fmaf(w, x.w, o.w);
-    L = fmaf(w, gl[i], L);
-  }
-  store4(out, half, row * D + 4 * t, o, L);
+  MergeState x;
+  for (int i = 0; i < groups; ++i) x.add(gml[i * c4n + t].x, gml[i * c4n + t].y, go[i * c4n + t]);
+  store4(out, half, row * D + 4 * t, x.o, x.L);
 }
 
 int64_t split_len_for(int64_t sk, int64_t n_splits) {
