@@ -91,12 +91,16 @@ def gpu_attention(query, k_payload, k_scales, value, v_scales=None, attn_mask=No
                   causal=1, route="auto", split_k_min_keys=None, scale=None):
     sess = gpu_attention_session(query.dtype.name, v_format, None if attn_mask is None else attn_mask.dtype.name,
                                  causal, route, split_k_min_keys, scale)
+    return sess.run(None, attention_feeds(query, k_payload, k_scales, value, v_scales, attn_mask))[0]
+
+
+def attention_feeds(query, k_payload, k_scales, value, v_scales=None, attn_mask=None):
     feeds = {"query": query, "k_payload": k_payload, "k_scales": k_scales, "value": value}
     if v_scales is not None:
         feeds["v_scales"] = v_scales
     if attn_mask is not None:
         feeds["attn_mask"] = attn_mask
-    return sess.run(None, feeds)[0]
+    return feeds
 
 
 def gpu_pack(x, op="PackK", fmt=None):
@@ -219,30 +223,20 @@ def test_empty_dims_gpu(shape):
 
 # ---- split_k from several threads and streams at once ------------------------------------------------------------
 
-SPLIT_CASE = (1, 32, 8, 1, 20000, 128, "float16", "q4_0")  # B, Hq, Hkv, Sq, Sk, D, dtype, v_format
-
-
-def _split_case():
-    B, Hq, Hkv, Sq, Sk, D, dtype, vf = SPLIT_CASE
-    rng = np.random.default_rng(77)
-    q, k, v = gaussian_qkv(rng, B, Hq, Hkv, Sq, Sk, D, dtype)
-    kp, ks = R.pack_k(k)
-    value, vs = pack_value(v, vf)
-    return (q, kp, ks, value, vs), R.attention(q, kp, ks, value, vs, causal=1, v_format=vf)
-
-
 def test_split_merge_concurrent_sessions_gpu():
     """Two sessions (two CUDA streams) running split_k from four threads at once: the split scratch comes from each
     run's allocation and nothing is shared between launches, so every run gives the single run's output bit for
     bit, and that output matches the reference."""
     from concurrent.futures import ThreadPoolExecutor
 
-    inputs, ref = _split_case()
-    B, Hq, Hkv, Sq, Sk, D, dtype, vf = SPLIT_CASE
-    model = ob.attention_model(np.dtype(dtype), vf, None, causal=1, route="split_k")
+    rng = np.random.default_rng(77)
+    q, k, v = gaussian_qkv(rng, 1, 32, 8, 1, 20000, 128, "float16")
+    kp, ks = R.pack_k(k)
+    value, vs = pack_value(v, "q4_0")
+    ref = R.attention(q, kp, ks, value, vs, causal=1, v_format="q4_0")
+    model = ob.attention_model(np.dtype("float16"), "q4_0", None, causal=1, route="split_k")
     sessions = [_session_uncached(model) for _ in range(2)]
-    feeds = {"query": inputs[0], "k_payload": inputs[1], "k_scales": inputs[2], "value": inputs[3],
-             "v_scales": inputs[4]}
+    feeds = attention_feeds(q, kp, ks, value, vs)
     want = sessions[0].run(None, feeds)[0]
     check_nmse(want, ref, TA.REF_TOL, "split_k")
 

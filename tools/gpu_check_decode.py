@@ -29,13 +29,41 @@ def lib():
     return f
 
 
-def run_case(f, rng, B, Hq, Hkv, Sq, Sk, D, vf, causal, route, mask, half):
+def make_qkv(rng, B, Hq, Hkv, Sq, Sk, D, vf, half):
+    """Query (x3), packed K, V in format vf (float: as drawn) and its scales (None for float), as numpy arrays."""
     dt = np.float16 if half else np.float32
     q = (rng.standard_normal((B, Hq, Sq, D), dtype=np.float32) * 3).astype(dt)
     k = rng.standard_normal((B, Hkv, Sk, D), dtype=np.float32).astype(np.float16)
     v = rng.standard_normal((B, Hkv, Sk, D), dtype=np.float32).astype(dt)
     kp, ks = R.pack_k(k)
     vp, vs = (v, None) if vf == "float" else R.pack_v(v, vf)
+    return q, kp, ks, vp, vs
+
+
+def to_gpu(a):
+    return torch.from_numpy(np.ascontiguousarray(a)).cuda()
+
+
+def gpu_inputs(q, kp, ks, vp, vs):
+    """make_qkv's arrays on the GPU (the float16 scales as raw 16-bit words)."""
+    tvs = None if vs is None else to_gpu(vs.view(np.int16))
+    return to_gpu(q), to_gpu(kp), to_gpu(ks.view(np.int16)), to_gpu(vp), tvs
+
+
+def call_entry(f, args, inputs, out, scratch, stream, sizes=(None, None), mask=(0, None, None)):
+    """One call of the C entry. inputs: (q, K payload, K scales, V, V scales or None) on the GPU; scratch: a tensor,
+    or None with sizes = (byref size_t, byref int64) to ask for the scratch bytes and split count; mask: (kind,
+    tensor or None, strides or None)."""
+    err = ctypes.create_string_buffer(512)
+    ptrs = [None if x is None else x.data_ptr() for x in (*inputs, out, scratch)]
+    mk, tm, strides = mask
+    if f(*args, *ptrs, *sizes, stream, err, 512, mk, None if tm is None else tm.data_ptr(), strides):
+        raise RuntimeError(err.value.decode())
+
+
+def run_case(f, rng, B, Hq, Hkv, Sq, Sk, D, vf, causal, route, mask, half):
+    dt = np.float16 if half else np.float32
+    q, kp, ks, vp, vs = make_qkv(rng, B, Hq, Hkv, Sq, Sk, D, vf, half)
     m = None
     if mask == "bool":  # [B, Hq, Sq, Sk], ~20 % hidden, row (0, 0, 0) fully hidden (a dead row)
         m = rng.random((B, Hq, Sq, Sk)) > 0.2
@@ -47,28 +75,20 @@ def run_case(f, rng, B, Hq, Hkv, Sq, Sk, D, vf, causal, route, mask, half):
         m[rng.random(m.shape) < 0.1] = -np.inf
         m[0, 0, Sq - 1, :] = -np.inf
     ref = R.attention(q, kp, ks, vp, vs, m, causal=causal, v_format=vf)
-    T = lambda a: torch.from_numpy(np.ascontiguousarray(a)).cuda()  # noqa: E731
-    tq, tk, tks, tv = T(q), T(kp), T(ks.view(np.int16)), T(vp)
-    tvs = None if vs is None else T(vs.view(np.int16))
+    inputs = gpu_inputs(q, kp, ks, vp, vs)
     tm, strides = None, None
     if m is not None:
-        tm = T(m.astype(np.uint8) if m.dtype == np.bool_ else m)
+        tm = to_gpu(m.astype(np.uint8) if m.dtype == np.bool_ else m)
         st = [s // m.itemsize if n > 1 else 0 for s, n in zip(m.strides, m.shape)]
         strides = (ctypes.c_int64 * 4)(*st)
-    out = torch.full(q.shape, float("nan"), dtype=tq.dtype, device="cuda")
-    err = ctypes.create_string_buffer(512)
+    out = torch.full(q.shape, float("nan"), dtype=inputs[0].dtype, device="cuda")
     nbytes, nsp = ctypes.c_size_t(0), ctypes.c_int64(0)
-    mk = 0 if m is None else (1 if m.dtype == np.bool_ else 2)
+    mk = (0 if m is None else (1 if m.dtype == np.bool_ else 2), tm, strides)
     stream = torch.cuda.current_stream().cuda_stream
     args = (B, Hq, Hkv, Sq, Sk, D, int(half), VFMT[vf], causal, ROUTES[route], 0.0, 2048)
-    ptrs = lambda scratch: (tq.data_ptr(), tk.data_ptr(), tks.data_ptr(), tv.data_ptr(),  # noqa: E731
-                            None if tvs is None else tvs.data_ptr(), out.data_ptr(), scratch)
-    tail = (stream, err, 512, mk, None if tm is None else tm.data_ptr(), strides)
-    if f(*args, *ptrs(None), ctypes.byref(nbytes), ctypes.byref(nsp), *tail):
-        raise RuntimeError(err.value.decode())
+    call_entry(f, args, inputs, out, None, stream, (ctypes.byref(nbytes), ctypes.byref(nsp)), mk)
     scratch = torch.empty(max(1, nbytes.value), dtype=torch.uint8, device="cuda") if nbytes.value else None
-    if f(*args, *ptrs(None if scratch is None else scratch.data_ptr()), None, None, *tail):
-        raise RuntimeError(err.value.decode())
+    call_entry(f, args, inputs, out, scratch, stream, mask=mk)
     torch.cuda.synchronize()
     o = out.cpu().numpy()
     e = R.nmse(o, ref)
@@ -123,44 +143,36 @@ def stream_checks(f):
     captured into a CUDA graph (stage 1 and the programmatic-dependent merge launch) and replayed, it must match the
     reference. Returns the number of failures."""
     B, Hq, Hkv, Sq, Sk, D = 2, 32, 8, 1, 16384, 128
-    rng = np.random.default_rng(5)
-    q = (rng.standard_normal((B, Hq, Sq, D), dtype=np.float32) * 3).astype(np.float16)
-    k = rng.standard_normal((B, Hkv, Sk, D), dtype=np.float32).astype(np.float16)
-    v = rng.standard_normal((B, Hkv, Sk, D), dtype=np.float32).astype(np.float16)
-    kp, ks = R.pack_k(k)
-    vp, vs = R.pack_v(v, "q4_0")
+    q, kp, ks, vp, vs = make_qkv(np.random.default_rng(5), B, Hq, Hkv, Sq, Sk, D, "q4_0", 1)
     ref = R.attention(q, kp, ks, vp, vs, None, causal=1, v_format="q4_0")
-    T = lambda a: torch.from_numpy(np.ascontiguousarray(a)).cuda()  # noqa: E731
-    tq, tk, tks, tv, tvs = T(q), T(kp), T(ks.view(np.int16)), T(vp), T(vs.view(np.int16))
-    err = ctypes.create_string_buffer(512)
+    inputs = gpu_inputs(q, kp, ks, vp, vs)
     args = (B, Hq, Hkv, Sq, Sk, D, 1, VFMT["q4_0"], 1, ROUTES["split_k"], 0.0, 2048)
-    nbytes = ctypes.c_size_t(0)
+    nbytes, nsp = ctypes.c_size_t(0), ctypes.c_int64(0)
+    new_out = lambda: torch.empty_like(inputs[0])  # noqa: E731
+    new_scratch = lambda: torch.empty(nbytes.value, dtype=torch.uint8, device="cuda")  # noqa: E731
 
     def call(out, scratch, stream):
-        rc = f(*args, tq.data_ptr(), tk.data_ptr(), tks.data_ptr(), tv.data_ptr(), tvs.data_ptr(), out.data_ptr(),
-               None if scratch is None else scratch.data_ptr(), None if scratch is not None else ctypes.byref(nbytes),
-               None, stream, err, 512, 0, None, None)
-        if rc:
-            raise RuntimeError(err.value.decode())
+        call_entry(f, args, inputs, out, scratch, stream)
 
-    call(torch.empty_like(tq), None, torch.cuda.current_stream().cuda_stream)  # scratch size only
-    want = torch.empty_like(tq)
-    scr = torch.empty(nbytes.value, dtype=torch.uint8, device="cuda")
-    call(want, scr, torch.cuda.current_stream().cuda_stream)
+    stream = torch.cuda.current_stream().cuda_stream
+    call_entry(f, args, inputs, new_out(), None, stream, (ctypes.byref(nbytes), ctypes.byref(nsp)))
+    want = new_out()
+    call(want, new_scratch(), stream)
     torch.cuda.synchronize()
     fails = 0
     streams = [torch.cuda.Stream() for _ in range(4)]
-    outs = [[torch.empty_like(tq) for _ in range(30)] for _ in streams]
-    scrs = [torch.empty(nbytes.value, dtype=torch.uint8, device="cuda") for _ in streams]
+    outs = [[new_out() for _ in range(30)] for _ in streams]
+    scrs = [new_scratch() for _ in streams]
     torch.cuda.synchronize()
     for i in range(30):
         for s, st in enumerate(streams):
             call(outs[s][i], scrs[s], st.cuda_stream)
     torch.cuda.synchronize()
     bad = sum(not torch.equal(o, want) for lst in outs for o in lst)
-    print(f"| streams | 4 streams x 30 calls, bitwise equal to one call | {'PASS' if bad == 0 else f'FAIL ({bad} differ)'} |")
+    res = "PASS" if bad == 0 else f"FAIL ({bad} differ)"
+    print(f"| streams | 4 streams x 30 calls, bitwise equal to one call | {res} |")
     fails += bad != 0
-    g_out, g_scr = torch.empty_like(tq), torch.empty(nbytes.value, dtype=torch.uint8, device="cuda")
+    g_out, g_scr = new_out(), new_scratch()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
