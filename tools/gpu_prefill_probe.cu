@@ -1,0 +1,64 @@
+// Standalone timing of the tensor-core prefill kernel (prefill_mma_kernel, custom_ops/gpu/prefill_mma.cuh) without
+// the library, ORT or torch: causal B = 1, (Hq, Hkv, D) = (32, 8, 128), Sq = Sk = argv[1] (default 8192), float16 Q
+// and V (or -DPVK=kVQ8 / kVQ4), random int8 K; CUDA events, median of 7 (no L2 flush: the kernel is compute-bound).
+// The output's FNV hash is printed (out=...): two builds of the same math must print the same hash (A/B checks).
+// Knock-out builds (tools/gpu_prefill_probe_knobs.py writes a copy of the header with #ifdef knobs: NOSCALE one FADD
+// instead of the two scaling FFMAs, NOSOFT no online softmax, NOPV no P.V mma, NOQK no Q.K) show what each part of a
+// tile costs. Build (repo root, on the device; PMT / PMINB pick the instantiation):
+//   python3 tools/gpu_prefill_probe_knobs.py build/probe
+//   nvcc -O3 -std=c++17 -arch=sm_90 -lineinfo -Ibuild/probe -Icustom_ops -DPMT=1 -DPMINB=2 [-DNOSCALE] \
+//        -o /tmp/pp tools/gpu_prefill_probe.cu && /tmp/pp 8192 label
+// Without -Ibuild/probe the real header is used (no knobs). Profile: ncu --set full --import-source yes
+//   -k regex:prefill_mma --launch-skip 1 --launch-count 1 -o rep /tmp/pp 8192 (see docs/gpu.md, eleventh session).
+#include <cstdio>
+#include <vector>
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <gpu/prefill_mma.cuh>  // angle brackets: the -I order decides (knob copy first)
+namespace dot4attn { namespace gpu {
+int device_attribute(gpuDeviceAttr_t attr, int fallback) { int v = 0, d = 0; cudaGetDevice(&d); cudaDeviceGetAttribute(&v, attr, d); return v > 0 ? v : fallback; }
+int max_shared_bytes() { return device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, 48 * 1024); }
+void set_dynamic_smem(const void* kern, int bytes) { if (bytes > 48 * 1024) cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes); }
+}}
+using namespace dot4attn::gpu;
+#ifndef PVK
+#define PVK kVF16
+#endif
+int main(int argc, char** argv) {
+  const int S = argc > 1 ? atoi(argv[1]) : 8192, Hq = 32, Hkv = 8, D = 128, NB = D / 32;
+  std::vector<uint16_t> q(size_t(Hq) * S * D), ks(size_t(Hkv) * S * NB), vs(size_t(Hkv) * S * NB);
+  std::vector<int8_t> k(size_t(Hkv) * S * D);
+  std::vector<uint8_t> v(size_t(Hkv) * S * D * 2);
+  uint32_t x = 1; auto rnd = [&]() { x = x * 1664525u + 1013904223u; return x >> 8; };
+  for (auto& e : q) { __half h = __float2half((int(rnd() % 2001) - 1000) / 500.f); e = *reinterpret_cast<uint16_t*>(&h); }
+  for (auto& e : k) e = int8_t(int(rnd() % 255) - 127);
+  for (auto& e : ks) { __half h = __float2half(0.01f + (rnd() % 100) * 1e-4f); e = *reinterpret_cast<uint16_t*>(&h); }
+  vs = ks;
+  for (size_t i = 0; i < v.size(); i += 2) { __half h = __float2half((int(rnd() % 2001) - 1000) / 1000.f); memcpy(&v[i], &h, 2); }
+  if (PVK != kVF16) for (auto& e : v) e = uint8_t(rnd());
+  void *dq, *dk, *dks, *dv, *dvs, *dout;
+  cudaMalloc(&dq, q.size() * 2); cudaMalloc(&dk, k.size()); cudaMalloc(&dks, ks.size() * 2);
+  cudaMalloc(&dv, v.size()); cudaMalloc(&dvs, vs.size() * 2); cudaMalloc(&dout, q.size() * 2);
+  cudaMemcpy(dq, q.data(), q.size() * 2, cudaMemcpyHostToDevice); cudaMemcpy(dk, k.data(), k.size(), cudaMemcpyHostToDevice);
+  cudaMemcpy(dks, ks.data(), ks.size() * 2, cudaMemcpyHostToDevice); cudaMemcpy(dv, v.data(), v.size(), cudaMemcpyHostToDevice);
+  cudaMemcpy(dvs, vs.data(), vs.size() * 2, cudaMemcpyHostToDevice);
+  TileArgs a{};
+  a.B = 1; a.Hq = Hq; a.Hkv = Hkv; a.Sq = S; a.Sk = S; a.g = Hq / Hkv; a.D = D; a.nb = NB; a.vk = PVK;
+  a.scale = 1.f / sqrtf(float(D)); a.scale_log2 = a.scale * kLog2e; a.half = 1; a.causal = 1;
+  a.q = dq; a.k = (const int8_t*)dk; a.ks = (const uint16_t*)dks; a.v = dv; a.vs = PVK == kVF16 ? nullptr : (const uint16_t*)dvs;
+  a.out = dout;
+  cudaStream_t st; cudaStreamCreate(&st);
+  auto run = [&]() { if (!pmma::launch<PVK, 128, PMT, PMINB>(a, st)) { printf("launch refused\n"); exit(1); } };
+  run(); cudaError_t e = cudaStreamSynchronize(st); if (e) { printf("err %s\n", cudaGetErrorString(e)); return 1; }
+  cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
+  std::vector<float> t;
+  for (int i = 0; i < 7; ++i) { cudaEventRecord(e0, st); run(); cudaEventRecord(e1, st); cudaEventSynchronize(e1); float ms; cudaEventElapsedTime(&ms, e0, e1); t.push_back(ms * 1000); }
+  std::sort(t.begin(), t.end());
+  std::vector<uint16_t> o(q.size()); cudaMemcpy(o.data(), dout, o.size() * 2, cudaMemcpyDeviceToHost);
+  uint64_t hsh = 1469598103934665603ull; for (auto w : o) { hsh ^= w; hsh *= 1099511628211ull; }
+  o[0] = uint16_t(hsh ^ (hsh >> 16) ^ (hsh >> 32) ^ (hsh >> 48));
+  double flops = 4.0 * Hq * double(S) * S * D / 2;
+  printf("%-28s S=%d median %.1f us (min %.1f) %.0f TFLOP/s  out=%04x\n", argc > 2 ? argv[2] : "", S, t[3], t[0], flops / (t[3] * 1e-6) / 1e12, o[0]);
+  return 0;
+}
