@@ -6,10 +6,11 @@
 // instead of the two scaling FFMAs, NOSOFT no online softmax, NOPV no P.V mma, NOQK no Q.K) show what each part of a
 // tile costs. Build (repo root, on the device; PMT / PMINB pick the instantiation):
 //   python3 tools/gpu_prefill_probe_knobs.py build/probe
-//   nvcc -O3 -std=c++17 -arch=sm_90 -lineinfo -Ibuild/probe -Icustom_ops -DPMT=1 -DPMINB=2 [-DNOSCALE] \
+//   nvcc -O3 -std=c++17 -arch=sm_90 -lineinfo -Ibuild/probe -Icustom_ops -DPMT=1 -DPMINB=2 [-DPD=64] [-DNOSCALE] \
 //        -o /tmp/pp tools/gpu_prefill_probe.cu && /tmp/pp 8192 label
-// Without -Ibuild/probe the real header is used (no knobs). Profile: ncu --set full --import-source yes
-//   -k regex:prefill_mma --launch-skip 1 --launch-count 1 -o rep /tmp/pp 8192 (see docs/gpu.md, eleventh session).
+// Without -Ibuild/probe the real header is used (no knobs). DOT4ATTN_PREFILL_TMA=0 in the environment: cp.async
+// tiles instead of TMA (same binary). Profile: ncu --set full --import-source yes -k regex:prefill_mma
+//   --launch-skip 1 --launch-count 1 -o rep /tmp/pp 8192 (see docs/gpu.md, eleventh session).
 #include <cstdio>
 #include <vector>
 #include <algorithm>
@@ -22,11 +23,14 @@ int max_shared_bytes() { return device_attribute(cudaDevAttrMaxSharedMemoryPerBl
 void set_dynamic_smem(const void* kern, int bytes) { if (bytes > 48 * 1024) cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes); }
 }}
 using namespace dot4attn::gpu;
+#ifndef PD
+#define PD 128  // head size: 64 or 128 (the pipelined layout)
+#endif
 #ifndef PVK
 #define PVK kVF16
 #endif
 int main(int argc, char** argv) {
-  const int S = argc > 1 ? atoi(argv[1]) : 8192, Hq = 32, Hkv = 8, D = 128, NB = D / 32;
+  const int S = argc > 1 ? atoi(argv[1]) : 8192, Hq = 32, Hkv = 8, D = PD, NB = D / 32;
   std::vector<uint16_t> q(size_t(Hq) * S * D), ks(size_t(Hkv) * S * NB), vs(size_t(Hkv) * S * NB);
   std::vector<int8_t> k(size_t(Hkv) * S * D);
   std::vector<uint8_t> v(size_t(Hkv) * S * D * 2);
@@ -49,7 +53,7 @@ int main(int argc, char** argv) {
   a.q = dq; a.k = (const int8_t*)dk; a.ks = (const uint16_t*)dks; a.v = dv; a.vs = PVK == kVF16 ? nullptr : (const uint16_t*)dvs;
   a.out = dout;
   cudaStream_t st; cudaStreamCreate(&st);
-  auto run = [&]() { if (!pmma::launch<PVK, 128, PMT, PMINB>(a, st)) { printf("launch refused\n"); exit(1); } };
+  auto run = [&]() { if (!pmma::launch<PVK, PD, PMT, PMINB>(a, st)) { printf("launch refused\n"); exit(1); } };
   run(); cudaError_t e = cudaStreamSynchronize(st); if (e) { printf("err %s\n", cudaGetErrorString(e)); return 1; }
   cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
   std::vector<float> t;

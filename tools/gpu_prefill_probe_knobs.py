@@ -26,7 +26,7 @@ def wrap(src, start, end, macro, alt=""):  # start / end markers must exist (Val
 src = wrap(src, "    // ---- online softmax", "    // ---- O += P.V ----", "NOSOFT")
 src = wrap(src, "    // ---- O += P.V ----", "  };\n\n  if constexpr (!kPipe)", "NOPV",
            "for (int mt = 0; mt < MT; ++mt) for (int n = 0; n < 8; ++n) oacc[mt][n][0] += S[mt][n][0] + S[mt][n][1] + S[mt][n][2] + S[mt][n][3];")
-src = wrap(src, "    const unsigned k_base = k_st + k_off;", "    // ---- masking", "NOQK",
+src = wrap(src, "    // K fragments and scale pairs are double-buffered", "    // ---- masking", "NOQK",
            "for (int mt = 0; mt < MT; ++mt) for (int n = 0; n < 8; ++n) for (int e = 0; e < 4; ++e) S[mt][n][e] = float(j0 + n + e) * 1e-3f;")
 out = os.path.join(sys.argv[1] if len(sys.argv) > 1 else "build/probe", "gpu")
 os.makedirs(out, exist_ok=True)

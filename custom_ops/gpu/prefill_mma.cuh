@@ -29,6 +29,9 @@
 //  * D <= 128 (Q in registers): one block barrier per tile (Traits::kPipe layout): the (sk, -M*sk) pairs and f16 V
 //    of tile t+1 are prepared at the end of tile t into double buffers; raw q8_0 / q4_0 V is converted by the
 //    thread that copied it (no barrier needed), the scale runs arrive one tile ahead. D = 256 keeps two barriers.
+//    On sm_90 (TMA = true) the K / V tiles of this layout come by tensor-map TMA instead of cp.async: one thread
+//    issues 2-3 copies per tile into dense, XOR-swizzled tiles and every thread waits on the ring slot's mbarrier;
+//    the ldmatrix addresses follow the swizzle. The 12 cp.async per thread and tile cost ~10 % (docs/gpu.md).
 // Shared memory per block (D=128, f16 V, 2 stages): 66 KB. Registers: up to 255 by default (MINB = 2: 2 blocks, 8 warps
 // per SM on H100/H200), because the double-buffered ldmatrix fragments do not fit the 168 of 3 blocks per SM (ptxas
 // then spills and keeps one fragment set, and every mma waits for shared memory: 7 % slower, docs/gpu.md).
@@ -40,6 +43,7 @@
 
 #include "gpu/attention_tile.cuh"
 #include "gpu/mma_primitives.cuh"
+#include "gpu/tma.cuh"
 
 #if defined(D4A_CUDA)
 #define D4A_HAS_PREFILL_MMA 1
@@ -51,6 +55,8 @@ namespace pmma {
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kKeys = 64;           // keys per tile
+
+__host__ __device__ constexpr int align1024(int x) { return (x + 1023) & ~1023; }
 
 // MT: 16-row m tiles per warp (1: 64 rows per block; 2: 128 rows, every K / V fragment read from shared memory
 // feeds two mmas: half the ldmatrix traffic per row, more registers).
@@ -96,6 +102,19 @@ struct Traits {
   static constexpr int SC = ST_KS + ST_VS;  // scale runs of one tile
   static constexpr int P_SC = P_RING + 2 * RING;
   static constexpr int pipe_bytes = P_SC + 2 * SC;
+  // TMA layout (sm_90, kPipe): the K tile and the V tile (f16, or raw q8_0 / q4_0) arrive by tensor copies, dense
+  // rows with the hardware's XOR swizzle (tma_row_byte), so the ring slots and the raw V buffer are 1024-byte
+  // aligned (the swizzle period) and the base is aligned at run time (1024 bytes of slack). Two mbarriers, one per
+  // ring slot. KSF, the converted f16 V and Q / SQ keep the pipelined layout's offsets.
+  static constexpr int VROW = v_row_bytes(VK, D);
+  static constexpr int T_KT = kKeys * D;     // one tensor box of 64 rows x D bytes (D <= 128)
+  static constexpr int T_VT = kKeys * VROW;  // slabs of 64 rows x min(VROW, 128) bytes
+  static constexpr int T_RING = align1024(T_KT + (kConv ? 0 : T_VT));
+  static constexpr int T_VR = align1024(P_VR);
+  static constexpr int T_RINGO = align1024(T_VR + (kConv ? T_VT : 0));
+  static constexpr int T_SC = T_RINGO + 2 * T_RING;
+  static constexpr int T_BAR = T_SC + 2 * SC;
+  static constexpr int tma_bytes = T_BAR + 16 + 1024;
 };
 
 // The (sk0, sk1, -M sk0, -M sk1) float4 of every (32-block, key pair) of a 64-key tile, from its fp16 K scale
@@ -160,8 +179,10 @@ __device__ __forceinline__ void run_kminmax(const TileArgs& a, int64_t r0, int64
 
 // ncq > 0: causal with Sq % 64 == 0, blocks in position-major order (heaviest query chunk of every head first).
 // MINB: blocks per SM promised to ptxas (2: 255 registers, the default; 3 caps D <= 128 at 168 registers).
-template <int VK, int D, int MT, int MINB>
-__global__ void __launch_bounds__(kThreads, MINB) prefill_mma_kernel(const TileArgs a, const int64_t ncq) {
+// TMA (sm_90, pipelined layout only): K / V tiles by tensor copies from the maps in tm (else tm is unused).
+template <int VK, int D, int MT, int MINB, bool TMA>
+__global__ void __launch_bounds__(kThreads, MINB)
+    prefill_mma_kernel(const TileArgs a, const int64_t ncq, const __grid_constant__ TmaMaps tm) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using Tr = Traits<VK, D, MT>;
   constexpr int kRows = Tr::kRows;
@@ -169,7 +190,10 @@ __global__ void __launch_bounds__(kThreads, MINB) prefill_mma_kernel(const TileA
   constexpr int NH = 2 * MT;   // rows per thread (gid, gid + 8 of each m tile)
   constexpr int NB = Tr::NB;
   constexpr int ND = D / 8;  // output n tiles
-  extern __shared__ __align__(16) uint8_t smem[];
+  constexpr bool kT = TMA && Tr::kPipe;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw;
+  if constexpr (kT) smem += (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
   const int nst = a.nst;
 
@@ -255,12 +279,17 @@ __global__ void __launch_bounds__(kThreads, MINB) prefill_mma_kernel(const TileA
   constexpr int KIT = kKeys * kch / kThreads, VIT = kKeys * vch / kThreads;
   static_assert(!kPipe || (kKeys * kch % kThreads == 0 && kKeys * vch % kThreads == 0 && kThreads % vch == 0),
                 "pipelined copy split");
+  constexpr int kSC = kT ? Tr::T_SC : Tr::P_SC;          // scale-run slots
+  constexpr int kRingO = kT ? Tr::T_RINGO : Tr::P_RING;  // ring slots
+  constexpr int kRingB = kT ? Tr::T_RING : Tr::RING;
+  constexpr int kVR = kT ? Tr::T_VR : Tr::P_VR;          // raw q8_0 / q4_0 V
+  const unsigned bar0 = smem_u32(smem + Tr::T_BAR);       // kT: the mbarrier of ring slot s is bar0 + 8 s
   auto issue_scales = [&](int64_t tile) {  // fp16 scale runs of `tile` into slot tile & 1
     if (tile < nkt) {
       const int64_t j0 = tile * kKeys;
       const int nv = int(kend - j0 < kKeys ? kend - j0 : kKeys);
       const int valid = nv * NB;
-      uint8_t* sc = smem + Tr::P_SC + int(tile & 1) * Tr::SC;
+      uint8_t* sc = smem + kSC + int(tile & 1) * Tr::SC;
       const uint16_t* ksg = a.ks + (head_row + j0) * NB;
       const uint16_t* vsg = Tr::kVq ? a.vs + (head_row + j0) * NB : nullptr;
       constexpr int N = kKeys * NB / 2;  // 4-byte pieces
@@ -278,14 +307,28 @@ __global__ void __launch_bounds__(kThreads, MINB) prefill_mma_kernel(const TileA
   };
   // K (+ V) of `tile` and the scale runs of tile + 1, one commit group
   auto issue_pipe = [&](int64_t tile) {
-    if (tile < nkt) {
+    if constexpr (kT) {
+      // one thread: arm the slot's mbarrier with the tile's bytes, then one tensor copy for K and one per 128-byte
+      // slab of V (keys past Sk arrive as zeros; keys past the block's range are masked like any causal key)
+      if (tile < nkt && tid == 0) {
+        const unsigned bar = bar0 + 8u * unsigned(tile & 1);
+        mbar_arrive_expect(bar, Tr::T_KT + Tr::T_VT);
+        uint8_t* ring = smem + kRingO + int(tile & 1) * kRingB;
+        const int y = int(tile * kKeys), z = int(bh);
+        tma_load_3d_plain(smem_u32(ring), &tm.k, 0, y, z, bar);
+        uint8_t* vd = Tr::kConv ? smem + kVR : ring + Tr::T_KT;
+        constexpr int W = tma_slab(Tr::VROW);
+#pragma unroll
+        for (int x = 0; x < Tr::VROW; x += W) tma_load_3d_plain(smem_u32(vd + (x / W) * (kKeys * W)), &tm.v, x, y, z, bar);
+      }
+    } else if (tile < nkt) {
       const int64_t j0 = tile * kKeys;
       const int nv = int(kend - j0 < kKeys ? kend - j0 : kKeys);
-      uint8_t* ring = smem + Tr::P_RING + int(tile & 1) * Tr::RING;
+      uint8_t* ring = smem + kRingO + int(tile & 1) * kRingB;
       const int8_t* kg = a.k + (head_row + j0) * D;
       const int jk = tid / kch, pk = tid % kch;
       const uint8_t* vg = static_cast<const uint8_t*>(a.v) + (head_row + j0) * vrow_b;
-      uint8_t* vd = Tr::kConv ? smem + Tr::P_VR : ring + Tr::ST_K;
+      uint8_t* vd = Tr::kConv ? smem + kVR : ring + Tr::ST_K;
       const int jv = tid / vch, pv = tid % vch;
       if (nv == kKeys) {  // whole tile (all but the last): one base address per thread, constant offsets, no checks
         const int8_t* ks0 = kg + jk * D + pk * 16;
@@ -317,10 +360,11 @@ __global__ void __launch_bounds__(kThreads, MINB) prefill_mma_kernel(const TileA
     cp_async_commit();
   };
   // KSF and f16 V of `tile` into buffer tile & 1: the scale runs must be visible to all threads (a barrier after
-  // their group), the raw V only to this thread (it copied exactly these chunks; its own wait is enough).
+  // their group), the raw V only to this thread (it copied exactly these chunks; its own wait is enough; with TMA
+  // every thread has waited on the tile's mbarrier).
   auto prep_pipe = [&](int64_t tile) {
     const int buf = int(tile & 1);
-    const uint8_t* sc = smem + Tr::P_SC + buf * Tr::SC;
+    const uint8_t* sc = smem + kSC + buf * Tr::SC;
     const uint16_t* kst = reinterpret_cast<const uint16_t*>(sc);
     k_scale_pairs<NB>(kst, KSF + buf * (NB * 32), tid);
     if constexpr (Tr::kConv) {
@@ -330,7 +374,8 @@ __global__ void __launch_bounds__(kThreads, MINB) prefill_mma_kernel(const TileA
 #pragma unroll
       for (int i = 0; i < VIT; ++i) {
         const int j = jv + i * (kThreads / vch);
-        const uint4 w = *reinterpret_cast<const uint4*>(smem + Tr::P_VR + j * Tr::VRAW + pv * 16);
+        const int at = kT ? tma_row_byte<Tr::VROW, kKeys>(j, pv * 16) : j * Tr::VRAW + pv * 16;
+        const uint4 w = *reinterpret_cast<const uint4*>(smem + kVR + at);
         if constexpr (VK == kVQ8) {  // 16 values of block pv / 2
           const __half2 s2 = __half2half2(vsr[j * NB + (pv >> 1)]);
           uint4* o = reinterpret_cast<uint4*>(vh + j * Tr::VSTR + pv * 32);
@@ -348,7 +393,19 @@ __global__ void __launch_bounds__(kThreads, MINB) prefill_mma_kernel(const TileA
     }
   };
 
+  auto wait_tma = [&](int64_t tile) {  // kT: every thread waits until the tile's tensor copies have landed
+    if constexpr (kT) mbar_wait(bar0 + 8u * unsigned(tile & 1), unsigned(tile >> 1) & 1u);
+  };
+
   // Start the first tiles before quantizing Q (they do not depend on it).
+  if constexpr (kT) {
+    if (tid == 0) {
+      mbar_init(bar0, 1);
+      mbar_init(bar0 + 8, 1);
+      mbar_init_fence();
+    }
+    __syncthreads();
+  }
   if constexpr (kPipe) {
     issue_scales(0);
     issue_pipe(0);
@@ -449,6 +506,20 @@ __global__ void __launch_bounds__(kThreads, MINB) prefill_mma_kernel(const TileA
   // per-lane ldmatrix offsets inside a tile
   const int k_off = ((lane >> 4) * 8 + (lane & 7)) * Tr::KSTR + ((lane >> 3) & 1) * 16;  // QK: n tile pair
   const int v_off = (((lane >> 3) & 1) * 8 + (lane & 7)) * Tr::VSTR + (lane >> 4) * 16;  // PV: trans
+  // kT: the same fragments in the swizzled dense tiles. K rows are D bytes (one slab): the lane's row r0 (+ 16 np)
+  // and 16-byte piece 2 blk + hi sit at r0 D + ((2 blk + hi) ^ swz(r0)) 16, swz from the lane's row only (rows 8 and
+  // 16 apart share it). f16 V rows are 2D bytes in 128-byte slabs: row rv0 (+ 16 ks), piece 2 (ndp % 4) + (lane >> 4)
+  // of slab ndp / 4 at (ndp / 4) 64 128 + row 128 + (piece ^ (row & 7)) 16.
+  int kx[NB], vx[4];
+  const int k_off_t = ((lane >> 4) * 8 + (lane & 7)) * D;
+  const int v_off_t = (((lane >> 3) & 1) * 8 + (lane & 7)) * 128;
+  {
+    const int r0 = (lane >> 4) * 8 + (lane & 7), sw = (r0 * D >> 7) & (D / 16 - 1);
+#pragma unroll
+    for (int blk = 0; blk < NB; ++blk) kx[blk] = ((2 * blk + ((lane >> 3) & 1)) ^ sw) << 4;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) vx[q] = ((2 * q + (lane >> 4)) ^ (lane & 7)) << 4;
+  }
 
   // One tile of this warp: S = Q.K, mask, online softmax, O += P.V. K from the stage at k_st, the K scale
   // pairs at KSF, f16 V rows at v_addr (shared addresses).
@@ -460,12 +531,13 @@ __global__ void __launch_bounds__(kThreads, MINB) prefill_mma_kernel(const TileA
 #pragma unroll
       for (int n = 0; n < 8; ++n) S[mt][n][0] = S[mt][n][1] = S[mt][n][2] = S[mt][n][3] = 0.f;
     // K fragments and scale pairs are double-buffered over the (block, n-tile pair) steps, like V below.
-    const unsigned k_base = k_st + k_off;
+    const unsigned k_base = k_st + (kT ? k_off_t : k_off);
     uint32_t kf[2][4];
     float4 kp[2][2];
     auto load_k = [&](int step, uint32_t (&f)[4], float4 (&p)[2]) {
       const int blk = step / 4, np = step % 4;
-      ldsm_x4(k_base + np * 16 * Tr::KSTR + blk * 32, f[0], f[1], f[2], f[3]);
+      if constexpr (kT) ldsm_x4(k_base + np * 16 * D + kx[blk], f[0], f[1], f[2], f[3]);
+      else ldsm_x4(k_base + np * 16 * Tr::KSTR + blk * 32, f[0], f[1], f[2], f[3]);
       p[0] = ksf[blk * 32 + (2 * np) * 4 + tig];
       p[1] = ksf[blk * 32 + (2 * np + 1) * 4 + tig];
     };
@@ -591,10 +663,14 @@ __global__ void __launch_bounds__(kThreads, MINB) prefill_mma_kernel(const TileA
     // ---- O += P.V ----
     // V fragments are double-buffered: the ldmatrix of the next step is issued before this step's mmas, so the
     // mmas do not wait for shared memory (without it ptxas reuses one fragment set and every mma stalls).
-    const unsigned v_base = v_addr + v_off;
+    constexpr bool kVT = kT && !Tr::kConv;  // f16 V straight from the swizzled TMA tile
+    const unsigned v_base = v_addr + (kVT ? v_off_t : v_off);
+    auto v_at = [&](int ks, int nd) {
+      return kVT ? v_base + (nd / 4) * (kKeys * 128) + ks * 16 * 128 + vx[nd % 4] : v_base + ks * 16 * Tr::VSTR + nd * 32;
+    };
     constexpr int NPV = 4 * (ND / 2);  // (16-key step, 16-column pair) steps
     uint32_t vf[2][4];
-    ldsm_x4_t(v_base, vf[0][0], vf[0][1], vf[0][2], vf[0][3]);
+    ldsm_x4_t(v_at(0, 0), vf[0][0], vf[0][1], vf[0][2], vf[0][3]);
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       uint32_t pa[MT][4];
@@ -610,7 +686,7 @@ __global__ void __launch_bounds__(kThreads, MINB) prefill_mma_kernel(const TileA
         const int step = ks * (ND / 2) + ndp, cur = step & 1;
         if (step + 1 < NPV) {
           const int ks1 = (step + 1) / (ND / 2), nd1 = (step + 1) % (ND / 2);
-          ldsm_x4_t(v_base + ks1 * 16 * Tr::VSTR + nd1 * 32, vf[cur ^ 1][0], vf[cur ^ 1][1], vf[cur ^ 1][2],
+          ldsm_x4_t(v_at(ks1, nd1), vf[cur ^ 1][0], vf[cur ^ 1][1], vf[cur ^ 1][2],
                     vf[cur ^ 1][3]);
         }
 #pragma unroll
@@ -670,19 +746,25 @@ __global__ void __launch_bounds__(kThreads, MINB) prefill_mma_kernel(const TileA
   // of `tile`, and frees the buffers of tile - 1 (ring slot, KSF / V buffer, scale slot) for tile + 1 / + 2.
   cp_async_wait<0>();
   __syncthreads();  // the prologue group (scales of tiles 0 and 1, K / V of tile 0) visible to all
-  if (nkt > 0) prep_pipe(0);
+  if (nkt > 0) {
+    wait_tma(0);
+    prep_pipe(0);
+  }
   for (int64_t tile = 0; tile < nkt; ++tile) {
     __syncthreads();
     issue_pipe(tile + 1);  // K / V of tile + 1, scale runs of tile + 2
     const int buf = int(tile & 1);
     const int64_t j0 = tile * kKeys;
     if (j0 <= kmax_w) {  // else no row of this warp sees any key of the tile (uniform per warp)
-      const unsigned ring = smem_u32(smem + Tr::P_RING + buf * Tr::RING);
+      const unsigned ring = smem_u32(smem + kRingO + buf * kRingB);
       compute(j0, ring, KSF + buf * (NB * 32),
-              Tr::kConv ? smem_u32(VH + buf * Tr::P_VHB) : ring + unsigned(Tr::ST_K));
+              Tr::kConv ? smem_u32(VH + buf * Tr::P_VHB) : ring + unsigned(kT ? Tr::T_KT : Tr::ST_K));
     }
     cp_async_wait<0>();  // this thread's copies of tile + 1
-    if (tile + 1 < nkt) prep_pipe(tile + 1);
+    if (tile + 1 < nkt) {
+      wait_tma(tile + 1);  // kT: the tensor copies of tile + 1 (every thread reads them: raw V in prep_pipe, K / V)
+      prep_pipe(tile + 1);
+    }
   }
   }
   cp_async_wait<0>();
@@ -724,19 +806,29 @@ inline int env_int(const char* name, int fallback) {
   return s && *s ? std::atoi(s) : fallback;
 }
 
-template <int VK, int D, int MT, int MINB>
-bool launch_grid(TileArgs a, int bytes, gpuStream_t stream);
+template <int VK, int D, int MT, int MINB, bool TMA>
+bool launch_grid(TileArgs a, int bytes, gpuStream_t stream, const TmaMaps& tm);
 
 template <int VK, int D, int MT, int MINB>
 bool launch(const TileArgs& a0, gpuStream_t stream) {
   using Tr = Traits<VK, D, MT>;
   TileArgs a = a0;
   const int limit = max_shared_bytes();
+  TmaMaps tm{};
   if constexpr (Tr::kPipe) {  // fixed layout: 2-slot K ring, one barrier per tile (DOT4ATTN_PREFILL_NST unused)
     a.nst = 2;
+    // sm_90: K / V tiles by tensor copies (DOT4ATTN_PREFILL_TMA=0: cp.async), when both caches fit the TMA's rules
+    if constexpr (MINB == 2) {
+      if (env_int("DOT4ATTN_PREFILL_TMA", 1) != 0 && Tr::tma_bytes <= limit &&
+          device_attribute(cudaDevAttrComputeCapabilityMajor, 0) >= 9 && a.B * a.Hkv <= 0x7fffffffLL &&
+          a.Sk <= 0x7fffffffLL &&  // the copies' key and head coordinates are int32
+          tma_map_rows(&tm.k, a.k, D, a.Sk, a.B * a.Hkv, kKeys) &&
+          tma_map_rows(&tm.v, a.v, Tr::VROW, a.Sk, a.B * a.Hkv, kKeys))
+        return launch_grid<VK, D, MT, MINB, true>(a, Tr::tma_bytes, stream, tm);
+    }
     const int bytes = Tr::pipe_bytes;
     if (bytes > limit) return false;
-    return launch_grid<VK, D, MT, MINB>(a, bytes, stream);
+    return launch_grid<VK, D, MT, MINB, false>(a, bytes, stream, tm);
   }
   // default: 2 stages, or 1 where 2 would leave a single block per SM (D = 256 with f16 V)
   int nst = env_int("DOT4ATTN_PREFILL_NST", Tr::smem_bytes(2) + 1024 > limit / 2 ? 1 : 2);
@@ -745,11 +837,11 @@ bool launch(const TileArgs& a0, gpuStream_t stream) {
   const int bytes = Tr::smem_bytes(nst);
   if (bytes > limit) return false;
   a.nst = nst;
-  return launch_grid<VK, D, MT, MINB>(a, bytes, stream);
+  return launch_grid<VK, D, MT, MINB, false>(a, bytes, stream, tm);
 }
 
-template <int VK, int D, int MT, int MINB>
-bool launch_grid(TileArgs a, const int bytes, gpuStream_t stream) {
+template <int VK, int D, int MT, int MINB, bool TMA>
+bool launch_grid(TileArgs a, const int bytes, gpuStream_t stream, const TmaMaps& tm) {
   constexpr int kRows = Traits<VK, D, MT>::kRows;
   int64_t ncq = 0, blocks;
   const int64_t rows = a.g * a.Sq;
@@ -763,9 +855,9 @@ bool launch_grid(TileArgs a, const int bytes, gpuStream_t stream) {
   }
   if (blocks <= 0) return true;
   if (blocks > 0x7fffffffLL) return false;
-  auto kern = prefill_mma_kernel<VK, D, MT, MINB>;
+  auto kern = prefill_mma_kernel<VK, D, MT, MINB, TMA>;
   set_dynamic_smem(reinterpret_cast<const void*>(kern), bytes);
-  kern<<<unsigned(blocks), kThreads, bytes, stream>>>(a, ncq);
+  kern<<<unsigned(blocks), kThreads, bytes, stream>>>(a, ncq, tm);
   D4A_GPU_CHECK(gpuGetLastError());
   return true;
 }

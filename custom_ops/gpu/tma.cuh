@@ -1,4 +1,5 @@
-// TMA (sm_90 tensor memory accelerator) pieces of the tensor-core decode's kStageTma staging (decode_mma.cuh):
+// TMA (sm_90 tensor memory accelerator) pieces of the tensor-core decode's kStageTma staging (decode_mma.cuh) and of the
+// tensor-core prefill's K / V tiles (prefill_mma.cuh):
 // host-side tensor maps of the K / V caches, device-side tensor copies, mbarriers and the L2 evict-first policy.
 // CUDA only; the device functions need sm_90 (the host launches kStageTma only there).
 //
@@ -135,6 +136,21 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
       : "memory");
 #else
   (void)dst; (void)map; (void)x; (void)y; (void)z; (void)bar; (void)policy;
+  __trap();
+#endif
+}
+
+// The same copy without a cache hint (data that other blocks read again, as the prefill's K / V tiles).
+__device__ __forceinline__ void tma_load_3d_plain(uint32_t dst, const CUtensorMap* map, int x, int y, int z,
+                                                  uint32_t bar) {
+#if defined(D4A_TMA_DEVICE)
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(bar)
+      : "memory");
+#else
+  (void)dst; (void)map; (void)x; (void)y; (void)z; (void)bar;
   __trap();
 #endif
 }
