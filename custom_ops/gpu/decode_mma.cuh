@@ -54,7 +54,6 @@ constexpr int kMaxThreads = 256;  // 8 warps (D = 256 needs ~190 registers)
 constexpr int kMaxCluster = 8;    // decode route's cluster (the portable cluster size limit)
 
 __host__ __device__ constexpr int up16(int x) { return (x + 15) & ~15; }
-__host__ __device__ constexpr int up1024(int x) { return (x + 1023) & ~1023; }
 
 // Shared memory (bytes), identical on host and device. Block part: int8 Q [8][D], float Q scales [8][NB], last
 // visible key and mask row offset per row, the block's merged (m, l) [2][8] (clusters), warps' (m, l) [nw][8]
@@ -361,7 +360,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
 
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw;  // TMA: moved up to the swizzle period (the launcher adds the slack)
-  if constexpr (kTma) smem += (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
+  if constexpr (kTma) smem += smem_pad1024(smem_raw);
   const int nw = int(blockDim.x) >> 5, nst = a.nst;
   const int t = threadIdx.x, lane = t & 31, w = t >> 5, g = lane >> 2, tq = lane & 3;
   int8_t* qs = reinterpret_cast<int8_t*>(smem + L::OFF_QS);

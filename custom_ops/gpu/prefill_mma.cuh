@@ -56,8 +56,6 @@ constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kKeys = 64;           // keys per tile
 
-__host__ __device__ constexpr int align1024(int x) { return (x + 1023) & ~1023; }
-
 // MT: 16-row m tiles per warp (1: 64 rows per block; 2: 128 rows, every K / V fragment read from shared memory
 // feeds two mmas: half the ldmatrix traffic per row, more registers).
 template <int VK, int D, int MT>
@@ -109,9 +107,9 @@ struct Traits {
   static constexpr int VROW = v_row_bytes(VK, D);
   static constexpr int T_KT = kKeys * D;     // one tensor box of 64 rows x D bytes (D <= 128)
   static constexpr int T_VT = kKeys * VROW;  // slabs of 64 rows x min(VROW, 128) bytes
-  static constexpr int T_RING = align1024(T_KT + (kConv ? 0 : T_VT));
-  static constexpr int T_VR = align1024(P_VR);
-  static constexpr int T_RINGO = align1024(T_VR + (kConv ? T_VT : 0));
+  static constexpr int T_RING = up1024(T_KT + (kConv ? 0 : T_VT));
+  static constexpr int T_VR = up1024(P_VR);
+  static constexpr int T_RINGO = up1024(T_VR + (kConv ? T_VT : 0));
   static constexpr int T_SC = T_RINGO + 2 * T_RING;
   static constexpr int T_BAR = T_SC + 2 * SC;
   static constexpr int tma_bytes = T_BAR + 16 + 1024;
@@ -193,7 +191,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   constexpr bool kT = TMA && Tr::kPipe;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw;
-  if constexpr (kT) smem += (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
+  if constexpr (kT) smem += smem_pad1024(smem_raw);  // TMA: the swizzle period (the launcher adds the slack)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
   const int nst = a.nst;
 
@@ -233,6 +231,11 @@ __global__ void __launch_bounds__(kThreads, MINB)
   uint8_t* stages = smem + Tr::OFF_ST;
 
   const int64_t head_row = bh * a.Sk;  // first K/V row of this (b, hkv)
+  // (query head, query position) of row-space row rr
+  auto row_pos = [&](int64_t rr, int64_t& hq, int64_t& i) {
+    hq = hkv * a.g + rr / a.Sq;
+    i = rr % a.Sq;
+  };
   // Loop-invariant parts are recomputed per tile on purpose (unroll 1): hoisted per-chunk addresses would cost
   // dozens of registers for the whole key walk.
   auto issue_tile = [&](int64_t tile) {
@@ -275,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
 
   // ---- pipelined path (kPipe): fixed trip counts, every thread owns the same chunks in every tile ----
   constexpr int kch = D / 16;                        // 16-byte K chunks per key
-  constexpr int vrow_b = v_row_bytes(VK, D), vch = vrow_b / 16;
+  constexpr int vrow_b = Tr::VROW, vch = vrow_b / 16;
   constexpr int KIT = kKeys * kch / kThreads, VIT = kKeys * vch / kThreads;
   static_assert(!kPipe || (kKeys * kch % kThreads == 0 && kKeys * vch % kThreads == 0 && kThreads % vch == 0),
                 "pipelined copy split");
@@ -428,7 +431,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
       const int64_t rr = row0 + warp * RW + it * RPI + rsub;
       xv[it] = make_uint4(0, 0, 0, 0);
       if (rr < rows_here) {
-        const int64_t hq = hkv * a.g + rr / a.Sq, i = rr % a.Sq;
+        int64_t hq, i;
+        row_pos(rr, hq, i);
         xv[it] = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.q) + ((b * a.Hq + hq) * a.Sq + i) * D +
                                                  c8 * 8);
       }
@@ -485,11 +489,6 @@ __global__ void __launch_bounds__(kThreads, MINB)
 #pragma unroll
       for (int blk = 0; blk < NB; ++blk) sq[h][blk] = SQ[row_local(h) * NB + blk] * a.scale_log2;
   }
-  // (query head, query position) of row-space row rr
-  auto row_pos = [&](int64_t rr, int64_t& hq, int64_t& i) {
-    hq = hkv * a.g + rr / a.Sq;
-    i = rr % a.Sq;
-  };
 
   float oacc[MT][ND][4];
 #pragma unroll

@@ -40,6 +40,15 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tma_encoder() {
   return fn;
 }
 
+// Shared-memory sizes and bases that a swizzled TMA copy lands in are multiples of the swizzle period (1024 bytes).
+__host__ __device__ constexpr int up1024(int x) { return (x + 1023) & ~1023; }
+
+// Device: bytes that move the dynamic shared memory base `raw` up to the swizzle period (the launcher asks for 1024
+// bytes of slack).
+__device__ __forceinline__ unsigned smem_pad1024(const uint8_t* raw) {
+  return (1024u - (static_cast<unsigned>(__cvta_generic_to_shared(raw)) & 1023u)) & 1023u;
+}
+
 // Slab width of rows of `row_bytes` bytes: a TMA box is `keys` rows x W bytes, W = min(row, 128) (the widest swizzle).
 __host__ __device__ constexpr int tma_slab(int row_bytes) { return row_bytes < 128 ? row_bytes : 128; }
 
