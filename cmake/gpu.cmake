@@ -1,7 +1,8 @@
 # GPU kernels for dot4attn_ops: CUDA (nvcc) or HIP (ROCm clang), from one kernel source (custom_ops/gpu/vendor.h).
 #
 #   DOT4ATTN_CUDA  AUTO|ON|OFF   AUTO: on when a CUDA compiler is found. Archs: CMAKE_CUDA_ARCHITECTURES
-#                                (default 80-real;90 = sm_80 and sm_90 machine code plus compute_90 PTX).
+#                                (default 80-real;90a-real;90-virtual = sm_80 and sm_90a machine code plus
+#                                compute_90 PTX; sm_90a, not sm_90, because the prefill's P.V uses wgmma there).
 #   DOT4ATTN_HIP   ON|OFF        default OFF. Archs: CMAKE_HIP_ARCHITECTURES (default gfx1100;gfx1101;gfx942;gfx90a).
 #
 # The CUDA runtime is linked statically, so the library still loads (and serves the CPU EP) on machines with no
@@ -49,7 +50,8 @@ endfunction()
 
 if(_d4a_use_cuda)
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
-    set(CMAKE_CUDA_ARCHITECTURES "80-real;90" CACHE STRING "CUDA archs (90 = sm_90 SASS + compute_90 PTX)" FORCE)
+    set(CMAKE_CUDA_ARCHITECTURES "80-real;90a-real;90-virtual" CACHE STRING
+        "CUDA archs (sm_80 and sm_90a SASS, compute_90 PTX for later GPUs)" FORCE)
   endif()
   set(CMAKE_CUDA_RUNTIME_LIBRARY Static)
   enable_language(CUDA)

@@ -9,7 +9,7 @@ OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD/python DOT4ATTN_LIBRARY=$PWD/build/gpu/libdot4attn_ops.so
 CS=/usr/local/cuda/bin/compute-sanitizer
 step() { local name=$1 t=$2; shift 2; echo "== $name ($(date +%T))"; timeout "$t" "$@" > "$OUT/$name.log" 2>&1; echo "rc=$?"; tail -3 "$OUT/$name.log"; }
-step build 240 bash -c "cmake -S . -B build/gpu -G Ninja -DDOT4ATTN_ORT_INCLUDE_DIR=$PWD/.ort/include/onnxruntime -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build build/gpu -j16"
+step build 240 bash -c "cmake -S . -B build/gpu -G Ninja -DDOT4ATTN_ORT_INCLUDE_DIR=$PWD/.ort/include/onnxruntime -DCMAKE_CUDA_ARCHITECTURES=90a-real && cmake --build build/gpu -j16"
 step check 120 python3 tools/gpu_check_decode.py --out "$OUT/check.md"
 step check_streams 120 python3 tools/gpu_check_decode.py --streams
 DOT4ATTN_GPU_DECODE=simt step check_simt 120 python3 tools/gpu_check_decode.py --out "$OUT/check_simt.md"

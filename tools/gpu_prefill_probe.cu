@@ -6,12 +6,18 @@
 // instead of the two scaling FFMAs, NOSOFT no online softmax, NOPV no P.V mma, NOQK no Q.K) show what each part of a
 // tile costs. Build (repo root, on the device; PMT / PMINB pick the instantiation):
 //   python3 tools/gpu_prefill_probe_knobs.py build/probe
-//   nvcc -O3 -std=c++17 -arch=sm_90 -lineinfo -Ibuild/probe -Icustom_ops -DPMT=1 -DPMINB=2 [-DPD=64] [-DNOSCALE] \
+//   nvcc -O3 -std=c++17 -arch=sm_90a -lineinfo -Ibuild/probe -Icustom_ops -DPMT=1 -DPMINB=2 [-DPD=64] [-DNOSCALE] \
 //        -o /tmp/pp tools/gpu_prefill_probe.cu && /tmp/pp 8192 label
 // Without -Ibuild/probe the real header is used (no knobs). DOT4ATTN_PREFILL_TMA=0 in the environment: cp.async
-// tiles instead of TMA (same binary). Profile: ncu --set full --import-source yes -k regex:prefill_mma
-//   --launch-skip 1 --launch-count 1 -o rep /tmp/pp 8192 (see docs/gpu.md, eleventh session).
+// tiles instead of TMA (same binary). PROBE_AB=DOT4ATTN_PREFILL_WGMMA (any 0-able knob): also time the run with
+// that knob at 0 in the same process and compare the two outputs (differing values, max |d|, NMSE). PROBE_DUMP=file
+// writes the output, PROBE_REF=file compares it with one written by another build (same S). Profile:
+//   ncu --set full --import-source yes -k regex:prefill_mma --launch-skip 1 --launch-count 1 -o rep /tmp/pp 8192
+//   (see docs/gpu.md, eleventh session). wgmma needs -arch=sm_90a (with -arch=sm_90 the kernel keeps mma.sync).
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 #include <algorithm>
 #include <map>
@@ -60,6 +66,37 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 7; ++i) { cudaEventRecord(e0, st); run(); cudaEventRecord(e1, st); cudaEventSynchronize(e1); float ms; cudaEventElapsedTime(&ms, e0, e1); t.push_back(ms * 1000); }
   std::sort(t.begin(), t.end());
   std::vector<uint16_t> o(q.size()); cudaMemcpy(o.data(), dout, o.size() * 2, cudaMemcpyDeviceToHost);
+  if (const char* f = getenv("PROBE_DUMP")) {  // the output for another build to compare against (PROBE_REF)
+    FILE* fp = fopen(f, "wb"); fwrite(o.data(), 2, o.size(), fp); fclose(fp);
+  }
+  if (const char* f = getenv("PROBE_REF")) {
+    std::vector<uint16_t> r(o.size()); FILE* fp = fopen(f, "rb");
+    const size_t got = fp ? fread(r.data(), 2, r.size(), fp) : 0; if (fp) fclose(fp);
+    double num = 0, den = 0, mx = 0; size_t diff = 0;
+    for (size_t i = 0; i < o.size() && got == o.size(); ++i) {
+      __half h1, h2; memcpy(&h1, &o[i], 2); memcpy(&h2, &r[i], 2);
+      const double x = __half2float(h1), y = __half2float(h2);
+      num += (x - y) * (x - y); den += y * y; mx = std::max(mx, std::abs(x - y)); diff += o[i] != r[i];
+    }
+    printf("REF %s: %s; outputs differ in %zu, max |d| %.3g, NMSE %.3g\n", f, got == o.size() ? "read" : "MISSING", diff,
+           mx, den > 0 ? num / den : 0.0);
+  }
+  if (const char* ab = getenv("PROBE_AB")) {  // same-process A/B: rerun with the knob ab set to 0, compare outputs
+    setenv(ab, "0", 1);
+    std::vector<float> t2;
+    for (int i = 0; i < 7; ++i) { cudaEventRecord(e0, st); run(); cudaEventRecord(e1, st); cudaEventSynchronize(e1); float ms; cudaEventElapsedTime(&ms, e0, e1); t2.push_back(ms * 1000); }
+    std::sort(t2.begin(), t2.end());
+    std::vector<uint16_t> o2(q.size()); cudaMemcpy(o2.data(), dout, o2.size() * 2, cudaMemcpyDeviceToHost);
+    double num = 0, den = 0, mx = 0; size_t diff = 0;
+    for (size_t i = 0; i < o.size(); ++i) {
+      __half h1, h2; memcpy(&h1, &o[i], 2); memcpy(&h2, &o2[i], 2);
+      const double x = __half2float(h1), y = __half2float(h2);
+      num += (x - y) * (x - y); den += y * y; mx = std::max(mx, std::abs(x - y)); diff += o[i] != o2[i];
+    }
+    printf("AB %s=0: median %.1f us vs %.1f us; outputs differ in %zu of %zu, max |d| %.3g, NMSE %.3g\n", ab, t2[3], t[3],
+           diff, o.size(), mx, den > 0 ? num / den : 0.0);
+    unsetenv(ab);
+  }
   uint64_t hsh = 1469598103934665603ull; for (auto w : o) { hsh ^= w; hsh *= 1099511628211ull; }
   o[0] = uint16_t(hsh ^ (hsh >> 16) ^ (hsh >> 32) ^ (hsh >> 48));
   double flops = 4.0 * Hq * double(S) * S * D / 2;

@@ -18,7 +18,10 @@
 //    row sum stays per thread until the end (quad reduce once). Prefix tiles that every row of the warp sees
 //    skip all masking; only the causal diagonal / Sk tail / explicit masks check per element.
 //  * P.V: P rounded to f16 in registers (the QK accumulator layout is the A fragment layout of m16n8k16), V as
-//    f16 in shared memory read by ldmatrix.trans, mma.m16n8k16.f32.f16.f16.f32 (float32 accumulation).
+//    f16 in shared memory read by ldmatrix.trans, mma.m16n8k16.f32.f16.f16.f32 (float32 accumulation). On sm_90a
+//    with f16 V (D = 64 / 128) the block's 4 warps (one warpgroup) instead issue one wgmma.m64nDk16 per 16 keys
+//    with P from registers and V straight from the swizzled TMA tile: 4 instructions per warp and tile instead of
+//    64 mma.sync + 32 ldmatrix, and no V fragment registers, which lets 3 blocks per SM fit (see MINB).
 //    float16 V is copied as is; q8_0 / q4_0 are dequantized (value * scale, one f16 rounding, exact levels via
 //    the 0x6400|n trick) once per tile by the whole block into one buffer. float32 T (and so float32 V) stays
 //    on the tile kernel (see try_prefill_mma).
@@ -34,7 +37,9 @@
 //    the ldmatrix addresses follow the swizzle. The 12 cp.async per thread and tile cost ~10 % (docs/gpu.md).
 // Shared memory per block (D=128, f16 V, 2 stages): 66 KB. Registers: up to 255 by default (MINB = 2: 2 blocks, 8 warps
 // per SM on H100/H200), because the double-buffered ldmatrix fragments do not fit the 168 of 3 blocks per SM (ptxas
-// then spills and keeps one fragment set, and every mma waits for shared memory: 7 % slower, docs/gpu.md).
+// then spills and keeps one fragment set, and every mma waits for shared memory: 7 % slower, docs/gpu.md). The
+// wgmma P.V path is the exception: without V fragments it runs 3 blocks per SM at 168 registers (MINB = 3, 12
+// warps per SM), 7 % faster than 2 blocks at 8k keys on the H200 (docs/gpu.md, twelfth session).
 #pragma once
 
 #include <cstdint>
@@ -110,6 +115,9 @@ struct Traits {
   static constexpr int T_RING = up1024(T_KT + (kConv ? 0 : T_VT));
   static constexpr int T_VR = up1024(P_VR);
   static constexpr int T_RINGO = up1024(T_VR + (kConv ? T_VT : 0));
+  // P.V by wgmma (m64nDk16, P from registers, V from the TMA tile as an MN-major 128-byte-swizzled operand): f16 V
+  // (its tile is the operand as it lands), one m tile per warp (the warpgroup's 64 rows are the instruction's M).
+  static constexpr bool kWgmma = VK == kVF16 && MT == 1 && (D == 64 || D == 128);
   static constexpr int T_SC = T_RINGO + 2 * T_RING;
   static constexpr int T_BAR = T_SC + 2 * SC;
   static constexpr int tma_bytes = T_BAR + 16 + 1024;
@@ -176,9 +184,12 @@ __device__ __forceinline__ void run_kminmax(const TileArgs& a, int64_t r0, int64
 }
 
 // ncq > 0: causal with Sq % 64 == 0, blocks in position-major order (heaviest query chunk of every head first).
-// MINB: blocks per SM promised to ptxas (2: 255 registers, the default; 3 caps D <= 128 at 168 registers).
+// MINB: blocks per SM promised to ptxas (2: 255 registers; 3 caps D <= 128 at 168 registers, the default for the
+// wgmma path, see launch_vk).
 // TMA (sm_90, pipelined layout only): K / V tiles by tensor copies from the maps in tm (else tm is unused).
-template <int VK, int D, int MT, int MINB, bool TMA>
+// WG (with TMA, f16 V, MT = 1): P.V by wgmma from the swizzled V tile where the build has it (sm_90a, D4A_WGMMA);
+// elsewhere the same launch runs mma.sync (the shared-memory layout is the TMA one either way).
+template <int VK, int D, int MT, int MINB, bool TMA, bool WG>
 __global__ void __launch_bounds__(kThreads, MINB)
     prefill_mma_kernel(const TileArgs a, const int64_t ncq, const __grid_constant__ TmaMaps tm) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -189,6 +200,11 @@ __global__ void __launch_bounds__(kThreads, MINB)
   constexpr int NB = Tr::NB;
   constexpr int ND = D / 8;  // output n tiles
   constexpr bool kT = TMA && Tr::kPipe;
+#if defined(D4A_WGMMA)
+  constexpr bool kWG = WG && kT && Tr::kWgmma;
+#else
+  constexpr bool kWG = false;
+#endif
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw;
   if constexpr (kT) smem += smem_pad1024(smem_raw);  // TMA: the swizzle period (the launcher adds the slack)
@@ -520,6 +536,19 @@ __global__ void __launch_bounds__(kThreads, MINB)
     for (int q = 0; q < 4; ++q) vx[q] = ((2 * q + (lane >> 4)) ^ (lane & 7)) << 4;
   }
 
+  // wgmma: wait for the P.V in flight (it writes O)
+  auto wg_wait_o = [&]() {
+#if defined(D4A_WGMMA)
+    if constexpr (kWG) {
+      wgmma_wait<0>();
+#pragma unroll
+      for (int n = 0; n < ND; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) wg_reg_fence(oacc[0][n][e]);
+    }
+#endif
+  };
+
   // One tile of this warp: S = Q.K, mask, online softmax, O += P.V. K from the stage at k_st, the K scale
   // pairs at KSF, f16 V rows at v_addr (shared addresses).
   auto compute = [&](const int64_t j0, const unsigned k_st, const float4* __restrict__ ksf, const unsigned v_addr) {
@@ -660,6 +689,33 @@ __global__ void __launch_bounds__(kThreads, MINB)
     }
 
     // ---- O += P.V ----
+#if defined(D4A_WGMMA)
+    if constexpr (kWG) {
+      // One wgmma per 16-key step for the warpgroup's 64 rows x D columns: V (16 keys x D) straight from the TMA
+      // tile, whose 128-byte slabs of 64 columns are the MN-major canonical layout (LBO: the next 64 columns, one
+      // slab = 64 keys x 128 bytes on; SBO: the next 8 keys = 1024 bytes; a 16-key step starts 2048 bytes on).
+      // Issued asynchronously; the loop waits for them at the end of the tile (wg_wait_o), before the barrier after
+      // which the ring slot is refilled. (Waiting in the next tile instead, with a third ring slot, measured slower:
+      // ptxas then spills around the accumulators in flight.)
+      uint32_t pa[4][4];
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        pa[ks][0] = pack_h2(S[0][2 * ks][0], S[0][2 * ks][1]);
+        pa[ks][1] = pack_h2(S[0][2 * ks][2], S[0][2 * ks][3]);
+        pa[ks][2] = pack_h2(S[0][2 * ks + 1][0], S[0][2 * ks + 1][1]);
+        pa[ks][3] = pack_h2(S[0][2 * ks + 1][2], S[0][2 * ks + 1][3]);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        const uint64_t desc = wg_desc_mn_sw128(v_addr + ks * 16 * 128, kKeys * 128, 1024);
+        if constexpr (D == 128) wgmma_f16_n128(oacc[0], pa[ks], desc);
+        else wgmma_f16_n64(oacc[0], pa[ks], desc);
+      }
+      wgmma_commit();
+      return;
+    }
+#endif
     // V fragments are double-buffered: the ldmatrix of the next step is issued before this step's mmas, so the
     // mmas do not wait for shared memory (without it ptxas reuses one fragment set and every mma stalls).
     constexpr bool kVT = kT && !Tr::kConv;  // f16 V straight from the swizzled TMA tile
@@ -754,7 +810,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
     issue_pipe(tile + 1);  // K / V of tile + 1, scale runs of tile + 2
     const int buf = int(tile & 1);
     const int64_t j0 = tile * kKeys;
-    if (j0 <= kmax_w) {  // else no row of this warp sees any key of the tile (uniform per warp)
+    if (kWG || j0 <= kmax_w) {  // else no row of this warp sees any key of the tile (uniform per warp; with wgmma
+                                 // all 4 warps take part: such a warp's rows are all masked, so its P is 0)
       const unsigned ring = smem_u32(smem + kRingO + buf * kRingB);
       compute(j0, ring, KSF + buf * (NB * 32),
               Tr::kConv ? smem_u32(VH + buf * Tr::P_VHB) : ring + unsigned(kT ? Tr::T_KT : Tr::ST_K));
@@ -764,6 +821,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
       wait_tma(tile + 1);  // kT: the tensor copies of tile + 1 (every thread reads them: raw V in prep_pipe, K / V)
       prep_pipe(tile + 1);
     }
+    wg_wait_o();  // wgmma: this tile's P.V has read its V slot (refilled after the next barrier) and written O
   }
   }
   cp_async_wait<0>();
@@ -805,7 +863,7 @@ inline int env_int(const char* name, int fallback) {
   return s && *s ? std::atoi(s) : fallback;
 }
 
-template <int VK, int D, int MT, int MINB, bool TMA>
+template <int VK, int D, int MT, int MINB, bool TMA, bool WG = false>
 bool launch_grid(TileArgs a, int bytes, gpuStream_t stream, const TmaMaps& tm);
 
 template <int VK, int D, int MT, int MINB>
@@ -817,13 +875,20 @@ bool launch(const TileArgs& a0, gpuStream_t stream) {
   if constexpr (Tr::kPipe) {  // fixed layout: 2-slot K ring, one barrier per tile (DOT4ATTN_PREFILL_NST unused)
     a.nst = 2;
     // sm_90: K / V tiles by tensor copies (DOT4ATTN_PREFILL_TMA=0: cp.async), when both caches fit the TMA's rules
-    if constexpr (MINB == 2) {
+    if constexpr (MINB >= 2) {
       if (env_int("DOT4ATTN_PREFILL_TMA", 1) != 0 && Tr::tma_bytes <= limit &&
           device_attribute(cudaDevAttrComputeCapabilityMajor, 0) >= 9 && a.B * a.Hkv <= 0x7fffffffLL &&
           a.Sk <= 0x7fffffffLL &&  // the copies' key and head coordinates are int32
           tma_map_rows(&tm.k, a.k, D, a.Sk, a.B * a.Hkv, kKeys) &&
-          tma_map_rows(&tm.v, a.v, Tr::VROW, a.Sk, a.B * a.Hkv, kKeys))
+          tma_map_rows(&tm.v, a.v, Tr::VROW, a.Sk, a.B * a.Hkv, kKeys)) {
+        // wgmma exists on sm_90 only (not sm_100+, which run this kernel from compute_90 PTX without it anyway);
+        // DOT4ATTN_PREFILL_WGMMA=0 keeps mma.sync for the P.V (A/B)
+        if constexpr (Tr::kWgmma) {
+          if (env_int("DOT4ATTN_PREFILL_WGMMA", 1) != 0 && device_attribute(cudaDevAttrComputeCapabilityMajor, 0) == 9)
+            return launch_grid<VK, D, MT, MINB, true, true>(a, Tr::tma_bytes, stream, tm);
+        }
         return launch_grid<VK, D, MT, MINB, true>(a, Tr::tma_bytes, stream, tm);
+      }
     }
     const int bytes = Tr::pipe_bytes;
     if (bytes > limit) return false;
@@ -839,7 +904,7 @@ bool launch(const TileArgs& a0, gpuStream_t stream) {
   return launch_grid<VK, D, MT, MINB, false>(a, bytes, stream, tm);
 }
 
-template <int VK, int D, int MT, int MINB, bool TMA>
+template <int VK, int D, int MT, int MINB, bool TMA, bool WG>
 bool launch_grid(TileArgs a, const int bytes, gpuStream_t stream, const TmaMaps& tm) {
   constexpr int kRows = Traits<VK, D, MT>::kRows;
   int64_t ncq = 0, blocks;
@@ -854,7 +919,7 @@ bool launch_grid(TileArgs a, const int bytes, gpuStream_t stream, const TmaMaps&
   }
   if (blocks <= 0) return true;
   if (blocks > 0x7fffffffLL) return false;
-  auto kern = prefill_mma_kernel<VK, D, MT, MINB, TMA>;
+  auto kern = prefill_mma_kernel<VK, D, MT, MINB, TMA, WG>;
   set_dynamic_smem(reinterpret_cast<const void*>(kern), bytes);
   kern<<<unsigned(blocks), kThreads, bytes, stream>>>(a, ncq, tm);
   D4A_GPU_CHECK(gpuGetLastError());
@@ -863,12 +928,16 @@ bool launch_grid(TileArgs a, const int bytes, gpuStream_t stream, const TmaMaps&
 
 template <int VK>
 bool launch_vk(const TileArgs& a, gpuStream_t s) {
-  // Tuning knobs: DOT4ATTN_PREFILL_MT = 1 / 2 m tiles per warp (D <= 128); DOT4ATTN_PREFILL_MINB = 2 (default:
-  // up to 255 registers, 2 blocks / 8 warps per SM) or 3 (168 registers, 3 blocks per SM; MT = 1 only). With 168
-  // registers ptxas spills and keeps one ldmatrix fragment set, so every mma waits for shared memory: 3 blocks
-  // measured 7 % slower than 2 on the H200 (8k causal, D = 128).
+  // Tuning knobs: DOT4ATTN_PREFILL_MT = 1 / 2 m tiles per warp (D <= 128); DOT4ATTN_PREFILL_MINB = 2 (up to 255
+  // registers, 2 blocks / 8 warps per SM) or 3 (168 registers, 3 blocks per SM; MT = 1 only). With mma.sync P.V,
+  // 168 registers make ptxas spill and keep one ldmatrix fragment set, so every mma waits for shared memory: 3
+  // blocks measured 7 % slower than 2 on the H200 (8k causal, D = 128; q4_0 V with TMA tiles 2 % slower). The wgmma
+  // P.V (f16 V, D <= 128, sm_90) holds no V fragments and is fastest with 3: 8k causal (32, 8, 128) 1839 vs 1979 us,
+  // D = 64 1088 vs 1306 (H200, same run), so 3 is its default and 2 everyone else's.
   const int mt = env_int("DOT4ATTN_PREFILL_MT", 1);
-  const bool cap = env_int("DOT4ATTN_PREFILL_MINB", 2) >= 3;
+  const bool wg = VK == kVF16 && a.D <= 128 && env_int("DOT4ATTN_PREFILL_WGMMA", 1) != 0 &&
+                  env_int("DOT4ATTN_PREFILL_TMA", 1) != 0 && device_attribute(cudaDevAttrComputeCapabilityMajor, 0) == 9;
+  const bool cap = env_int("DOT4ATTN_PREFILL_MINB", wg ? 3 : 2) >= 3;
   switch (a.D) {
     case 64: return mt == 2 ? launch<VK, 64, 2, 1>(a, s) : cap ? launch<VK, 64, 1, 3>(a, s) : launch<VK, 64, 1, 2>(a, s);
     case 128: return mt == 2 ? launch<VK, 128, 2, 1>(a, s) : cap ? launch<VK, 128, 1, 3>(a, s) : launch<VK, 128, 1, 2>(a, s);
