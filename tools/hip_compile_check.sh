@@ -42,29 +42,45 @@ fi
 mapfile -t sources < <(cd "$root" && find custom_ops -name '*.cu' | sort)
 common=(-std=c++17 -O3 -I"$root/custom_ops" -DDOT4ATTN_WITH_GPU=1 -DDOT4ATTN_WITH_HIP=1 --cuda-device-only -S
         -Wno-unused-command-line-argument)
-fail=0
-for arch in "${archs[@]}"; do
+# One (arch, source) compile per job, $(nproc) at a time (each is a single-threaded clang run of ~10-60 s), results
+# printed in order afterwards.
+check_one() {  # arch src idx
+  local arch=$1 src=$2 res=$work/res.$3 cc dot
   case $arch in
     gfx942) cc=(clang++-19 -x hip --offload-arch="$arch" -nogpulib); dot='v_dot4c\?_i32_i8' ;;
     gfx90a) cc=(env HIP_PLATFORM=amd hipcc --offload-arch="$arch" --rocm-device-lib-path="$devlib"); dot='v_dot4c\?_i32_i8' ;;
     gfx11*) cc=(env HIP_PLATFORM=amd hipcc --offload-arch="$arch" --rocm-device-lib-path="$devlib"); dot='v_dot4_i32_iu8' ;;
-    *) echo "unknown arch $arch" >&2; exit 2 ;;
   esac
-  for src in "${sources[@]}"; do
-    out=$work/$(basename "$src" .cu).$arch.s
-    if "${cc[@]}" "${common[@]}" "$root/$src" -o "$out" 2>"$work/err"; then
-      status=ok
-      # the files that instantiate the attention tile kernel must contain the dot instruction
-      if [[ $src == */decode_gpu.cu || $src == */prefill_gpu.cu ]] && ! grep -q "$dot" "$out"; then
-        status="FAILED (no $dot in the code: the dot4 builtin was not used)"
-        fail=1
-      fi
-      echo "$arch  $src: $status"
-    else
-      echo "$arch  $src: FAILED"
-      sed 's/^/    /' "$work/err" | grep -v "linker' input unused" | head -30
-      fail=1
+  local out=$work/$(basename "$src" .cu).$arch.s
+  if "${cc[@]}" "${common[@]}" "$root/$src" -o "$out" 2>"$res.err"; then
+    local status=ok
+    # the files that instantiate the attention tile kernel must contain the dot instruction
+    if [[ $src == */decode_gpu.cu || $src == */prefill_gpu.cu ]] && ! grep -q "$dot" "$out"; then
+      status="FAILED (no $dot in the code: the dot4 builtin was not used)"
+      touch "$res.fail"
     fi
+    echo "$arch  $src: $status" > "$res"
+  else
+    touch "$res.fail"
+    { echo "$arch  $src: FAILED"; sed 's/^/    /' "$res.err" | grep -v "linker' input unused" | head -30 || true; } > "$res"
+  fi
+}
+for arch in "${archs[@]}"; do
+  case $arch in gfx942|gfx90a|gfx11*) ;; *) echo "unknown arch $arch" >&2; exit 2 ;; esac
+done
+jobs_max=$(nproc 2>/dev/null || echo 2)
+n=0
+for arch in "${archs[@]}"; do
+  for src in "${sources[@]}"; do
+    while [[ $(jobs -rp | wc -l) -ge $jobs_max ]]; do wait -n || true; done
+    check_one "$arch" "$src" "$n" &
+    n=$((n + 1))
   done
+done
+wait
+fail=0
+for ((i = 0; i < n; i++)); do
+  cat "$work/res.$i" 2>/dev/null || { echo "job $i left no result"; fail=1; }
+  [[ -e $work/res.$i.fail ]] && fail=1
 done
 exit $fail
