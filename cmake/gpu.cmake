@@ -65,7 +65,8 @@ if(_d4a_use_cuda)
                         CUDA_RUNTIME_LIBRARY Static CUDA_SEPARABLE_COMPILATION OFF
                         CUDA_VISIBILITY_PRESET hidden)
   # No fast math: PackK/PackV must divide exactly like the CPU (the kernels also use __fdiv_rn explicitly).
-  target_compile_options(dot4attn_ops PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-O3 --Werror cross-execution-space-call>)
+  # --threads 0: nvcc compiles a file's arch targets (sm_80, sm_90a, compute_90) in parallel.
+  target_compile_options(dot4attn_ops PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-O3 --Werror cross-execution-space-call --threads 0>)
   target_compile_definitions(dot4attn_ops PRIVATE DOT4ATTN_WITH_GPU=1 DOT4ATTN_WITH_CUDA=1)
   target_link_libraries(dot4attn_ops PRIVATE CUDA::cudart_static ${CMAKE_DL_LIBS})
   if(UNIX AND NOT APPLE)
