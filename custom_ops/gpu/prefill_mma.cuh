@@ -863,6 +863,13 @@ inline int env_int(const char* name, int fallback) {
   return s && *s ? std::atoi(s) : fallback;
 }
 
+// The wgmma P.V is wanted: not switched off (DOT4ATTN_PREFILL_WGMMA=0, the A/B knob) and a compute capability 9.x
+// device (wgmma is sm_90a only; sm_100+ run this kernel from compute_90 PTX without it anyway). launch picks the
+// instance by it and launch_vk the register budget, so both ask here.
+inline bool wgmma_wanted() {
+  return env_int("DOT4ATTN_PREFILL_WGMMA", 1) != 0 && device_attribute(cudaDevAttrComputeCapabilityMajor, 0) == 9;
+}
+
 template <int VK, int D, int MT, int MINB, bool TMA, bool WG = false>
 bool launch_grid(TileArgs a, int bytes, gpuStream_t stream, const TmaMaps& tm);
 
@@ -881,11 +888,8 @@ bool launch(const TileArgs& a0, gpuStream_t stream) {
           a.Sk <= 0x7fffffffLL &&  // the copies' key and head coordinates are int32
           tma_map_rows(&tm.k, a.k, D, a.Sk, a.B * a.Hkv, kKeys) &&
           tma_map_rows(&tm.v, a.v, Tr::VROW, a.Sk, a.B * a.Hkv, kKeys)) {
-        // wgmma exists on sm_90 only (not sm_100+, which run this kernel from compute_90 PTX without it anyway);
-        // DOT4ATTN_PREFILL_WGMMA=0 keeps mma.sync for the P.V (A/B)
         if constexpr (Tr::kWgmma) {
-          if (env_int("DOT4ATTN_PREFILL_WGMMA", 1) != 0 && device_attribute(cudaDevAttrComputeCapabilityMajor, 0) == 9)
-            return launch_grid<VK, D, MT, MINB, true, true>(a, Tr::tma_bytes, stream, tm);
+          if (wgmma_wanted()) return launch_grid<VK, D, MT, MINB, true, true>(a, Tr::tma_bytes, stream, tm);
         }
         return launch_grid<VK, D, MT, MINB, true>(a, Tr::tma_bytes, stream, tm);
       }
@@ -935,8 +939,8 @@ bool launch_vk(const TileArgs& a, gpuStream_t s) {
   // P.V (f16 V, D <= 128, sm_90) holds no V fragments and is fastest with 3: 8k causal (32, 8, 128) 1839 vs 1979 us,
   // D = 64 1088 vs 1306 (H200, same run), so 3 is its default and 2 everyone else's.
   const int mt = env_int("DOT4ATTN_PREFILL_MT", 1);
-  const bool wg = VK == kVF16 && a.D <= 128 && env_int("DOT4ATTN_PREFILL_WGMMA", 1) != 0 &&
-                  env_int("DOT4ATTN_PREFILL_TMA", 1) != 0 && device_attribute(cudaDevAttrComputeCapabilityMajor, 0) == 9;
+  const bool wg = (a.D == 64 ? Traits<VK, 64, 1>::kWgmma : a.D == 128 && Traits<VK, 128, 1>::kWgmma) &&
+                  env_int("DOT4ATTN_PREFILL_TMA", 1) != 0 && wgmma_wanted();
   const bool cap = env_int("DOT4ATTN_PREFILL_MINB", wg ? 3 : 2) >= 3;
   switch (a.D) {
     case 64: return mt == 2 ? launch<VK, 64, 2, 1>(a, s) : cap ? launch<VK, 64, 1, 3>(a, s) : launch<VK, 64, 1, 2>(a, s);
