@@ -21,6 +21,7 @@
 #include <vector>
 #include <algorithm>
 #include <map>
+#include <string>
 #include <mutex>
 #include <gpu/prefill_mma.cuh>  // angle brackets: the -I order decides (knob copy first)
 namespace dot4attn { namespace gpu {
@@ -62,39 +63,42 @@ int main(int argc, char** argv) {
   auto run = [&]() { if (!pmma::launch<PVK, PD, PMT, PMINB>(a, st)) { printf("launch refused\n"); exit(1); } };
   run(); cudaError_t e = cudaStreamSynchronize(st); if (e) { printf("err %s\n", cudaGetErrorString(e)); return 1; }
   cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
-  std::vector<float> t;
-  for (int i = 0; i < 7; ++i) { cudaEventRecord(e0, st); run(); cudaEventRecord(e1, st); cudaEventSynchronize(e1); float ms; cudaEventElapsedTime(&ms, e0, e1); t.push_back(ms * 1000); }
-  std::sort(t.begin(), t.end());
-  std::vector<uint16_t> o(q.size()); cudaMemcpy(o.data(), dout, o.size() * 2, cudaMemcpyDeviceToHost);
+  auto time7 = [&]() {  // sorted kernel times (us) of 7 runs
+    std::vector<float> t;
+    for (int i = 0; i < 7; ++i) { cudaEventRecord(e0, st); run(); cudaEventRecord(e1, st); cudaEventSynchronize(e1); float ms; cudaEventElapsedTime(&ms, e0, e1); t.push_back(ms * 1000); }
+    std::sort(t.begin(), t.end());
+    return t;
+  };
+  auto output = [&]() { std::vector<uint16_t> o(q.size()); cudaMemcpy(o.data(), dout, o.size() * 2, cudaMemcpyDeviceToHost); return o; };
+  // "outputs differ in N, max |d| M, NMSE E" of output a against reference b (f16 values)
+  auto compare = [](const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+    double num = 0, den = 0, mx = 0; size_t diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      __half h1, h2; memcpy(&h1, &a[i], 2); memcpy(&h2, &b[i], 2);
+      const double x = __half2float(h1), y = __half2float(h2);
+      num += (x - y) * (x - y); den += y * y; mx = std::max(mx, std::abs(x - y)); diff += a[i] != b[i];
+    }
+    char m[128];
+    snprintf(m, sizeof m, "outputs differ in %zu of %zu, max |d| %.3g, NMSE %.3g", diff, a.size(), mx, den > 0 ? num / den : 0.0);
+    return std::string(m);
+  };
+  const std::vector<float> t = time7();
+  std::vector<uint16_t> o = output();
   if (const char* f = getenv("PROBE_DUMP")) {  // the output for another build to compare against (PROBE_REF)
-    FILE* fp = fopen(f, "wb"); fwrite(o.data(), 2, o.size(), fp); fclose(fp);
+    FILE* fp = fopen(f, "wb");
+    if (!fp || fwrite(o.data(), 2, o.size(), fp) != o.size()) { printf("PROBE_DUMP %s: cannot write\n", f); return 1; }
+    fclose(fp);
   }
   if (const char* f = getenv("PROBE_REF")) {
     std::vector<uint16_t> r(o.size()); FILE* fp = fopen(f, "rb");
     const size_t got = fp ? fread(r.data(), 2, r.size(), fp) : 0; if (fp) fclose(fp);
-    double num = 0, den = 0, mx = 0; size_t diff = 0;
-    for (size_t i = 0; i < o.size() && got == o.size(); ++i) {
-      __half h1, h2; memcpy(&h1, &o[i], 2); memcpy(&h2, &r[i], 2);
-      const double x = __half2float(h1), y = __half2float(h2);
-      num += (x - y) * (x - y); den += y * y; mx = std::max(mx, std::abs(x - y)); diff += o[i] != r[i];
-    }
-    printf("REF %s: %s; outputs differ in %zu, max |d| %.3g, NMSE %.3g\n", f, got == o.size() ? "read" : "MISSING", diff,
-           mx, den > 0 ? num / den : 0.0);
+    if (got != o.size()) printf("REF %s: MISSING or short (%zu of %zu values)\n", f, got, o.size());
+    else printf("REF %s: %s\n", f, compare(o, r).c_str());
   }
   if (const char* ab = getenv("PROBE_AB")) {  // same-process A/B: rerun with the knob ab set to 0, compare outputs
     setenv(ab, "0", 1);
-    std::vector<float> t2;
-    for (int i = 0; i < 7; ++i) { cudaEventRecord(e0, st); run(); cudaEventRecord(e1, st); cudaEventSynchronize(e1); float ms; cudaEventElapsedTime(&ms, e0, e1); t2.push_back(ms * 1000); }
-    std::sort(t2.begin(), t2.end());
-    std::vector<uint16_t> o2(q.size()); cudaMemcpy(o2.data(), dout, o2.size() * 2, cudaMemcpyDeviceToHost);
-    double num = 0, den = 0, mx = 0; size_t diff = 0;
-    for (size_t i = 0; i < o.size(); ++i) {
-      __half h1, h2; memcpy(&h1, &o[i], 2); memcpy(&h2, &o2[i], 2);
-      const double x = __half2float(h1), y = __half2float(h2);
-      num += (x - y) * (x - y); den += y * y; mx = std::max(mx, std::abs(x - y)); diff += o[i] != o2[i];
-    }
-    printf("AB %s=0: median %.1f us vs %.1f us; outputs differ in %zu of %zu, max |d| %.3g, NMSE %.3g\n", ab, t2[3], t[3],
-           diff, o.size(), mx, den > 0 ? num / den : 0.0);
+    const std::vector<float> t2 = time7();
+    printf("AB %s=0: median %.1f us vs %.1f us; %s\n", ab, t2[3], t[3], compare(o, output()).c_str());
     unsetenv(ab);
   }
   uint64_t hsh = 1469598103934665603ull; for (auto w : o) { hsh ^= w; hsh *= 1099511628211ull; }
