@@ -11,7 +11,7 @@ src = open(os.path.join(here, "..", "custom_ops", "gpu", "prefill_mma.cuh")).rea
 # NOSCALE: one FADD per element and block instead of two FFMAs
 patched = []
 for l in src.split("\n"):
-    m = re.match(r"(\s*)(s[01])\[(\d)\] = fmaf\(q[01], fmaf\(__int_as_float\((c[01])\[(\d)\]\), k[01]\.[xy], k[01]\.[zw]\), s[01]\[\d\]\);", l)
+    m = re.match(r"(\s*)(s[01])\[(\d)\] = fmaf\(fmaf\(__int_as_float\((c[01])\[(\d)\]\), q[01], m[01]\), k\.[xyzw], s[01]\[\d\]\);", l)
     if m:
         ind, s, i, c, j = m.groups()
         patched += ["#ifdef NOSCALE", f"{ind}{s}[{i}] += __int_as_float({c}[{j}]);", "#else", l, "#endif"]
@@ -26,7 +26,7 @@ def wrap(src, start, end, macro, alt=""):  # start / end markers must exist (Val
 src = wrap(src, "    // ---- online softmax", "    // ---- O += P.V ----", "NOSOFT")
 src = wrap(src, "    // ---- O += P.V ----", "  };\n\n  if constexpr (!kPipe)", "NOPV",
            "for (int mt = 0; mt < MT; ++mt) for (int n = 0; n < 8; ++n) oacc[mt][n][0] += S[mt][n][0] + S[mt][n][1] + S[mt][n][2] + S[mt][n][3];")
-src = wrap(src, "    // K fragments and scale pairs are double-buffered", "    // ---- masking", "NOQK",
+src = wrap(src, "    // K fragments and scales are double-buffered", "    // ---- masking", "NOQK",
            "for (int mt = 0; mt < MT; ++mt) for (int n = 0; n < 8; ++n) for (int e = 0; e < 4; ++e) S[mt][n][e] = float(j0 + n + e) * 1e-3f;")
 out = os.path.join(sys.argv[1] if len(sys.argv) > 1 else "build/probe", "gpu")
 os.makedirs(out, exist_ok=True)

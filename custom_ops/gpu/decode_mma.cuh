@@ -15,9 +15,9 @@
 //
 //  * Q.K: mma.m16n8k32 s8 with M = query rows (rows 8..15 and rows past nrows are zero), N = 8 keys, K = one
 //    32-block, so each block's int32 dot gets its own scales: the accumulator starts at kMagicI and two FFMAs
-//    give logit2 += (sq * scale * log2e) * (dot * sk), exactly as the tensor-core prefill. K fragments come from
-//    the int8 rows by ldmatrix (rows padded to D + 16 bytes); the (sk, -M sk) pairs of a chunk are built once by
-//    the warp (lane per (block, key pair)).
+//    give logit2 += fma(c, sq, -M sq) * sk = (sq * scale * log2e * dot) * sk, exactly as the tensor-core prefill
+//    (q_scale23 there). K fragments come from the int8 rows by ldmatrix (rows padded to D + 16 bytes); the K
+//    scales of a chunk are spread once by the warp into one float4 per (block, 16-key step, quad lane).
 //  * softmax: the Q.K accumulator gives thread (g, t) row g and keys 8j + 2t, 8j + 2t + 1 (j = 0..3); the row max
 //    is a quad reduction, the row sum stays per thread until the end.
 //  * P.V: O^T = V^T P^T, mma.m16n8k16 f16 with M = 16 V columns, N = the 8 rows, K = 16 keys, float32
@@ -57,7 +57,7 @@ __host__ __device__ constexpr int up16(int x) { return (x + 15) & ~15; }
 
 // Shared memory (bytes), identical on host and device. Block part: int8 Q [8][D], float Q scales [8][NB], last
 // visible key and mask row offset per row, the block's merged (m, l) [2][8] (clusters), warps' (m, l) [nw][8]
-// (TMA: and the warps' stage mbarriers); then per warp its (sk, -M sk) table and nst stages. After the key loop
+// (TMA: and the warps' stage mbarriers); then per warp its K scale table and nst stages. After the key loop
 // the warp areas become the [nw][8][D] float32 combine buffer (it fits: a warp's area holds at least the 32 x D K
 // bytes of one stage).
 // A stage: K rows, K scale rows (2 NB bytes per key), V rows, V scale rows (q8_0 / q4_0). cp.async / register
@@ -77,7 +77,10 @@ struct Layout {
   static constexpr int OFF_V = TMA ? kKC * D : OFF_KS + ST_KS;
   static constexpr int OFF_VS = TMA ? OFF_KS + ST_KS : OFF_V + kKC * VSTR;
   static constexpr int STAGE = TMA ? up1024(OFF_VS + ST_VS) : OFF_VS + ST_VS;
-  static constexpr int KSF = NB * 16 * 16;  // float4 (sk0, sk1, -M sk0, -M sk1) per (block, key pair)
+  // K scale table (kQBias): float4 of 4 key scales per (block, 16-key step, quad lane); D = 256: float4
+  // (sk0, sk1, -M sk0, -M sk1) per (block, key pair)
+  static constexpr bool kQBias = D <= 128;
+  static constexpr int KSF = kQBias ? NB * 8 * 16 : NB * 16 * 16;
   static constexpr int KSF_AREA = TMA ? up1024(KSF) : KSF;
   static constexpr int OFF_QS = 0;
   static constexpr int OFF_QSC = up16(kRB * D);
@@ -545,13 +548,21 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   // builds the quads once instead of copying a0 / a2 next to fresh zeros for every mma (32 moves per chunk); D = 64
   // / 256 keep the literal (their register budgets spill with the 2 NB extra registers).
   const uint32_t zero = D == 128 ? uint32_t(a.nst) >> 31 : 0u;
-  float sqf[NB];
+  // q scale (q_scale23) and -M q (exact). D = 256 keeps the -M term with the key scales (L::kQBias false): 8 more
+  // registers for -M q made ptxas spill ~300 bytes in most D = 256 kernels.
+  constexpr bool kQBias = L::kQBias;
+  float sqf[NB], sqm[kQBias ? NB : 1];
 #pragma unroll
   for (int blk = 0; blk < NB; ++blk) {
     qa[blk][0] = *reinterpret_cast<const uint32_t*>(qs + g * D + 32 * blk + 4 * tq);
     qa[blk][2] = *reinterpret_cast<const uint32_t*>(qs + g * D + 32 * blk + 16 + 4 * tq);
     qa[blk][1] = qa[blk][3] = zero;
-    sqf[blk] = qsc[g * NB + blk] * a.scale_log2;
+    if constexpr (kQBias) {
+      sqf[blk] = q_scale23(qsc[g * NB + blk] * a.scale_log2);
+      sqm[blk] = -kMagicF * sqf[blk];
+    } else {
+      sqf[blk] = qsc[g * NB + blk] * a.scale_log2;
+    }
   }
   const int64_t kmax_g = kmax_s[g];
   const int64_t mrow_g = mrow_s[g];
@@ -598,14 +609,24 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
       }
     }
 
-    // ---- the chunk's (sk, -M sk) pairs: one float4 per (block, key pair) ----
+    // ---- the chunk's K scales: float4 (block, step jp, lane tq) = keys 16 jp + 2 tq + (0, 1, 8, 9), the keys of
+    // that lane's n tiles 2 jp and 2 jp + 1 (one 16-byte load per step and lane in the Q.K) ----
     {
       const uint16_t* kss = reinterpret_cast<const uint16_t*>(st + L::OFF_KS);
+      if constexpr (kQBias) {
 #pragma unroll
-      for (int e = lane; e < NB * 16; e += 32) {
-        const int blk = e >> 4, kp = e & 15;
-        const float s0 = h2f(kss[(2 * kp) * NB + blk]), s1 = h2f(kss[(2 * kp + 1) * NB + blk]);
-        ksf[e] = make_float4(s0, s1, -kMagicF * s0, -kMagicF * s1);
+        for (int e = lane; e < NB * 8; e += 32) {
+          const int blk = e >> 3, j = 16 * ((e >> 2) & 1) + 2 * (e & 3);
+          ksf[e] = make_float4(h2f(kss[j * NB + blk]), h2f(kss[(j + 1) * NB + blk]), h2f(kss[(j + 8) * NB + blk]),
+                               h2f(kss[(j + 9) * NB + blk]));
+        }
+      } else {  // (sk, -M sk) per (block, key pair)
+#pragma unroll
+        for (int e = lane; e < NB * 16; e += 32) {
+          const int blk = e >> 4, kp = e & 15;
+          const float s0 = h2f(kss[(2 * kp) * NB + blk]), s1 = h2f(kss[(2 * kp + 1) * NB + blk]);
+          ksf[e] = make_float4(s0, s1, -kMagicF * s0, -kMagicF * s1);
+        }
       }
     }
     __syncwarp();
@@ -622,14 +643,20 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
         ldsm_x4(smem_u32(st + row_byte<D, KSTR, kTma>(16 * jp + (lane & 7) + 8 * (lane >> 4),
                                                       32 * blk + 16 * ((lane >> 3) & 1))),
                 r0, r1, r2, r3);
+        const float4 f = kQBias ? ksf[blk * 8 + 4 * jp + tq] : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int j = 2 * jp + h;
           int c[4];
           mma_s8_rows8(c, qa[blk], h ? r2 : r0, h ? r3 : r1);
-          const float4 f = ksf[blk * 16 + 4 * j + tq];
-          x[j][0] = fmaf(sqf[blk], fmaf(bits_f(uint32_t(c[0])), f.x, f.z), x[j][0]);
-          x[j][1] = fmaf(sqf[blk], fmaf(bits_f(uint32_t(c[1])), f.y, f.w), x[j][1]);
+          if constexpr (kQBias) {
+            x[j][0] = fmaf(fmaf(bits_f(uint32_t(c[0])), sqf[blk], sqm[blk]), h ? f.z : f.x, x[j][0]);
+            x[j][1] = fmaf(fmaf(bits_f(uint32_t(c[1])), sqf[blk], sqm[blk]), h ? f.w : f.y, x[j][1]);
+          } else {
+            const float4 p = ksf[blk * 16 + 4 * j + tq];
+            x[j][0] = fmaf(sqf[blk], fmaf(bits_f(uint32_t(c[0])), p.x, p.z), x[j][0]);
+            x[j][1] = fmaf(sqf[blk], fmaf(bits_f(uint32_t(c[1])), p.y, p.w), x[j][1]);
+          }
         }
       }
     }
@@ -737,7 +764,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
         }
       }
     }
-    __syncwarp();  // the stage and the (sk, -M sk) table are rewritten by the next iteration
+    __syncwarp();  // the stage and the K scale table are rewritten by the next iteration
   }
   cp_async_wait<0>();
 

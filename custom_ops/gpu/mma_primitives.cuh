@@ -12,11 +12,17 @@
 namespace dot4attn {
 namespace gpu {
 
-// The int32 Q.K accumulator starts at these bits (the float 1.5 * 2^23): |dot| <= 32*127*127 < 2^22, so the bits
-// read as a float are exactly 1.5*2^23 + dot, and fma(c, sk, -1.5*2^23*sk) == dot*sk rounded once (sk is fp16, so
-// 1.5*2^23*sk is exact): int->float conversion (quarter rate) and two multiplies become two full-rate FFMAs.
+// The int32 Q.K accumulator starts at these bits (the float M = 1.5 * 2^23): |dot| <= 32*127*127 < 2^22, so the
+// bits read as a float c are exactly M + dot, and fma(c, q, -M q) == q * dot rounded once when -M q is exact
+// (q_scale23): int->float conversion (quarter rate) and two multiplies become two full-rate FFMAs, the second
+// times the key's scale. The M term rides with the query scale (a register for the whole key walk) rather than
+// with the key scale (then every key's (sk, -M sk) pair had to be loaded from shared memory: twice the bytes).
 constexpr int kMagicI = 0x4B400000;
 constexpr float kMagicF = 12582912.0f;
+
+// A query block scale (times scale * log2 e) with its last significand bit cleared: a 2^-23 relative change, far
+// below the f16 rounding of P, that makes M q exact (q then has <= 23 significant bits, 1.5 q <= 24).
+__device__ __forceinline__ float q_scale23(float x) { return __uint_as_float(__float_as_uint(x) & ~1u); }
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));

@@ -8,12 +8,15 @@
 //
 //  * Q.K: int8 Q (quantized per 32-block on the fly, float32 scale, as the contract says) x int8 K with
 //    mma.m16n8k32.s8.s8.s32, one mma per (16 rows x 8 keys x one 32-block) because each block has its own
-//    scales. The int32 accumulator starts at 0x4B400000 (the float 1.5 * 2^23): |dot| <= 32*127*127 < 2^22, so
-//    its bits read as a float are exactly 1.5*2^23 + dot, and fma(c, sk, -1.5*2^23*sk) == dot*sk rounded once
-//    (1.5*2^23*sk is exact: sk is fp16). That turns int->float conversion (quarter rate) + two multiplies into
-//    two full-rate FFMAs per element and block: logit2 += (sq*scale*log2e) * (dot*sk).
-//    K fragments come straight from the int8 rows by ldmatrix (rows padded to D+16 bytes: conflict free); the
-//    per-tile (sk, -M*sk) pairs are prepared once per block in shared memory as float4 per key pair.
+//    scales. The int32 accumulator starts at 0x4B400000 (the float M = 1.5 * 2^23): |dot| <= 32*127*127 < 2^22,
+//    so its bits read as a float are exactly M + dot, and fma(c, q, -M q) == q*dot rounded once (q = the Q block
+//    scale * scale * log2 e with its last bit cleared, q_scale23, so -M q is exact). That turns int->float
+//    conversion (quarter rate) + two multiplies into two full-rate FFMAs per element and block:
+//    logit2 += fma(c, q, -M q) * sk. q and -M q stay in registers; the K scales of a tile are spread once per block
+//    into one float4 per (block, 16-key step, quad lane) in shared memory (k_scales): one 16-byte load per step.
+//    (With -M sk on the key side, as before 2026-12-01, every step loaded two float4: those loads were half of the
+//    kernel's shared-memory wavefronts; 8k causal 1850 -> 1666 us with this and int key indices, docs/gpu.md.)
+//    K fragments come straight from the int8 rows by ldmatrix (rows padded to D+16 bytes: conflict free).
 //  * online softmax in registers (log2 domain, ex2.approx), each thread owns 2 rows x 16 keys of the tile; the
 //    row sum stays per thread until the end (quad reduce once). Prefix tiles that every row of the warp sees
 //    skip all masking; only the causal diagonal / Sk tail / explicit masks check per element.
@@ -29,7 +32,7 @@
 //  * causal: heaviest query chunks launch first (position-major block order when Sq % 64 == 0), a block stops
 //    at the last key its rows can see, a warp skips tiles its rows cannot see at all (exact: p would be 0).
 //
-//  * D <= 128 (Q in registers): one block barrier per tile (Traits::kPipe layout): the (sk, -M*sk) pairs and f16 V
+//  * D <= 128 (Q in registers): one block barrier per tile (Traits::kPipe layout): the K scales and f16 V
 //    of tile t+1 are prepared at the end of tile t into double buffers; raw q8_0 / q4_0 V is converted by the
 //    thread that copied it (no barrier needed), the scale runs arrive one tile ahead. D = 256 keeps two barriers.
 //    On sm_90 (TMA = true) the K / V tiles of this layout come by tensor-map TMA instead of cp.async: one thread
@@ -82,8 +85,9 @@ struct Traits {
   static constexpr int STAGE = ST_K + ST_V + ST_KS + ST_VS;  // every part a multiple of 16 bytes
   static constexpr int OFF_Q = 0;                             // int8 [kRows][QSTR]
   static constexpr int OFF_SQ = OFF_Q + kRows * QSTR;         // float [kRows][NB] Q block scales
-  static constexpr int OFF_KSF = OFF_SQ + kRows * NB * 4;     // float4 [NB][32 key pairs] (sk0, sk1, -M sk0, -M sk1)
-  static constexpr int OFF_VH = OFF_KSF + NB * 32 * 16;       // f16 [64][VSTR] converted V (kConv only)
+  static constexpr int KSF_N = NB * 16;                       // float4 of K scales per tile (k_scales)
+  static constexpr int OFF_KSF = OFF_SQ + kRows * NB * 4;     // float4 [NB][4 n-tile pairs][4 tig]
+  static constexpr int OFF_VH = OFF_KSF + KSF_N * 16;         // f16 [64][VSTR] converted V (kConv only)
   static constexpr int OFF_ST = OFF_VH + (kConv ? kKeys * VSTR : 0);
   static constexpr bool kQReg = D * MT <= 128;  // Q fragments in registers (else reloaded from shared memory)
   static int smem_bytes(int nst) { return OFF_ST + nst * STAGE; }
@@ -92,9 +96,9 @@ struct Traits {
   // thread converts exactly the chunks it copied), KSF and the f16 V double-buffered. Q / SQ are only read in
   // the prologue, so they overlay the second f16 V buffer where they fit.
   static constexpr bool kPipe = kQReg;
-  static constexpr int P_KSF = 0;                        // float4 [2][NB * 32]
-  static constexpr int P_VHB = kKeys * VSTR;             // one f16 V buffer
-  static constexpr int P_VH = P_KSF + 2 * NB * 32 * 16;  // f16 [2][64][VSTR] (kConv)
+  static constexpr int P_KSF = 0;                   // float4 [2][KSF_N]
+  static constexpr int P_VHB = kKeys * VSTR;        // one f16 V buffer
+  static constexpr int P_VH = P_KSF + 2 * KSF_N * 16;  // f16 [2][64][VSTR] (kConv)
   static constexpr int QBYTES = kRows * QSTR + kRows * NB * 4;
   static constexpr bool kQOver = kConv && QBYTES <= P_VHB;
   static constexpr int P_Q = kQOver ? P_VH + P_VHB : P_VH + (kConv ? 2 * P_VHB : 0);
@@ -123,20 +127,23 @@ struct Traits {
   static constexpr int tma_bytes = T_BAR + 16 + 1024;
 };
 
-// The (sk0, sk1, -M sk0, -M sk1) float4 of every (32-block, key pair) of a 64-key tile, from its fp16 K scale
-// run [64][NB]: one FMA then turns a biased int32 Q.K accumulator into dot * sk (see kMagicF).
+// The K scales of a 64-key tile as one float4 per (32-block, 16-key step np, quad lane tig): the four keys a
+// thread's two Q.K n tiles of that step hold (16 np + 2 tig + {0, 1, 8, 9}), from the fp16 scale run [64][NB]. One
+// 16-byte load per step and thread: every 4 bytes a thread loads from shared memory costs a wavefront whatever the
+// broadcast, and these loads were half of the kernel's shared-memory wavefronts when they also carried -M sk.
 template <int NB>
-__device__ __forceinline__ void k_scale_pairs(const uint16_t* kst, float4* ksf, int tid) {
-  constexpr int N = NB * 32;
+__device__ __forceinline__ void k_scales(const uint16_t* kst, float4* ksf, int tid) {
+  constexpr int N = NB * 16;
 #pragma unroll
   for (int it = 0; it < (N + kThreads - 1) / kThreads; ++it) {  // a fixed trip count (no tid-bound loop)
     const int e = tid + it * kThreads;
     if (N % kThreads != 0 && e >= N) break;
-    const int blk = e / 32, kp = e % 32;
-    const float s0 = h2f(kst[(2 * kp) * NB + blk]), s1 = h2f(kst[(2 * kp + 1) * NB + blk]);
-    ksf[e] = make_float4(s0, s1, -kMagicF * s0, -kMagicF * s1);
+    const int blk = e / 16, j = 16 * ((e / 4) % 4) + 2 * (e % 4);
+    ksf[e] = make_float4(h2f(kst[j * NB + blk]), h2f(kst[(j + 1) * NB + blk]), h2f(kst[(j + 8) * NB + blk]),
+                         h2f(kst[(j + 9) * NB + blk]));
   }
 }
+
 
 // 8 f16 values (one 16-byte store) from 8 unsigned bytes u0, u1 (levels + offset), times the block scale s:
 // each byte b becomes the f16 1024 + b (0x64 high byte), minus bias = 1024 + offset in both halves, exactly.
@@ -229,15 +236,20 @@ __global__ void __launch_bounds__(kThreads, MINB)
   const int64_t row0 = chunk * kRows;
   const int64_t row_end = row0 + kRows < rows_here ? row0 + kRows : rows_here;
 
-  int64_t kmin_blk, kmax_blk, kmin_w, kmax_w;
-  run_kminmax(a, row0, row_end, kmin_blk, kmax_blk);
+  // Key indices (tiles, key bounds) are int: try_prefill_mma takes Sk <= 2^31 - 1 - kKeys only. Held as int64
+  // through the key walk they cost registers that the 3-blocks-per-SM budget spilled.
+  int kmin_w, kmax_w, kend, nkt;
   {
+    int64_t kmin_blk, kmax_blk, kmin64, kmax64;
+    run_kminmax(a, row0, row_end, kmin_blk, kmax_blk);
     const int64_t w0 = row0 + warp * RW;
     const int64_t w1 = w0 + RW < row_end ? w0 + RW : row_end;
-    run_kminmax(a, w0, w1, kmin_w, kmax_w);
+    run_kminmax(a, w0, w1, kmin64, kmax64);
+    kmin_w = int(kmin64 < 0x7fffffffLL ? kmin64 : 0x7fffffffLL);  // INT64_MAX: the warp has no rows
+    kmax_w = int(kmax64);
+    kend = int(kmax_blk + 1 < a.Sk ? kmax_blk + 1 : a.Sk);
+    nkt = kend > 0 ? (kend + kKeys - 1) / kKeys : 0;
   }
-  const int64_t kend = kmax_blk + 1 < a.Sk ? kmax_blk + 1 : a.Sk;
-  const int64_t nkt = kend > 0 ? (kend + kKeys - 1) / kKeys : 0;
 
   constexpr bool kPipe = Tr::kPipe;
   int8_t* Qs = reinterpret_cast<int8_t*>(smem + (kPipe ? Tr::P_Q : Tr::OFF_Q));
@@ -254,10 +266,10 @@ __global__ void __launch_bounds__(kThreads, MINB)
   };
   // Loop-invariant parts are recomputed per tile on purpose (unroll 1): hoisted per-chunk addresses would cost
   // dozens of registers for the whole key walk.
-  auto issue_tile = [&](int64_t tile) {
+  auto issue_tile = [&](int tile) {
     if (tile < nkt) {
       uint8_t* st = stages + int(tile % nst) * Tr::STAGE;
-      const int64_t j0 = tile * kKeys;
+      const int j0 = tile * kKeys;
       const int nv = int(kend - j0 < kKeys ? kend - j0 : kKeys);  // keys of the tile inside the range
       constexpr int kch = D / 16;
       const int8_t* kg = a.k + (head_row + j0) * D;
@@ -303,9 +315,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
   constexpr int kRingB = kT ? Tr::T_RING : Tr::RING;
   constexpr int kVR = kT ? Tr::T_VR : Tr::P_VR;          // raw q8_0 / q4_0 V
   const unsigned bar0 = smem_u32(smem + Tr::T_BAR);       // kT: the mbarrier of ring slot s is bar0 + 8 s
-  auto issue_scales = [&](int64_t tile) {  // fp16 scale runs of `tile` into slot tile & 1
+  auto issue_scales = [&](int tile) {  // fp16 scale runs of `tile` into slot tile & 1
     if (tile < nkt) {
-      const int64_t j0 = tile * kKeys;
+      const int j0 = tile * kKeys;
       const int nv = int(kend - j0 < kKeys ? kend - j0 : kKeys);
       const int valid = nv * NB;
       uint8_t* sc = smem + kSC + int(tile & 1) * Tr::SC;
@@ -325,7 +337,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     }
   };
   // K (+ V) of `tile` and the scale runs of tile + 1, one commit group
-  auto issue_pipe = [&](int64_t tile) {
+  auto issue_pipe = [&](int tile) {
     if constexpr (kT) {
       // one thread: arm the slot's mbarrier with the tile's bytes, then one tensor copy for K and one per 128-byte
       // slab of V (keys past Sk arrive as zeros; keys past the block's range are masked like any causal key)
@@ -341,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
         for (int x = 0; x < Tr::VROW; x += W) tma_load_3d_plain(smem_u32(vd + (x / W) * (kKeys * W)), &tm.v, x, y, z, bar);
       }
     } else if (tile < nkt) {
-      const int64_t j0 = tile * kKeys;
+      const int j0 = tile * kKeys;
       const int nv = int(kend - j0 < kKeys ? kend - j0 : kKeys);
       uint8_t* ring = smem + kRingO + int(tile & 1) * kRingB;
       const int8_t* kg = a.k + (head_row + j0) * D;
@@ -381,11 +393,11 @@ __global__ void __launch_bounds__(kThreads, MINB)
   // KSF and f16 V of `tile` into buffer tile & 1: the scale runs must be visible to all threads (a barrier after
   // their group), the raw V only to this thread (it copied exactly these chunks; its own wait is enough; with TMA
   // every thread has waited on the tile's mbarrier).
-  auto prep_pipe = [&](int64_t tile) {
+  auto prep_pipe = [&](int tile) {
     const int buf = int(tile & 1);
     const uint8_t* sc = smem + kSC + buf * Tr::SC;
     const uint16_t* kst = reinterpret_cast<const uint16_t*>(sc);
-    k_scale_pairs<NB>(kst, KSF + buf * (NB * 32), tid);
+    k_scales<NB>(kst, KSF + buf * Tr::KSF_N, tid);
     if constexpr (Tr::kConv) {
       const __half* vsr = reinterpret_cast<const __half*>(sc + Tr::ST_KS);
       uint8_t* vh = VH + buf * Tr::P_VHB;
@@ -412,7 +424,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     }
   };
 
-  auto wait_tma = [&](int64_t tile) {  // kT: every thread waits until the tile's tensor copies have landed
+  auto wait_tma = [&](int tile) {  // kT: every thread waits until the tile's tensor copies have landed
     if constexpr (kT) mbar_wait(bar0 + 8u * unsigned(tile & 1), unsigned(tile >> 1) & 1u);
   };
 
@@ -497,13 +509,13 @@ __global__ void __launch_bounds__(kThreads, MINB)
   // Q block scales of this thread's rows: h = 2 * mt + (0: row gid, 1: row gid + 8) of m tile mt. The other row
   // facts (last visible key, mask and output offsets) are derived where they are needed (masked tiles, the
   // epilogue), not kept in registers for the whole key walk.
-  float sq[NH][Tr::kQReg ? NB : 1];  // Q block scale * scale * log2 e (else read from shared memory)
+  float sq[NH][Tr::kQReg ? NB : 1];  // Q block scale * scale * log2 e, q_scale23 (else read from shared memory)
   auto row_local = [&](int h) { return warp * RW + (h >> 1) * 16 + gid + 8 * (h & 1); };
   if constexpr (Tr::kQReg) {
 #pragma unroll
     for (int h = 0; h < NH; ++h)
 #pragma unroll
-      for (int blk = 0; blk < NB; ++blk) sq[h][blk] = SQ[row_local(h) * NB + blk] * a.scale_log2;
+      for (int blk = 0; blk < NB; ++blk) sq[h][blk] = q_scale23(SQ[row_local(h) * NB + blk] * a.scale_log2);
   }
 
   float oacc[MT][ND][4];
@@ -551,29 +563,28 @@ __global__ void __launch_bounds__(kThreads, MINB)
 
   // One tile of this warp: S = Q.K, mask, online softmax, O += P.V. K from the stage at k_st, the K scale
   // pairs at KSF, f16 V rows at v_addr (shared addresses).
-  auto compute = [&](const int64_t j0, const unsigned k_st, const float4* __restrict__ ksf, const unsigned v_addr) {
+  auto compute = [&](const int j0, const unsigned k_st, const float4* __restrict__ ksf, const unsigned v_addr) {
     // ---- S = Q.K (log2 units) ----
     float S[MT][8][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int n = 0; n < 8; ++n) S[mt][n][0] = S[mt][n][1] = S[mt][n][2] = S[mt][n][3] = 0.f;
-    // K fragments and scale pairs are double-buffered over the (block, n-tile pair) steps, like V below.
+    // K fragments and scales are double-buffered over the (block, n-tile pair) steps, like V below.
     const unsigned k_base = k_st + (kT ? k_off_t : k_off);
     uint32_t kf[2][4];
-    float4 kp[2][2];
-    auto load_k = [&](int step, uint32_t (&f)[4], float4 (&p)[2]) {
+    float4 kp[2];
+    auto load_k = [&](int step, uint32_t (&f)[4], float4& p) {
       const int blk = step / 4, np = step % 4;
       if constexpr (kT) ldsm_x4(k_base + np * 16 * D + kx[blk], f[0], f[1], f[2], f[3]);
       else ldsm_x4(k_base + np * 16 * Tr::KSTR + blk * 32, f[0], f[1], f[2], f[3]);
-      p[0] = ksf[blk * 32 + (2 * np) * 4 + tig];
-      p[1] = ksf[blk * 32 + (2 * np + 1) * 4 + tig];
+      p = ksf[step * 4 + tig];
     };
     load_k(0, kf[0], kp[0]);
 #pragma unroll
     for (int blk = 0; blk < NB; ++blk) {
       uint32_t af[MT][4];
-      float sqv[NH];
+      float sqv[NH], sqmv[NH];  // -q M: two multiplies per block rather than NH * NB more live registers
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         if constexpr (Tr::kQReg) {
@@ -583,32 +594,35 @@ __global__ void __launch_bounds__(kThreads, MINB)
           sqv[2 * mt + 1] = sq[2 * mt + 1][blk];
         } else {
           ldsm_x4(q_addr + mt * 16 * Tr::QSTR + blk * 32, af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
-          sqv[2 * mt] = SQ[(warp * RW + mt * 16 + gid) * NB + blk] * a.scale_log2;
-          sqv[2 * mt + 1] = SQ[(warp * RW + mt * 16 + gid + 8) * NB + blk] * a.scale_log2;
+          sqv[2 * mt] = q_scale23(SQ[(warp * RW + mt * 16 + gid) * NB + blk] * a.scale_log2);
+          sqv[2 * mt + 1] = q_scale23(SQ[(warp * RW + mt * 16 + gid + 8) * NB + blk] * a.scale_log2);
         }
       }
+#pragma unroll
+      for (int h = 0; h < NH; ++h) sqmv[h] = -kMagicF * sqv[h];
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         const int step = blk * 4 + np, cur = step & 1;
         if (step + 1 < 4 * NB) load_k(step + 1, kf[cur ^ 1], kp[cur ^ 1]);
-        const float4 k0 = kp[cur][0], k1 = kp[cur][1];
+        const float4 k = kp[cur];  // scales of keys 16 np + 2 tig + (0, 1) (n tile 2 np) and + (8, 9) (2 np + 1)
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           int c0[4] = {kMagicI, kMagicI, kMagicI, kMagicI};
           int c1[4] = {kMagicI, kMagicI, kMagicI, kMagicI};
           mma_s8(c0, af[mt], kf[cur][0], kf[cur][1]);
           mma_s8(c1, af[mt], kf[cur][2], kf[cur][3]);
-          const float q0 = sqv[2 * mt], q1 = sqv[2 * mt + 1];
+          // (q dot) rounded once, then times sk into the logit: fma(fma(c, q, -q M), sk, s)
+          const float q0 = sqv[2 * mt], q1 = sqv[2 * mt + 1], m0 = sqmv[2 * mt], m1 = sqmv[2 * mt + 1];
           float* s0 = S[mt][2 * np];
           float* s1 = S[mt][2 * np + 1];
-          s0[0] = fmaf(q0, fmaf(__int_as_float(c0[0]), k0.x, k0.z), s0[0]);
-          s0[1] = fmaf(q0, fmaf(__int_as_float(c0[1]), k0.y, k0.w), s0[1]);
-          s0[2] = fmaf(q1, fmaf(__int_as_float(c0[2]), k0.x, k0.z), s0[2]);
-          s0[3] = fmaf(q1, fmaf(__int_as_float(c0[3]), k0.y, k0.w), s0[3]);
-          s1[0] = fmaf(q0, fmaf(__int_as_float(c1[0]), k1.x, k1.z), s1[0]);
-          s1[1] = fmaf(q0, fmaf(__int_as_float(c1[1]), k1.y, k1.w), s1[1]);
-          s1[2] = fmaf(q1, fmaf(__int_as_float(c1[2]), k1.x, k1.z), s1[2]);
-          s1[3] = fmaf(q1, fmaf(__int_as_float(c1[3]), k1.y, k1.w), s1[3]);
+          s0[0] = fmaf(fmaf(__int_as_float(c0[0]), q0, m0), k.x, s0[0]);
+          s0[1] = fmaf(fmaf(__int_as_float(c0[1]), q0, m0), k.y, s0[1]);
+          s0[2] = fmaf(fmaf(__int_as_float(c0[2]), q1, m1), k.x, s0[2]);
+          s0[3] = fmaf(fmaf(__int_as_float(c0[3]), q1, m1), k.y, s0[3]);
+          s1[0] = fmaf(fmaf(__int_as_float(c1[0]), q0, m0), k.z, s1[0]);
+          s1[1] = fmaf(fmaf(__int_as_float(c1[1]), q0, m0), k.w, s1[1]);
+          s1[2] = fmaf(fmaf(__int_as_float(c1[2]), q1, m1), k.z, s1[2]);
+          s1[3] = fmaf(fmaf(__int_as_float(c1[3]), q1, m1), k.w, s1[3]);
         }
       }
     }
@@ -754,7 +768,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   };
 
   if constexpr (!kPipe) {
-  for (int64_t tile = 0; tile < nkt; ++tile) {
+  for (int tile = 0; tile < nkt; ++tile) {
     if (nst == 1) {  // one stage (large D, to fit 2 blocks per SM): no overlap inside the block
       __syncthreads();  // everybody is done with tile - 1
       issue_tile(tile);
@@ -770,7 +784,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     const uint8_t* st = stages + int(tile % nst) * Tr::STAGE;
     const uint16_t* kst = reinterpret_cast<const uint16_t*>(st + Tr::ST_K + Tr::ST_V);
     // ---- per tile, once per block: K scale pairs; V to f16 ----
-    k_scale_pairs<NB>(kst, KSF, tid);
+    k_scales<NB>(kst, KSF, tid);
     if constexpr (Tr::kConv) {
       const uint8_t* vr = st + Tr::ST_K;
       const __half* vsr = reinterpret_cast<const __half*>(st + Tr::ST_K + Tr::ST_V + Tr::ST_KS);
@@ -791,7 +805,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     }
     __syncthreads();  // KSF / VH ready
 
-    const int64_t j0 = tile * kKeys;
+    const int j0 = tile * kKeys;
     if (j0 > kmax_w) continue;  // no row of this warp sees any key of the tile (uniform per warp)
     compute(j0, smem_u32(st), KSF,
             smem_u32(Tr::kConv ? static_cast<const void*>(VH) : static_cast<const void*>(st + Tr::ST_K)));
@@ -805,15 +819,15 @@ __global__ void __launch_bounds__(kThreads, MINB)
     wait_tma(0);
     prep_pipe(0);
   }
-  for (int64_t tile = 0; tile < nkt; ++tile) {
+  for (int tile = 0; tile < nkt; ++tile) {
     __syncthreads();
     issue_pipe(tile + 1);  // K / V of tile + 1, scale runs of tile + 2
     const int buf = int(tile & 1);
-    const int64_t j0 = tile * kKeys;
+    const int j0 = tile * kKeys;
     if (kWG || j0 <= kmax_w) {  // else no row of this warp sees any key of the tile (uniform per warp; with wgmma
                                  // all 4 warps take part: such a warp's rows are all masked, so its P is 0)
       const unsigned ring = smem_u32(smem + kRingO + buf * kRingB);
-      compute(j0, ring, KSF + buf * (NB * 32),
+      compute(j0, ring, KSF + buf * Tr::KSF_N,
               Tr::kConv ? smem_u32(VH + buf * Tr::P_VHB) : ring + unsigned(kT ? Tr::T_KT : Tr::ST_K));
     }
     cp_async_wait<0>();  // this thread's copies of tile + 1
@@ -955,6 +969,7 @@ inline bool try_prefill_mma(const TileArgs& a, gpuStream_t s) {
   const char* force = std::getenv("DOT4ATTN_GPU_PREFILL");
   if (force && std::strcmp(force, "tile") == 0) return false;
   if (device_attribute(cudaDevAttrComputeCapabilityMajor, 0) < 8) return false;
+  if (a.Sk > 0x7fffffffLL - kKeys) return false;  // key indices are int in the kernel
   if (a.D != 64 && a.D != 128 && a.D != 256) return false;
   // float32 T keeps float32 P·V (the tile kernel): routes must agree to float32 rounding (NMSE ~1e-8), and f16 P
   // and f16-staged V put the tensor-core path at ~4e-8 from the other routes (and f32 V could overflow f16).
