@@ -16,7 +16,7 @@ has check && step check 200 python3 tools/gpu_check_prefill.py --out "$OUT/check
 # tiles that sm_80 and a refused tensor map use, the mma.sync P.V of builds without sm_90a, and the 2-block register
 # budget, since the H200 otherwise only runs TMA tiles with the wgmma P.V at 3 blocks per SM for f16 V)
 IFS=";" read -ra cvs <<< "${CHECK_VARIANTS-DOT4ATTN_PREFILL_TMA=0;DOT4ATTN_PREFILL_WGMMA=0;DOT4ATTN_PREFILL_MINB=2}"
-for v in "${cvs[@]}"; do n=$(echo "$v" | tr ' =' '__')
+has check && for v in "${cvs[@]}"; do n=$(echo "$v" | tr ' =' '__')
   step "check_$n" 200 env $v python3 tools/gpu_check_prefill.py --out "$OUT/check_$n.md"
 done
 has time && step time 200 python3 tools/gpu_time_prefill.py --baselines --tile --tile-max 2048 --out "$OUT/time.json"
