@@ -22,12 +22,13 @@
 //    skip all masking; only the causal diagonal / Sk tail / explicit masks check per element.
 //  * P.V: P rounded to f16 in registers (the QK accumulator layout is the A fragment layout of m16n8k16), V as
 //    f16 in shared memory read by ldmatrix.trans, mma.m16n8k16.f32.f16.f16.f32 (float32 accumulation). On sm_90a
-//    with f16 V (D = 64 / 128) the block's 4 warps (one warpgroup) instead issue one wgmma.m64nDk16 per 16 keys
-//    with P from registers and V straight from the swizzled TMA tile: 4 instructions per warp and tile instead of
-//    64 mma.sync + 32 ldmatrix, and no V fragment registers, which lets 3 blocks per SM fit (see MINB).
-//    float16 V is copied as is; q8_0 / q4_0 are dequantized (value * scale, one f16 rounding, exact levels via
-//    the 0x6400|n trick) once per tile by the whole block into one buffer. float32 T (and so float32 V) stays
-//    on the tile kernel (see try_prefill_mma).
+//    (D = 64 / 128, TMA tiles) the block's 4 warps (one warpgroup) instead issue one wgmma.m64nDk16 per 16 keys
+//    with P from registers and V from shared memory in the MN-major 128-byte-swizzle layout: the f16 V tile as
+//    the TMA lands it, or the buffer q8_0 / q4_0 V is dequantized into in that same layout. 4 instructions per
+//    warp and tile instead of 64 mma.sync + 32 ldmatrix, and no V fragment registers, which lets 3 blocks per SM
+//    fit (see MINB). float16 V is copied as is; q8_0 / q4_0 are dequantized (value * scale, one f16 rounding,
+//    exact levels via the 0x6400|n trick) once per tile by the whole block into one buffer. float32 T (and so
+//    float32 V) stays on the tile kernel (see try_prefill_mma).
 //    Accuracy: f16 P and f16 V each add ~2^-12 relative error per term, NMSE ~1e-7 (contract bound 1e-6).
 //  * causal: heaviest query chunks launch first (position-major block order when Sq % 64 == 0), a block stops
 //    at the last key its rows can see, a warp skips tiles its rows cannot see at all (exact: p would be 0).
@@ -119,9 +120,10 @@ struct Traits {
   static constexpr int T_RING = up1024(T_KT + (kConv ? 0 : T_VT));
   static constexpr int T_VR = up1024(P_VR);
   static constexpr int T_RINGO = up1024(T_VR + (kConv ? T_VT : 0));
-  // P.V by wgmma (m64nDk16, P from registers, V from the TMA tile as an MN-major 128-byte-swizzled operand): f16 V
-  // (its tile is the operand as it lands), one m tile per warp (the warpgroup's 64 rows are the instruction's M).
-  static constexpr bool kWgmma = VK == kVF16 && MT == 1 && (D == 64 || D == 128);
+  // P.V by wgmma (m64nDk16, P from registers, V as an MN-major 128-byte-swizzled operand): f16 V straight from its
+  // TMA tile (the operand as it lands), q8_0 / q4_0 from the f16 buffer prep_pipe writes in that same layout; one m
+  // tile per warp (the warpgroup's 64 rows are the instruction's M).
+  static constexpr bool kWgmma = MT == 1 && (D == 64 || D == 128);
   static constexpr int T_SC = T_RINGO + 2 * T_RING;
   static constexpr int T_BAR = T_SC + 2 * SC;
   static constexpr int tma_bytes = T_BAR + 16 + 1024;
@@ -194,7 +196,7 @@ __device__ __forceinline__ void run_kminmax(const TileArgs& a, int64_t r0, int64
 // MINB: blocks per SM promised to ptxas (2: 255 registers; 3 caps D <= 128 at 168 registers, the default for the
 // wgmma path, see launch_vk).
 // TMA (sm_90, pipelined layout only): K / V tiles by tensor copies from the maps in tm (else tm is unused).
-// WG (with TMA, f16 V, MT = 1): P.V by wgmma from the swizzled V tile where the build has it (sm_90a, D4A_WGMMA);
+// WG (with TMA, MT = 1, D <= 128): P.V by wgmma from the swizzled f16 V where the build has it (sm_90a, D4A_WGMMA);
 // elsewhere the same launch runs mma.sync (the shared-memory layout is the TMA one either way).
 template <int VK, int D, int MT, int MINB, bool TMA, bool WG>
 __global__ void __launch_bounds__(kThreads, MINB)
@@ -401,6 +403,11 @@ __global__ void __launch_bounds__(kThreads, MINB)
     if constexpr (Tr::kConv) {
       const __half* vsr = reinterpret_cast<const __half*>(sc + Tr::ST_KS);
       uint8_t* vh = VH + buf * Tr::P_VHB;
+      // 16 f16 bytes of key j at row byte b: padded rows for ldmatrix, or with wgmma the MN-major 128-byte-swizzle
+      // layout the f16 V tile has when the TMA writes it (so the P.V reads both the same way)
+      auto vh_at = [&](int j, int b) {
+        return reinterpret_cast<uint4*>(vh + (kWG ? tma_row_byte<2 * D, kKeys>(j, b) : j * Tr::VSTR + b));
+      };
       const int jv = tid / vch, pv = tid % vch;
 #pragma unroll
       for (int i = 0; i < VIT; ++i) {
@@ -409,18 +416,19 @@ __global__ void __launch_bounds__(kThreads, MINB)
         const uint4 w = *reinterpret_cast<const uint4*>(smem + kVR + at);
         if constexpr (VK == kVQ8) {  // 16 values of block pv / 2
           const __half2 s2 = __half2half2(vsr[j * NB + (pv >> 1)]);
-          uint4* o = reinterpret_cast<uint4*>(vh + j * Tr::VSTR + pv * 32);
-          o[0] = cvt_q8(w.x, w.y, s2);
-          o[1] = cvt_q8(w.z, w.w, s2);
+          *vh_at(j, pv * 32) = cvt_q8(w.x, w.y, s2);
+          *vh_at(j, pv * 32 + 16) = cvt_q8(w.z, w.w, s2);
         } else {  // q4_0: 32 values of block pv
           const __half2 s2 = __half2half2(vsr[j * NB + pv]);
-          uint4* o = reinterpret_cast<uint4*>(vh + j * Tr::VSTR + pv * 64);
-          o[0] = cvt_q4(w.x, s2);
-          o[1] = cvt_q4(w.y, s2);
-          o[2] = cvt_q4(w.z, s2);
-          o[3] = cvt_q4(w.w, s2);
+          *vh_at(j, pv * 64) = cvt_q4(w.x, s2);
+          *vh_at(j, pv * 64 + 16) = cvt_q4(w.y, s2);
+          *vh_at(j, pv * 64 + 32) = cvt_q4(w.z, s2);
+          *vh_at(j, pv * 64 + 48) = cvt_q4(w.w, s2);
         }
       }
+      // wgmma reads the buffer through the async proxy: order these generic-proxy writes before it (the barrier
+      // at the top of the next tile then publishes them to the other warps)
+      if constexpr (kWG) fence_proxy_async_smem();
     }
   };
 
@@ -705,8 +713,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
     // ---- O += P.V ----
 #if defined(D4A_WGMMA)
     if constexpr (kWG) {
-      // One wgmma per 16-key step for the warpgroup's 64 rows x D columns: V (16 keys x D) straight from the TMA
-      // tile, whose 128-byte slabs of 64 columns are the MN-major canonical layout (LBO: the next 64 columns, one
+      // One wgmma per 16-key step for the warpgroup's 64 rows x D columns: V (16 keys x D) from the TMA tile (f16
+      // V) or the converted buffer (q8_0 / q4_0, written by prep_pipe in the TMA's layout), whose 128-byte slabs
+      // of 64 columns are the MN-major canonical layout (LBO: the next 64 columns, one
       // slab = 64 keys x 128 bytes on; SBO: the next 8 keys = 1024 bytes; a 16-key step starts 2048 bytes on).
       // Issued asynchronously; the loop waits for them at the end of the tile (wg_wait_o), before the barrier after
       // which the ring slot is refilled. (Waiting in the next tile instead, with a third ring slot, measured slower:
@@ -950,8 +959,9 @@ bool launch_vk(const TileArgs& a, gpuStream_t s) {
   // registers, 2 blocks / 8 warps per SM) or 3 (168 registers, 3 blocks per SM; MT = 1 only). With mma.sync P.V,
   // 168 registers make ptxas spill and keep one ldmatrix fragment set, so every mma waits for shared memory: 3
   // blocks measured 7 % slower than 2 on the H200 (8k causal, D = 128; q4_0 V with TMA tiles 2 % slower). The wgmma
-  // P.V (f16 V, D <= 128, sm_90) holds no V fragments and is fastest with 3: 8k causal (32, 8, 128) 1839 vs 1979 us,
-  // D = 64 1088 vs 1306 (H200, same run), so 3 is its default and 2 everyone else's.
+  // P.V (D <= 128, sm_90, TMA tiles) holds no V fragments and is fastest with 3: 8k causal (32, 8, 128) f16 V 1839
+  // vs 1979 us, D = 64 1088 vs 1306; q4_0 V 2106 vs 2251 (mma.sync at 2: 2274), q8_0 2095 vs 2169 (2357) (H200,
+  // same runs), so 3 is its default and 2 everyone else's.
   const int mt = env_int("DOT4ATTN_PREFILL_MT", 1);
   const bool wg = (a.D == 64 ? Traits<VK, 64, 1>::kWgmma : a.D == 128 && Traits<VK, 128, 1>::kWgmma) &&
                   env_int("DOT4ATTN_PREFILL_TMA", 1) != 0 && wgmma_wanted();
