@@ -16,8 +16,9 @@
 //  * Q.K: mma.m16n8k32 s8 with M = query rows (rows 8..15 and rows past nrows are zero), N = 8 keys, K = one
 //    32-block, so each block's int32 dot gets its own scales: the accumulator starts at kMagicI and two FFMAs
 //    give logit2 += fma(c, sq, -M sq) * sk = (sq * scale * log2e * dot) * sk, exactly as the tensor-core prefill
-//    (q_scale23 there). K fragments come from the int8 rows by ldmatrix (rows padded to D + 16 bytes); the K
-//    scales of a chunk are spread once by the warp into one float4 per (block, 16-key step, quad lane).
+//    (sq from q_scale23, mma_primitives.cuh). K fragments come from the int8 rows by ldmatrix (rows padded to D + 16
+//    bytes); the K scales of a chunk are spread once by the warp into one float4 per (block, 16-key step, quad
+//    lane). D = 256 keeps logit2 += sq * fma(c, sk, -M sk) with (sk, -M sk) pairs (Layout::kQBias: registers).
 //  * softmax: the Q.K accumulator gives thread (g, t) row g and keys 8j + 2t, 8j + 2t + 1 (j = 0..3); the row max
 //    is a quad reduction, the row sum stays per thread until the end.
 //  * P.V: O^T = V^T P^T, mma.m16n8k16 f16 with M = 16 V columns, N = the 8 rows, K = 16 keys, float32
