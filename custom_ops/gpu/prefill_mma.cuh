@@ -124,6 +124,8 @@ struct Traits {
   // TMA tile (the operand as it lands), q8_0 / q4_0 from the f16 buffer prep_pipe writes in that same layout; one m
   // tile per warp (the warpgroup's 64 rows are the instruction's M).
   static constexpr bool kWgmma = MT == 1 && (D == 64 || D == 128);
+  // the converted V buffers are wgmma operands with a 1024-byte swizzle period (the kernel aligns smem to it)
+  static_assert(!kWgmma || !kConv || (P_VH % 1024 == 0 && P_VHB % 1024 == 0), "f16 V buffers off the swizzle period");
   static constexpr int T_SC = T_RINGO + 2 * T_RING;
   static constexpr int T_BAR = T_SC + 2 * SC;
   static constexpr int tma_bytes = T_BAR + 16 + 1024;
