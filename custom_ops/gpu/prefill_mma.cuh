@@ -46,6 +46,7 @@
 // warps per SM), 7 % faster than 2 blocks at 8k keys on the H200 (docs/gpu.md, twelfth session).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -888,11 +889,43 @@ inline int env_int(const char* name, int fallback) {
   return s && *s ? std::atoi(s) : fallback;
 }
 
-// The wgmma P.V is wanted: not switched off (DOT4ATTN_PREFILL_WGMMA=0, the A/B knob) and a compute capability 9.x
-// device (wgmma is sm_90a only; sm_100+ run this kernel from compute_90 PTX without it anyway). launch picks the
-// instance by it and launch_vk the register budget, so both ask here.
+// Marks the code the runtime loads for the current device: 16 bytes of static shared memory where it was compiled
+// with wgmma (sm_90a), none elsewhere (sm_80, plain sm_90, compute_90 PTX). Never launched, only asked for its
+// attributes (wgmma_in_binary).
+namespace {
+__global__ void wgmma_marker_kernel(int* p) {
+#if defined(D4A_WGMMA)
+  __shared__ int marker[4];
+  if (p) {  // a store the compiler cannot drop, so the array stays in the attributes
+    marker[threadIdx.x & 3] = 1;
+    __syncthreads();
+    *p = marker[0];
+  }
+#else
+  (void)p;
+#endif
+}
+}  // namespace
+
+// Whether the loaded kernels of the current device have wgmma: a build for plain sm_90 (no 90a) runs the wgmma
+// instances' mma.sync fallback, which wants 2 blocks per SM, not 3. Cached per device; no launch, no sync.
+inline bool wgmma_in_binary() {
+  static std::atomic<int> known[64];  // 0 unknown, 1 yes, 2 no
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (dev >= 0 && dev < 64 && known[dev].load(std::memory_order_relaxed) != 0) return known[dev].load() == 1;
+  cudaFuncAttributes fa{};
+  const bool yes = cudaFuncGetAttributes(&fa, wgmma_marker_kernel) == cudaSuccess && fa.sharedSizeBytes > 0;
+  if (dev >= 0 && dev < 64) known[dev].store(yes ? 1 : 2, std::memory_order_relaxed);
+  return yes;
+}
+
+// The wgmma P.V is wanted: not switched off (DOT4ATTN_PREFILL_WGMMA=0, the A/B knob), a compute capability 9.x
+// device (wgmma is sm_90a only; sm_100+ run this kernel from compute_90 PTX without it anyway) and a binary that
+// has it (wgmma_in_binary). launch picks the instance by it and launch_vk the register budget, so both ask here.
 inline bool wgmma_wanted() {
-  return env_int("DOT4ATTN_PREFILL_WGMMA", 1) != 0 && device_attribute(cudaDevAttrComputeCapabilityMajor, 0) == 9;
+  return env_int("DOT4ATTN_PREFILL_WGMMA", 1) != 0 && device_attribute(cudaDevAttrComputeCapabilityMajor, 0) == 9 &&
+         wgmma_in_binary();
 }
 
 template <int VK, int D, int MT, int MINB, bool TMA, bool WG = false>
