@@ -616,11 +616,8 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
       const uint16_t* kss = reinterpret_cast<const uint16_t*>(st + L::OFF_KS);
       if constexpr (kQBias) {
 #pragma unroll
-        for (int e = lane; e < NB * 8; e += 32) {
-          const int blk = e >> 3, j = 16 * ((e >> 2) & 1) + 2 * (e & 3);
-          ksf[e] = make_float4(h2f(kss[j * NB + blk]), h2f(kss[(j + 1) * NB + blk]), h2f(kss[(j + 8) * NB + blk]),
-                               h2f(kss[(j + 9) * NB + blk]));
-        }
+        for (int e = lane; e < NB * 8; e += 32)
+          ksf[e] = k_scale_quad<NB>(kss, e >> 3, 16 * ((e >> 2) & 1) + 2 * (e & 3));  // (blk, jp, tq) = e
       } else {  // (sk, -M sk) per (block, key pair)
 #pragma unroll
         for (int e = lane; e < NB * 16; e += 32) {

@@ -143,12 +143,9 @@ __device__ __forceinline__ void k_scales(const uint16_t* kst, float4* ksf, int t
   for (int it = 0; it < (N + kThreads - 1) / kThreads; ++it) {  // a fixed trip count (no tid-bound loop)
     const int e = tid + it * kThreads;
     if (N % kThreads != 0 && e >= N) break;
-    const int blk = e / 16, j = 16 * ((e / 4) % 4) + 2 * (e % 4);
-    ksf[e] = make_float4(h2f(kst[j * NB + blk]), h2f(kst[(j + 1) * NB + blk]), h2f(kst[(j + 8) * NB + blk]),
-                         h2f(kst[(j + 9) * NB + blk]));
+    ksf[e] = k_scale_quad<NB>(kst, e / 16, 16 * ((e / 4) % 4) + 2 * (e % 4));  // (blk, np, tig) = e
   }
 }
-
 
 // 8 f16 values (one 16-byte store) from 8 unsigned bytes u0, u1 (levels + offset), times the block scale s:
 // each byte b becomes the f16 1024 + b (0x64 high byte), minus bias = 1024 + offset in both halves, exactly.
@@ -241,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   const int64_t row0 = chunk * kRows;
   const int64_t row_end = row0 + kRows < rows_here ? row0 + kRows : rows_here;
 
-  // Key indices (tiles, key bounds) are int: try_prefill_mma takes Sk <= 2^31 - 1 - kKeys only. Held as int64
+  // Key indices (tiles, key bounds) are int: launch takes Sk <= 2^31 - 1 - kKeys only. Held as int64
   // through the key walk they cost registers that the 3-blocks-per-SM budget spilled.
   int kmin_w, kmax_w, kend, nkt;
   {
@@ -913,10 +910,14 @@ inline bool wgmma_in_binary() {
   static std::atomic<int> known[64];  // 0 unknown, 1 yes, 2 no
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (dev >= 0 && dev < 64 && known[dev].load(std::memory_order_relaxed) != 0) return known[dev].load() == 1;
+  std::atomic<int>* slot = dev >= 0 && dev < 64 ? &known[dev] : nullptr;
+  if (slot) {
+    const int k = slot->load(std::memory_order_relaxed);
+    if (k != 0) return k == 1;
+  }
   cudaFuncAttributes fa{};
   const bool yes = cudaFuncGetAttributes(&fa, wgmma_marker_kernel) == cudaSuccess && fa.sharedSizeBytes > 0;
-  if (dev >= 0 && dev < 64) known[dev].store(yes ? 1 : 2, std::memory_order_relaxed);
+  if (slot) slot->store(yes ? 1 : 2, std::memory_order_relaxed);
   return yes;
 }
 
@@ -934,6 +935,9 @@ bool launch_grid(TileArgs a, int bytes, gpuStream_t stream, const TmaMaps& tm);
 template <int VK, int D, int MT, int MINB>
 bool launch(const TileArgs& a0, gpuStream_t stream) {
   using Tr = Traits<VK, D, MT>;
+  // The kernel's key indices are int (and the tensor copies' key coordinates int32): longer caches take the tile
+  // kernel (the caller's fallback when this returns false).
+  if (a0.Sk > 0x7fffffffLL - kKeys) return false;
   TileArgs a = a0;
   const int limit = max_shared_bytes();
   TmaMaps tm{};
@@ -942,8 +946,8 @@ bool launch(const TileArgs& a0, gpuStream_t stream) {
     // sm_90: K / V tiles by tensor copies (DOT4ATTN_PREFILL_TMA=0: cp.async), when both caches fit the TMA's rules
     if constexpr (MINB >= 2) {
       if (env_int("DOT4ATTN_PREFILL_TMA", 1) != 0 && Tr::tma_bytes <= limit &&
-          device_attribute(cudaDevAttrComputeCapabilityMajor, 0) >= 9 && a.B * a.Hkv <= 0x7fffffffLL &&
-          a.Sk <= 0x7fffffffLL &&  // the copies' key and head coordinates are int32
+          device_attribute(cudaDevAttrComputeCapabilityMajor, 0) >= 9 &&
+          a.B * a.Hkv <= 0x7fffffffLL &&  // the copies' head coordinate is int32 (keys: checked above)
           tma_map_rows(&tm.k, a.k, D, a.Sk, a.B * a.Hkv, kKeys) &&
           tma_map_rows(&tm.v, a.v, Tr::VROW, a.Sk, a.B * a.Hkv, kKeys)) {
         if constexpr (Tr::kWgmma) {
@@ -1014,7 +1018,6 @@ inline bool try_prefill_mma(const TileArgs& a, gpuStream_t s) {
   const char* force = std::getenv("DOT4ATTN_GPU_PREFILL");
   if (force && std::strcmp(force, "tile") == 0) return false;
   if (device_attribute(cudaDevAttrComputeCapabilityMajor, 0) < 8) return false;
-  if (a.Sk > 0x7fffffffLL - kKeys) return false;  // key indices are int in the kernel
   if (a.D != 64 && a.D != 128 && a.D != 256) return false;
   // float32 T keeps float32 P·V (the tile kernel): routes must agree to float32 rounding (NMSE ~1e-8), and f16 P
   // and f16-staged V put the tensor-core path at ~4e-8 from the other routes (and f32 V could overflow f16).
