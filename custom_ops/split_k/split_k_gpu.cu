@@ -144,7 +144,8 @@ void run_split_k(const AttentionParams& p, void* scratch, gpuStream_t s) {
   if (p.D % 4 != 0 || p.D / 4 > kMergeThreads) throw std::runtime_error("Dot4Attention GPU: merge needs D % 4 == 0, D <= 1024");
 #if defined(D4A_CUDA)
   // sm_90+: programmatic dependent launch, so the merge grid is resident when stage 1 ends instead of being
-  // launched then (stage 1 lets it start once all its blocks run; the merge waits for stage 1's completion).
+  // launched then (the tensor-core stage 1 lets it start once all its blocks are past their key walks; the merge waits
+  // for stage 1's completion).
   if (device_attribute(cudaDevAttrComputeCapabilityMajor, 0) >= 9) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(unsigned(rows));
