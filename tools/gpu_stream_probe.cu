@@ -41,7 +41,6 @@ __device__ __forceinline__ void cp16(void* s, const void* g) {
 __device__ __forceinline__ void cp8(void* s, const void* g) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"((unsigned)__cvta_generic_to_shared(s)), "l"(g));
 }
-__device__ __forceinline__ uint64_t pol_first() { uint64_t p; asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p)); return p; }
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n"); }
 template <int N> __device__ __forceinline__ void waitg() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
@@ -79,7 +78,7 @@ constexpr int STAGE = KC * (KROW + 16) + KC * KS + KC * (VROW + 16) + KC * VS;
 
 template <int NST, int PF = 0>
 __global__ void cpasync_kernel(Args a) {
-  const uint64_t pol = pol_first();  // for the L2 prefetch
+  const uint64_t pol = dot4attn::gpu::l2_evict_first_policy();  // for the L2 prefetch
   extern __shared__ __align__(16) uint8_t smem[];
   const Walk wk(a);
   const int w = wk.w, lane = wk.lane, my_n = wk.my_n;
@@ -132,7 +131,8 @@ __host__ __device__ constexpr int bulk_stage(int kc) { return kc * (KROW + KS + 
 template <int NST, int H, int KCB = KC, int SC = 0, bool CW = false>
 __global__ void bulk_kernel(Args a) {
   constexpr int BSTAGE = bulk_stage(KCB);
-  const uint64_t pol = pol_first();
+  using namespace dot4attn::gpu;  // tma.cuh: policy and mbarrier helpers
+  const uint64_t pol = l2_evict_first_policy();
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ __align__(8) uint64_t bar[8][NST];
   const Walk wk(a, KCB);
@@ -141,10 +141,10 @@ __global__ void bulk_kernel(Args a) {
   const int w = wk.w, lane = wk.lane, my_n = CW ? max(0, min(per_w, nck - wk.w * per_w)) : wk.my_n;
   auto j0_of = [&](int it) -> int64_t { return CW ? wk.kbeg + int64_t(w * per_w + it) * KCB : wk.j0(it); };
   uint8_t* st0 = smem + w * NST * BSTAGE;
-  if (lane == 0)
-    for (int s = 0; s < NST; ++s)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"((unsigned)__cvta_generic_to_shared(&bar[w][s])));
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  if (lane == 0) {
+    for (int s = 0; s < NST; ++s) mbar_init((unsigned)__cvta_generic_to_shared(&bar[w][s]), 1);
+    mbar_init_fence();
+  }
   __syncwarp();
   const int8_t* kg = wk.kg; const uint8_t* vg = wk.vg; const uint16_t* ksg = wk.ksg; const uint16_t* vsg = wk.vsg;
   auto issue = [&](int it) {
@@ -161,9 +161,8 @@ __global__ void bulk_kernel(Args a) {
       const int s = it % NST;
       uint8_t* st = st0 + s * BSTAGE;
       const int64_t j0 = j0_of(it);
-      unsigned b = (unsigned)__cvta_generic_to_shared(&bar[w][s]);
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b),
-                   "r"(SC == 2 ? KCB * (KROW + VROW) : BSTAGE) : "memory");
+      const unsigned b = (unsigned)__cvta_generic_to_shared(&bar[w][s]);
+      mbar_arrive_expect(b, SC == 2 ? KCB * (KROW + VROW) : BSTAGE);
       auto bulk = [&](uint8_t* dst, const void* src, int n, bool hint = true) {
         if (H == 0 || !hint) asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
                      ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "r"(n), "r"(b) : "memory");
@@ -182,9 +181,8 @@ __global__ void bulk_kernel(Args a) {
     issue(it + NST - 1);
     const int s = it % NST;
     const unsigned par = (it / NST) & 1;
-    unsigned b = (unsigned)__cvta_generic_to_shared(&bar[w][s]);
     if (SC == 2) waitg<NST - 1>();
-    asm volatile("{\n.reg .pred p;\nW: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra W;\n}\n" ::"r"(b), "r"(par) : "memory");
+    mbar_wait((unsigned)__cvta_generic_to_shared(&bar[w][s]), par);
     acc ^= st0[s * BSTAGE + lane * 4];
     spin(a.delay * (KCB / KC));
     __syncwarp();
