@@ -34,6 +34,9 @@ TileArgs make_tile_args(const AttentionParams& p) {
   a.reverse_chunks = 0;
   a.nst = 1;
   a.cluster = 0;
+  a.pool = nullptr;
+  a.pool_beg = 0;
+  a.split_chunks = 0;
   return a;
 }
 

@@ -32,6 +32,8 @@ constexpr int kThreads = 256;
 constexpr int KT = 64;          // keys per tile
 constexpr float kLog2e = 1.4426950408889634f;
 
+constexpr int kPoolStride = 32;  // ints between split_k key pool counters (TileArgs::pool)
+
 struct TileArgs {
   int64_t B, Hq, Hkv, Sq, Sk, g;
   int D, nb;
@@ -56,6 +58,14 @@ struct TileArgs {
   int nst;             // pipeline stages in use (1 .. ST), chosen from the device's shared memory
   int cluster;         // tensor-core decode (sm_90), nonzero: the n_splits key splits of a (row chunk, batch, KV
                        // head) run as one cluster of n_splits blocks and merge through distributed shared memory
+  // split_k's key pool (opt-in, tensor-core decode on sm_90; others ignore it): when set, each split walks
+  // split_len keys from split * split_len and the keys [pool_beg, Sk) are handed out 32 at a time, in the order the
+  // warps of the (row chunk, batch, KV head)'s blocks ask, by the counter pool[((batch * Hkv + KV head) * n_chunks +
+  // row chunk) * kPoolStride] (zeroed per call by the launcher): blocks that stream faster take more keys instead of
+  // waiting for the slowest. Counters are one 128-byte L2 line apart, so the heads' requests do not queue on one.
+  int* pool;
+  int64_t pool_beg;
+  int64_t split_chunks;  // tensor-core decode's split_k: > 0: even splits of these many 32-key chunks (decode_mma)
 };
 
 __host__ __device__ constexpr int v_row_bytes(int vk, int d) {

@@ -40,6 +40,7 @@ struct DecodeEnv {
   int stage = -1;  // DOT4ATTN_DECODE_STAGE=cp_async / regs / regs_v / tma (0 / 1 / 2 / 3): tensor-core decode staging
   int nw = 0, nst = 0;
   int cluster = 0;  // DOT4ATTN_DECODE_CLUSTER: the tensor-core decode route's cluster size (1 = none; 0 = automatic)
+  int pool = 0;     // DOT4ATTN_SPLIT_POOL: percent of split_k's keys handed out by the key pool (0 = none; opt-in)
 };
 
 inline const DecodeEnv& decode_env() {
@@ -51,6 +52,7 @@ inline const DecodeEnv& decode_env() {
     if (const char* v = std::getenv("DOT4ATTN_DECODE_NW")) d.nw = std::atoi(v);
     if (const char* v = std::getenv("DOT4ATTN_DECODE_NST")) d.nst = std::atoi(v);
     if (const char* v = std::getenv("DOT4ATTN_DECODE_CLUSTER")) d.cluster = std::atoi(v);
+    if (const char* v = std::getenv("DOT4ATTN_SPLIT_POOL")) d.pool = std::atoi(v);
     const char* st = std::getenv("DOT4ATTN_DECODE_STAGE");
     if (st != nullptr)
       d.stage = std::strcmp(st, "regs") == 0 ? 1 : std::strcmp(st, "regs_v") == 0 ? 2 : std::strcmp(st, "tma") == 0 ? 3 : 0;

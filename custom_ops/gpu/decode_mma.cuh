@@ -233,6 +233,11 @@ __device__ __forceinline__ void row_store(const TileArgs& a, int r, int c4, floa
   }
 }
 
+// The combine buffer red [nw][kRB][D] (float32): float4 c4 of row r sits at float4 c4 ^ red_swz(r) of its row, so
+// the accumulator stores after the key loop spread over 4x more banks (q8_0 / q4_0 V: 16-way -> 4-way conflicts,
+// float16 V: 4-way -> 2-way; each thread stores rows 2 tq, 2 tq + 1, whose red_swz is tq).
+__device__ __forceinline__ int red_swz(int r) { return (r >> 1) & 3; }
+
 // The block's warps' (m, l) [nw][kRB] and float32 accumulators red [nw][kRB][D] merged for item (r, c4): M, l, o.
 // Every thread recomputes its row's warp weights 2^(m_w - M) (nw <= 8 exp2) instead of a second barrier. Same sums
 // in the same order as decode_rows_finish (the SIMT kernel's).
@@ -247,7 +252,7 @@ __device__ __forceinline__ void warps_merge(const float* wm, const float* wl, co
   for (int k = 0; k < nw; ++k) {
     const float f = exp2f(wm[k * kRB + r] - Mu);
     l += f * wl[k * kRB + r];
-    const float4 x = reinterpret_cast<const float4*>(red + (k * kRB + r) * D)[c4];
+    const float4 x = reinterpret_cast<const float4*>(red + (k * kRB + r) * D)[c4 ^ red_swz(r)];
     o.x += f * x.x; o.y += f * x.y; o.z += f * x.z; o.w += f * x.w;
   }
 }
@@ -265,7 +270,7 @@ __device__ __forceinline__ void rows_finish(const TileArgs& a, const float* wm, 
     float4 o;
     warps_merge<D>(wm, wl, red, nw, r, c4, M, l, o);
     if constexpr (KEEP) {
-      reinterpret_cast<float4*>(red + r * D)[c4] = o;
+      reinterpret_cast<float4*>(red + r * D)[c4 ^ red_swz(r)] = o;
       if (c4 == 0) {
         bml[r] = M;
         bml[kRB + r] = l;
@@ -308,7 +313,7 @@ __device__ __forceinline__ void rows_finish_cluster(const TileArgs& a, const flo
       if (k < ranks) {
         const float* rb = static_cast<const float*>(__cluster_map_shared_rank(bml, unsigned(k)));
         const float* rr = static_cast<const float*>(__cluster_map_shared_rank(red, unsigned(k)));
-        const float4 x = reinterpret_cast<const float4*>(rr + r * D)[c4];
+        const float4 x = reinterpret_cast<const float4*>(rr + r * D)[c4 ^ red_swz(r)];
         const float f = exp2f(mk[k] - Mu);
         l += f * rb[kRB + r];
         o.x += f * x.x; o.y += f * x.y; o.z += f * x.z; o.w += f * x.w;
@@ -399,8 +404,11 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   const int nrows = int(a.g * a.Sq - row0 < kRB ? a.g * a.Sq - row0 : kRB);
   int64_t kmin_all, kmax_all;
   decode_row_bounds<kRB>(a, row0, nrows, kmin_all, kmax_all);
-  const int64_t kbeg = split * a.split_len;
-  int64_t kend = kbeg + a.split_len < a.Sk ? kbeg + a.split_len : a.Sk;
+  // split_k: splits of a.split_len keys, or (split_chunks > 0) split s takes key chunks [s C / n, (s + 1) C / n) of
+  // the C = split_chunks chunks, so no split walks more than one chunk more than another
+  const int64_t kbeg = a.split_chunks > 0 ? split * a.split_chunks / a.n_splits * kKC : split * a.split_len;
+  int64_t kend = a.split_chunks > 0 ? (split + 1) * a.split_chunks / a.n_splits * kKC : kbeg + a.split_len;
+  if (kend > a.Sk) kend = a.Sk;
   if (kend > kmax_all + 1) kend = kmax_all + 1;
   const int64_t nck = kend > kbeg ? (kend - kbeg + kKC - 1) / kKC : 0;
   const int my_n = nck > w ? (int(nck) - w + nw - 1) / nw : 0;
@@ -421,11 +429,51 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   const int soff_k = 16 * lane + 16 * (lane / KPR), soff_v = L::OFF_V + 16 * lane + 16 * (lane / VPR);
   const uint16_t* ksg = a.ks + head_row * NB;
   const uint16_t* vsg = kVq ? a.vs + head_row * NB : nullptr;
-  auto issue = [&](int it, int sidx) {
+  // The warp's chunks as key starts (-1: past its last): the static chunks w, w + nw, ... of its split, then, with
+  // split_k's key pool (TileArgs::pool; TMA and cp.async staging), the chunks the pool's counter hands out. Lane 0
+  // asks for the next pool chunk as soon as it got one, so the atomic's round trip overlaps a chunk's wait and math
+  // instead of delaying the copy it names; every index it gets is used (the next call takes it), and the warp stops
+  // asking after the first past the pool's end.
+  constexpr bool kPoolable = !CL && (SM == kStageTma || SM == kStageCpAsync);
+  int* const pctr = kPoolable && a.pool != nullptr ? a.pool + (int64_t(bh) * a.n_chunks + chunk) * kPoolStride : nullptr;
+  const int64_t pend = a.Sk < kmax_all + 1 ? a.Sk : kmax_all + 1;  // the pool's end: the rows' last visible key + 1
+  const int64_t pbeg = pctr != nullptr ? a.pool_beg : INT64_MAX;     // static chunks lie below it
+  int st_made = 0, pool_next = -1;
+  bool pool_open = pctr != nullptr;
+  auto first_ask = [&]() {
+#if __CUDA_ARCH__ >= 900
+    // the launcher's zeroing kernel runs ahead of this grid (programmatic dependent launch): wait for it
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+    return atomicAdd(pctr, 1);
+  };
+  auto produce = [&]() -> int64_t {
+    if (st_made < my_n) {
+      // the first request goes out two static chunks before the walk's end, so its answer is there when needed
+      if (pool_open && lane == 0 && pool_next < 0 && st_made + 2 >= my_n) pool_next = first_ask();
+      return kbeg + int64_t(w + int64_t(st_made++) * nw) * kKC;
+    }
+    if (!pool_open) return -1;
+    int c = pool_next;
+    if (lane == 0 && c < 0) c = first_ask();
+    c = __shfl_sync(0xffffffffu, c, 0);
+    const int64_t j = a.pool_beg + int64_t(c) * kKC;
+    if (j >= pend) {
+      pool_open = false;
+      return -1;
+    }
+    if (lane == 0) pool_next = atomicAdd(pctr, 1);
+    return j;
+  };
+  // keys of the chunk at key j0: up to the split's end (static chunks) or the pool's
+  auto chunk_n = [&](int64_t j0) {
+    const int64_t e = j0 < pbeg ? kend : pend;
+    return int(e - j0 < kKC ? e - j0 : kKC);
+  };
+  auto issue = [&](int64_t j0, int sidx) {
     uint8_t* st = stages + sidx * L::STAGE;
-    if (it < my_n) {
-      const int64_t j0 = kbeg + int64_t(w + int64_t(it) * nw) * kKC;
-      const int n = int(kend - j0 < kKC ? kend - j0 : kKC);
+    if (j0 >= 0) {
+      const int n = chunk_n(j0);
       const int8_t* ks0 = kl + j0 * D;
       const uint8_t* vs0 = vl + j0 * VROW;
       if constexpr (kTma) {
@@ -512,6 +560,12 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
     }
   };
 
+  // key starts of the chunks in flight (TMA / cp.async staging), oldest first; indices known at compile time only,
+  // so they stay in registers
+  int64_t jf[kDecodeMaxStages];
+#pragma unroll
+  for (int k = 0; k < kDecodeMaxStages; ++k) jf[k] = -1;
+
   // The warp's first two Q rows are loaded before the first chunks' copies are issued and quantized after them (the
   // latencies overlap: a further row loaded after a quantization costs a memory round trip of the block's
   // prologue; H200, 512 keys in 2-warp blocks); warps of blocks with fewer than kRB / 2 warps take their further
@@ -524,7 +578,13 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
       if (my_n > 0) fetch(0);
     }
     if constexpr (SM != kStageRegs) {
-      for (int s = 0; s < nst - 1; ++s) issue(s, s);
+      for (int s = 0; s < nst - 1; ++s) {
+        const int64_t j = produce();
+#pragma unroll
+        for (int k = 0; k < kDecodeMaxStages; ++k)
+          if (k == s) jf[k] = j;
+        issue(j, s);
+      }
     }
     auto put_row = [&](const QRow<D>& x, int r) {
       if (r < nrows) q_quantize<D>(x, r, lane, qs, qsc);
@@ -570,14 +630,25 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
 
   int s_use = 0, s_next = nst - 1;  // stage of chunk it, stage of chunk it + nst - 1
   uint32_t phases = 0;               // TMA: parity of each stage barrier's next phase
-  for (int it = 0; it < my_n; ++it) {
+  for (int it = 0;; ++it) {
+    int64_t j0;
     if constexpr (SM == kStageRegs) {  // one stage: chunk it from the registers, then chunk it + 1 into them
+      if (it >= my_n) break;
+      j0 = kbeg + int64_t(w + int64_t(it) * nw) * kKC;
       put(stages);
       __syncwarp();
       if (it + 1 < my_n) fetch(it + 1);
     } else {
+      const int64_t jn = produce();  // chunk it + nst - 1
+#pragma unroll
+      for (int k = 0; k < kDecodeMaxStages; ++k)
+        if (k == nst - 1) jf[k] = jn;
+      j0 = jf[0];
+      if (j0 < 0) break;  // then nothing is in flight: the chunks after a -1 are -1
+#pragma unroll
+      for (int k = 0; k + 1 < kDecodeMaxStages; ++k) jf[k] = jf[k + 1];
       if constexpr (SM == kStageRegsV) put(stages + s_use * L::STAGE);  // chunk it's V (its stage is free)
-      issue(it + nst - 1, s_next);
+      issue(jn, s_next);
       s_next = s_next + 1 == nst ? 0 : s_next + 1;
       cp_async_wait_stages<kDecodeMaxStages>(nst);
       if constexpr (kTma) {
@@ -592,8 +663,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
 
     const uint8_t* st = stages + s_use * L::STAGE;
     if constexpr (SM != kStageRegs) s_use = s_use + 1 == nst ? 0 : s_use + 1;
-    const int64_t j0 = kbeg + int64_t(w + int64_t(it) * nw) * kKC;
-    const int n = int(kend - j0 < kKC ? kend - j0 : kKC);
+    const int n = chunk_n(j0);
     if constexpr (kTma && VK == kVF16) {
       if (n < kKC) {  // keys past the range: the TMA read real rows there (or uninitialised cache), zero them
         uint8_t* vz = const_cast<uint8_t*>(st) + L::OFF_V;
@@ -761,6 +831,8 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   }
   cp_async_wait<0>();
 #if __CUDA_ARCH__ >= 900
+  // The key pool's zeroing kernel is complete before this grid is (its warps that never asked the pool wait here).
+  if (pctr != nullptr) asm volatile("griddepcontrol.wait;\n" ::: "memory");
   // split_k: the merge kernel may launch once every block got here (it waits for this grid's completion:
   // programmatic dependent launch), so its blocks arrive during the combines below. Triggered at the start of the
   // kernel they sat resident through the whole key walk: 0.3-0.6 us slower at 128k keys (H200, q4_0; docs/gpu.md).
@@ -778,14 +850,19 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   }
   float* r0p = red + (w * kRB + 2 * tq) * D;
   float* r1p = r0p + D;
+  const bool st0 = 2 * tq < nrows, st1 = 2 * tq + 1 < nrows;  // the mma's padding rows are never read
 #pragma unroll
   for (int m = 0; m < MT; ++m) {
-    const int c0 = VK == kVF16 ? 16 * m + g : g * (D / 8) + 2 * m;
-    const int c1 = VK == kVF16 ? 16 * m + 8 + g : g * (D / 8) + 2 * m + 1;
-    r0p[c0] = acc[m][0];
-    r1p[c0] = acc[m][1];
-    r0p[c1] = acc[m][2];
-    r1p[c1] = acc[m][3];
+    const int c0 = (VK == kVF16 ? 16 * m + g : g * (D / 8) + 2 * m) ^ (4 * tq);  // ^ 4 tq: red_swz
+    const int c1 = (VK == kVF16 ? 16 * m + 8 + g : g * (D / 8) + 2 * m + 1) ^ (4 * tq);
+    if (st0) {
+      r0p[c0] = acc[m][0];
+      r0p[c1] = acc[m][2];
+    }
+    if (st1) {
+      r1p[c0] = acc[m][1];
+      r1p[c1] = acc[m][3];
+    }
   }
   __syncthreads();
 #if __CUDA_ARCH__ >= 900
@@ -804,8 +881,36 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
 // ---- launch -------------------------------------------------------------------------------------------------------
 // One launch of kernel `kern`: a plain grid, or (a.cluster) clusters of a.n_splits consecutive blocks (the splits of
 // one (row chunk, batch, KV head)); false when the device refuses the cluster launch (the caller runs without).
+// The key pool's counters (TileArgs::pool) start at zero in every call: this kernel zeroes them and lets stage 1
+// launch at once (programmatic dependent launch); stage 1's warps wait for it only before their first pool request,
+// deep into their walks.
+__global__ void pool_zero_kernel(int* pool, int n) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+  for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += int(gridDim.x * blockDim.x)) pool[i * kPoolStride] = 0;
+}
+
 template <class Kernel>
 bool launch_grid(Kernel kern, const TileArgs& a, int threads, int bytes, gpuStream_t s, const TmaMaps& tm) {
+  if (a.pool != nullptr) {  // split_k with the key pool (sm_90): zero the counters, then stage 1 as their dependent
+    const int64_t n = a.n_chunks * a.B * a.Hkv;
+    pool_zero_kernel<<<unsigned(n < 256 * 64 ? (n + 255) / 256 : 64), 256, 0, s>>>(a.pool, int(n));
+    D4A_GPU_CHECK(cudaGetLastError());
+    set_dynamic_smem(reinterpret_cast<const void*>(kern), bytes);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(a.n_chunks * a.n_splits * a.B * a.Hkv));  // split_k: below 2^31 (run_split_k)
+    cfg.blockDim = dim3(unsigned(threads));
+    cfg.dynamicSmemBytes = size_t(bytes);
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    D4A_GPU_CHECK(cudaLaunchKernelEx(&cfg, kern, a, tm));
+    return true;
+  }
   if (!a.cluster) {
     launch_decode_grid(kern, a, threads, bytes, s, tm);
     return true;
@@ -881,6 +986,24 @@ bool launch_cfg(TileArgs a, gpuStream_t s) {
   if (mode == kStageTma && !(tma_dev && tma_map_rows(&tm.k, a.k, D, a.Sk, a.B * a.Hkv, kKC) &&
                              tma_map_rows(&tm.v, a.v, Layout<VK, D>::VROW, a.Sk, a.B * a.Hkv, kKC)))
     mode = kStageCpAsync;
+  // split_k's key pool (TileArgs::pool), opt-in: DOT4ATTN_SPLIT_POOL=pct hands the last pct % of every split's keys
+  // out dynamically. It makes stage 1's summation order depend on timing, so results vary in the last bits from run
+  // to run, which is why it is off by default. H200, (32, 8, 128), 128k keys, pct 10: q4_0 ~1 us faster (66.6-67.1
+  // vs 67.9 us), 16k ~0.7 us slower (the zeroing kernel), so it only serves walks of >= 24 chunks per warp. Needs
+  // sm_90 (programmatic dependent launch behind the zeroing kernel) and TMA or cp.async staging.
+  const int pct = std::min(decode_env().pool, 100);
+  if (split && a.pool != nullptr && tma_dev && a.n_splits > 1 && !a.cluster && pct > 0 && walk >= 24 &&
+      (mode == kStageTma || mode == kStageCpAsync)) {
+    const int64_t kept = a.split_len * (100 - pct) / 100 / kKC * kKC;
+    a.pool_beg = a.n_splits * kept;
+    a.split_len = kept;
+  } else {
+    a.pool = nullptr;
+    // Splits of equal chunk counts (one chunk apart at most) instead of split_len's multiples of 64 keys, where the
+    // last split is short and the others one or two chunks longer than they need be (128k keys, 33 splits: 126
+    // chunks and one of 64, instead of 124-125).
+    if (split && !a.cluster) a.split_chunks = (a.Sk + kKC - 1) / kKC;
+  }
   int nw = 0, nst = 0;
   // full register staging needs one shared stage; one chunk per warp needs only its own in flight
   const int st_first = mode == kStageRegs ? 1 : split || walk <= 1 ? 2 : 3;

@@ -3,6 +3,10 @@
 // running max (log2 units) and sum into the scratch from ORT's allocator. Stage 2: one block per output row
 // merges the splits by log-sum-exp. Splits that see no key (causal, masks) drop out (l = 0).
 //
+// The tensor-core stage 1 (decode_mma.cuh) splits the keys evenly by 32-key chunks; opt-in (DOT4ATTN_SPLIT_POOL), on
+// sm_90 it hands the last part of every split's keys out dynamically instead (TileArgs::pool): splits that stream
+// faster take more keys, at the price of a timing-dependent summation order.
+//
 // Split count: attention_op.cc's choose_splits (SMs x 2 waves of (batch, KV head, split) items). Sizing it from
 // the decode kernel's occupancy instead (more, shorter splits) measured slower at 128k keys on the H200.
 #include "gpu/attention_gpu_internal.h"
@@ -128,7 +132,8 @@ int64_t split_len_for(int64_t sk, int64_t n_splits) {
 size_t split_k_scratch_bytes(const AttentionParams& p) {
   const int64_t n = p.n_splits < 1 ? 1 : p.n_splits;
   const int64_t rows = p.B * p.Hq * p.Sq;
-  return size_t(n) * size_t(rows) * size_t(p.D + 2) * sizeof(float);
+  // the partials, then the key pool's counters (at most one per output row: see TileArgs::pool)
+  return size_t(n) * size_t(rows) * size_t(p.D + 2) * sizeof(float) + size_t(rows) * kPoolStride * sizeof(int);
 }
 
 void run_split_k(const AttentionParams& p, void* scratch, gpuStream_t s) {
@@ -139,6 +144,7 @@ void run_split_k(const AttentionParams& p, void* scratch, gpuStream_t s) {
   a.n_splits = (p.Sk + a.split_len - 1) / a.split_len;  // <= n
   a.part_acc = static_cast<float*>(scratch);
   a.part_ml = a.part_acc + a.n_splits * rows * p.D;
+  a.pool = reinterpret_cast<int*>(a.part_ml + a.n_splits * rows * 2);  // used (and zeroed) by the tensor-core decode
   launch_decode_tiles(a, s);
   if (rows > 0x7fffffffLL || a.n_splits > 8192) throw std::runtime_error("Dot4Attention GPU: too many rows/splits to merge");
   if (p.D % 4 != 0 || p.D / 4 > kMergeThreads) throw std::runtime_error("Dot4Attention GPU: merge needs D % 4 == 0, D <= 1024");
