@@ -6,8 +6,10 @@ rows with no visible key). Prints a pass/fail table; exit status 1 on any failur
 streams at once and under CUDA graph capture instead (stage 1 + the programmatic-dependent merge launch).
     DOT4ATTN_LIBRARY=build/gpu/libdot4attn_ops.so python3 tools/gpu_check_decode.py [--small] [--out FILE]
 --small: a few quick cases (for compute-sanitizer), both decode kernels (tensor-core: float16 T, D 64/128/256).
+--pool PCT: split_k with the opt-in key pool (DOT4ATTN_SPLIT_POOL=PCT) on long walks (>= 24 chunks per warp, where
+the launcher takes it on sm_90), plus a CUDA graph replay of such a call (zeroing kernel + dependent stage 1).
 """
-import argparse, ctypes, sys
+import argparse, ctypes, os, sys
 import numpy as np
 import torch
 
@@ -135,14 +137,22 @@ CASES = [
     (1, 2, 1, 5, 33, 32, "q8_0", 1, "decode", None, 0),
     (2, 32, 8, 1, 16384, 128, "q4_0", 1, "split_k", None, 1),
 ]
+# the key pool engages at >= 24 chunks per warp: 131072 keys over 33 splits for B x Hkv = 8
+POOL_CASES = [
+    (1, 32, 8, 1, 131072, 128, "q4_0", 1, "split_k", None, 1),
+    (1, 32, 8, 1, 131072, 128, "q8_0", 0, "split_k", "bool_bcast", 1),
+    (1, 32, 8, 1, 131072, 128, "float", 1, "split_k", None, 1),
+    (1, 32, 8, 4, 120000, 128, "q4_0", 1, "split_k", None, 1),  # two row chunks per KV head: two pools
+]
 SMALL = [CASES[i] for i in (1, 2, 5, 9, 10, 11, 13, 14, 17, 19, 21, 29)]  # float16 D 64/128/256: tensor cores
 
 
-def stream_checks(f):
+def stream_checks(f, pool=False):
     """split_k launched on four streams at once, 30 times each, must give the single-stream output bit for bit;
     captured into a CUDA graph (stage 1 and the programmatic-dependent merge launch) and replayed, it must match the
-    reference. Returns the number of failures."""
-    B, Hq, Hkv, Sq, Sk, D = 2, 32, 8, 1, 16384, 128
+    reference. pool: a long call with the key pool instead, graph replay only (its summation order depends on
+    timing, so there is no bitwise check). Returns the number of failures."""
+    B, Hq, Hkv, Sq, Sk, D = (1, 32, 8, 1, 131072, 128) if pool else (2, 32, 8, 1, 16384, 128)
     q, kp, ks, vp, vs = make_qkv(np.random.default_rng(5), B, Hq, Hkv, Sq, Sk, D, "q4_0", 1)
     ref = R.attention(q, kp, ks, vp, vs, None, causal=1, v_format="q4_0")
     inputs = gpu_inputs(q, kp, ks, vp, vs)
@@ -160,7 +170,12 @@ def stream_checks(f):
     call(want, new_scratch(), stream)
     torch.cuda.synchronize()
     fails = 0
-    streams = [torch.cuda.Stream() for _ in range(4)]
+    if pool:
+        e = R.nmse(want.cpu().numpy(), ref)
+        ok = bool(np.isfinite(e) and e <= 1e-6)
+        print(f"| pool call | key pool, one call vs reference (NMSE {e:.1e}) | {'PASS' if ok else 'FAIL'} |")
+        fails += not ok
+    streams = [torch.cuda.Stream() for _ in range(0 if pool else 4)]
     outs = [[new_out() for _ in range(30)] for _ in streams]
     scrs = [new_scratch() for _ in streams]
     torch.cuda.synchronize()
@@ -168,10 +183,11 @@ def stream_checks(f):
         for s, st in enumerate(streams):
             call(outs[s][i], scrs[s], st.cuda_stream)
     torch.cuda.synchronize()
-    bad = sum(not torch.equal(o, want) for lst in outs for o in lst)
-    res = "PASS" if bad == 0 else f"FAIL ({bad} differ)"
-    print(f"| streams | 4 streams x 30 calls, bitwise equal to one call | {res} |")
-    fails += bad != 0
+    if not pool:
+        bad = sum(not torch.equal(o, want) for lst in outs for o in lst)
+        res = "PASS" if bad == 0 else f"FAIL ({bad} differ)"
+        print(f"| streams | 4 streams x 30 calls, bitwise equal to one call | {res} |")
+        fails += bad != 0
     g_out, g_scr = new_out(), new_scratch()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -198,8 +214,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--streams", action="store_true", help="only the multi-stream and CUDA graph checks")
+    ap.add_argument("--pool", type=int, default=0, help="check split_k with the key pool at this percentage")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
+    if a.pool:
+        os.environ["DOT4ATTN_SPLIT_POOL"] = str(a.pool)  # read once, at the library's first launch
     f = lib()
     if a.streams:
         return 1 if stream_checks(f) else 0
@@ -207,7 +226,7 @@ def main():
     lines = ["| # | B,Hq,Hkv,Sq,Sk,D | V | causal | route | mask | T | splits | dead rows | nmse | result |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     fails = 0
-    for n, c in enumerate(SMALL if a.small else CASES):
+    for n, c in enumerate(POOL_CASES if a.pool else SMALL if a.small else CASES):
         B, Hq, Hkv, Sq, Sk, D, vf, causal, route, mask, half = c
         try:
             ok, e, ns, nd, dok = run_case(f, rng, *c)
@@ -218,7 +237,11 @@ def main():
         lines.append(f"| {n} | {B},{Hq},{Hkv},{Sq},{Sk},{D} | {vf} | {causal} | {route} | {mask or '-'} | "
                      f"{'f16' if half else 'f32'} | {ns} | {nd} | {e:.1e} | {res} |")
         print(lines[-1], flush=True)
-    lines.append(f"\n{len(lines) - 2 - fails} passed, {fails} failed")
+    n_cases = len(lines) - 2
+    if a.pool:  # the graph rows count as one more check each
+        sf = stream_checks(f, pool=True)
+        n_cases, fails = n_cases + 2, fails + sf
+    lines.append(f"\n{n_cases - fails} passed, {fails} failed")
     print(lines[-1])
     if a.out:
         open(a.out, "w").write("\n".join(lines) + "\n")
