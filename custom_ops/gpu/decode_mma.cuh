@@ -435,7 +435,8 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   // instead of delaying the copy it names; every index it gets is used (the next call takes it), and the warp stops
   // asking after the first past the pool's end.
   constexpr bool kPoolable = !CL && (SM == kStageTma || SM == kStageCpAsync);
-  int* const pctr = kPoolable && a.pool != nullptr ? a.pool + (int64_t(bh) * a.n_chunks + chunk) * kPoolStride : nullptr;
+  int* const pctr =
+      kPoolable && a.pool != nullptr ? a.pool + (int64_t(bh) * a.n_chunks + chunk) * kPoolStride : nullptr;
   const int64_t pend = a.Sk < kmax_all + 1 ? a.Sk : kmax_all + 1;  // the pool's end: the rows' last visible key + 1
   const int64_t pbeg = pctr != nullptr ? a.pool_beg : INT64_MAX;     // static chunks lie below it
   int st_made = 0, pool_next = -1;
@@ -879,8 +880,6 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
 }
 
 // ---- launch -------------------------------------------------------------------------------------------------------
-// One launch of kernel `kern`: a plain grid, or (a.cluster) clusters of a.n_splits consecutive blocks (the splits of
-// one (row chunk, batch, KV head)); false when the device refuses the cluster launch (the caller runs without).
 // The key pool's counters (TileArgs::pool) start at zero in every call: this kernel zeroes them and lets stage 1
 // launch at once (programmatic dependent launch); stage 1's warps wait for it only before their first pool request,
 // deep into their walks.
@@ -888,9 +887,13 @@ __global__ void pool_zero_kernel(int* pool, int n) {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
-  for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += int(gridDim.x * blockDim.x)) pool[i * kPoolStride] = 0;
+  for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += int(gridDim.x * blockDim.x))
+    pool[i * kPoolStride] = 0;
 }
 
+// One launch of kernel `kern`: a plain grid, or (a.cluster) clusters of a.n_splits consecutive blocks (the splits of
+// one (row chunk, batch, KV head)); false when the device refuses the cluster launch (the caller runs without); with
+// the key pool, the zeroing kernel and stage 1 as its programmatic dependent.
 template <class Kernel>
 bool launch_grid(Kernel kern, const TileArgs& a, int threads, int bytes, gpuStream_t s, const TmaMaps& tm) {
   if (a.pool != nullptr) {  // split_k with the key pool (sm_90): zero the counters, then stage 1 as their dependent
@@ -898,17 +901,8 @@ bool launch_grid(Kernel kern, const TileArgs& a, int threads, int bytes, gpuStre
     pool_zero_kernel<<<unsigned(n < 256 * 64 ? (n + 255) / 256 : 64), 256, 0, s>>>(a.pool, int(n));
     D4A_GPU_CHECK(cudaGetLastError());
     set_dynamic_smem(reinterpret_cast<const void*>(kern), bytes);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned(a.n_chunks * a.n_splits * a.B * a.Hkv));  // split_k: below 2^31 (run_split_k)
-    cfg.blockDim = dim3(unsigned(threads));
-    cfg.dynamicSmemBytes = size_t(bytes);
-    cfg.stream = s;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    D4A_GPU_CHECK(cudaLaunchKernelEx(&cfg, kern, a, tm));
+    // split_k's grid is below 2^31 blocks (run_split_k)
+    launch_dependent(kern, unsigned(a.n_chunks * a.n_splits * a.B * a.Hkv), unsigned(threads), size_t(bytes), s, a, tm);
     return true;
   }
   if (!a.cluster) {

@@ -260,3 +260,26 @@ __device__ __forceinline__ void cp_async_wait_stages(int nst) {
     if (e_ != gpuSuccess)                                                                               \
       throw std::runtime_error(std::string("dot4attn GPU: ") + #expr + ": " + gpuGetErrorString(e_));   \
   } while (0)
+
+#if defined(D4A_CUDA)
+namespace dot4attn {
+namespace gpu {
+// Launches kern as a programmatic dependent of the previous kernel in stream s (sm_90): it may start before that
+// kernel ends, so it must execute griddepcontrol.wait before it reads that kernel's results.
+template <class Kernel, class... Args>
+void launch_dependent(Kernel kern, unsigned grid, unsigned block, size_t smem, cudaStream_t s, const Args&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(block);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
+  D4A_GPU_CHECK(cudaLaunchKernelEx(&cfg, kern, args...));
+}
+}  // namespace gpu
+}  // namespace dot4attn
+#endif

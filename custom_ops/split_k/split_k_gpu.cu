@@ -153,19 +153,8 @@ void run_split_k(const AttentionParams& p, void* scratch, gpuStream_t s) {
   // launched then (the tensor-core stage 1 lets it start once all its blocks are past their key walks; the merge waits
   // for stage 1's completion).
   if (device_attribute(cudaDevAttrComputeCapabilityMajor, 0) >= 9) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(unsigned(rows));
-    cfg.blockDim = dim3(kMergeThreads);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = s;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    D4A_GPU_CHECK(cudaLaunchKernelEx(&cfg, merge_kernel, static_cast<const float*>(a.part_acc),
-                                     static_cast<const float*>(a.part_ml), rows, int(a.n_splits), int(p.D),
-                                     p.half ? 1 : 0, p.out));
+    launch_dependent(merge_kernel, unsigned(rows), unsigned(kMergeThreads), 0, s, static_cast<const float*>(a.part_acc),
+                     static_cast<const float*>(a.part_ml), rows, int(a.n_splits), int(p.D), p.half ? 1 : 0, p.out);
     return;
   }
 #endif
