@@ -14,6 +14,8 @@ option(DOT4ATTN_HIP "Build the HIP (ROCm) kernels" OFF)
 set(_d4a_gpu_sources
   custom_ops/pack/pack_gpu.cu
   custom_ops/attention/attention_gpu.cu
+  custom_ops/attention/attention_gpu_entry.cu
+  custom_ops/gpu/launch_plan.cu
   custom_ops/decode/decode_gpu.cu
   custom_ops/split_k/split_k_gpu.cu
   custom_ops/prefill/prefill_gpu.cu

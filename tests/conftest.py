@@ -4,8 +4,8 @@ The library is found the way users find it: `dot4attn.get_library_path()` (the c
 package, or $DOT4ATTN_LIBRARY). Nothing here hardcodes a build folder. When the library cannot be found every
 test errors (it is never skipped).
 
-CPU ISA paths are forced per test with the `isa` fixture (it sets DOT4ATTN_CPU_ISA, which the library reads at
-every Compute call); tests that do not ask for an ISA run with the variable unset (the library's own choice).
+CPU ISA paths are forced per test with the `isa` fixture (dot4attn.native.force_cpu_isa: DOT4ATTN_CPU_ISA is read
+once per process); tests that do not ask for an ISA run with the library's own choice.
 Sessions are cached per model configuration: creating them dominates the run time otherwise.
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ except ImportError:  # not pip-installed: use the repository's python/ folder (t
 
 from onnxruntime.capi import onnxruntime_pybind11_state as _ort_state
 
+from dot4attn import native
 from dot4attn import onnx_builders as ob
 from dot4attn import reference as R
 
@@ -63,18 +64,20 @@ def _library_present():
 
 
 @pytest.fixture(autouse=True)
-def _default_isa(monkeypatch):
+def _default_isa():
     """Tests run with the library's own ISA choice unless they use the `isa` fixture."""
-    monkeypatch.delenv("DOT4ATTN_CPU_ISA", raising=False)
+    native.force_cpu_isa(None)
+    yield
+    native.force_cpu_isa(None)
 
 
 @pytest.fixture(params=ALL_ISAS)
-def isa(request, monkeypatch, _default_isa):
+def isa(request, _default_isa):
     """Forces one CPU ISA path (skips when this CPU lacks it)."""
     name = request.param
     if name not in supported_isas():
         pytest.skip(f"this CPU does not support the {name} path (supported: {','.join(supported_isas())})")
-    monkeypatch.setenv("DOT4ATTN_CPU_ISA", name)
+    native.force_cpu_isa(name)
     return name
 
 

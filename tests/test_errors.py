@@ -8,12 +8,16 @@ offending type.
 """
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from conftest import INVALID_ARGUMENT, expect_error, free_rank, new_session, set_input_dtype
+from dot4attn import native
 from dot4attn import onnx_builders as ob
 from dot4attn import reference as R
 
@@ -274,13 +278,26 @@ def test_forced_route_takes_eight_rows(route):
 
 # ---- ISA override ------------------------------------------------------------------------------------------------
 
-def test_unknown_isa_override(monkeypatch):
-    monkeypatch.setenv("DOT4ATTN_CPU_ISA", "sse2")
-    f = inputs()
-    m = model()
-    sess = new_session(m)
-    expect_error(lambda: sess.run(None, f), esc("DOT4ATTN_CPU_ISA: expected scalar, avx2, avx512vnni or auto, "
-                                                "got 'sse2'"))
+def test_unknown_isa_override():
+    """DOT4ATTN_CPU_ISA is read once per process: a bad value fails every Compute that would use it, clearly."""
+    script = (
+        "import numpy as np, onnxruntime as ort, dot4attn\n"
+        "from dot4attn import onnx_builders as ob\n"
+        "so = ort.SessionOptions(); dot4attn.register(so)\n"
+        "sess = ort.InferenceSession(ob.attention_model(np.float32, 'float', None).SerializeToString(), so)\n"
+        "q = np.zeros((1, 1, 1, 32), np.float32); kp = np.zeros((1, 1, 1, 32), np.int8)\n"
+        "ks = np.zeros((1, 1, 1, 1), np.float16)\n"
+        "sess.run(None, {'query': q, 'k_payload': kp, 'k_scales': ks, 'value': q})\n")
+    env = {**os.environ, "DOT4ATTN_CPU_ISA": "sse2"}
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0, r.stdout
+    assert "DOT4ATTN_CPU_ISA: expected scalar, avx2, avx512vnni or auto, got 'sse2'" in r.stderr, r.stderr
+
+
+def test_unknown_isa_forced():
+    with pytest.raises(native.NativeError, match="dot4attn_force_cpu_isa: expected scalar, avx2, avx512vnni or "
+                                                 "auto, got 'sse2'"):
+        native.force_cpu_isa("sse2")
 
 
 # ---- PackK / PackV ----------------------------------------------------------------------------------------------

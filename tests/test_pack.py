@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import ALL_ISAS, pack_session, run_pack, supported_isas
+from dot4attn import native
 from dot4attn import reference as R
 
 # (op, format attribute, reference format); PackV without the attribute is q8_0.
@@ -147,14 +148,14 @@ def test_pack_empty(shape, variant, dtype):
     assert scales.shape == (*shape[:3], d // 32) and scales.dtype == np.float16
 
 
-def test_pack_same_on_every_isa(monkeypatch):
+def test_pack_same_on_every_isa():
     """Packing does not depend on the forced CPU ISA."""
     x = _data("normal", (2, 2, 37, 128), "float32", seed=7)
     outs = {}
     for isa_name in ALL_ISAS:
         if isa_name not in supported_isas():
             continue
-        monkeypatch.setenv("DOT4ATTN_CPU_ISA", isa_name)
+        native.force_cpu_isa(isa_name)
         for variant in ("PackK", "PackV-q4_0"):
             op, fmt, ref_fmt = VARIANTS[variant]
             p, s = run_pack(x, op, fmt)

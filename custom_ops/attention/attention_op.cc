@@ -84,10 +84,7 @@ class AttentionKernel : public Kernel {
       return;
     }
 #if defined(DOT4ATTN_WITH_GPU)
-    void* stream = gpu_stream(ctx);
-    if (p.route == Route::kSplitK)
-      p.n_splits = gpu_split_count(p, stream);
-    run_gpu(ctx, p, out_value, stream);
+    run_gpu(ctx, p, attention_gpu_plan(p), out_value, gpu_stream(ctx));
 #else
     fail(kOp, "this build of dot4attn has no GPU kernels");
 #endif
@@ -184,10 +181,11 @@ class AttentionKernel : public Kernel {
   }
 
 #if defined(DOT4ATTN_WITH_GPU)
-  void run_gpu(OrtKernelContext* ctx, const AttentionParams& p, const OrtValue* out, void* stream) const {
-    const size_t bytes = attention_gpu_scratch_bytes(p);
+  void run_gpu(OrtKernelContext* ctx, const AttentionParams& p, const gpu::GpuPlan& plan, const OrtValue* out,
+               void* stream) const {
+    const size_t bytes = plan.scratch_bytes;
     if (bytes == 0) {
-      attention_gpu(p, nullptr, stream);
+      attention_gpu(p, plan, nullptr, stream);
       return;
     }
     // Split-K partials come from ORT's allocator for the output's device (no cudaMalloc in Compute). Freed
@@ -198,7 +196,7 @@ class AttentionKernel : public Kernel {
     check_status(ort().KernelContext_GetAllocator(ctx, mem, &alloc));
     void* scratch = alloc->Alloc(alloc, bytes);
     try {
-      attention_gpu(p, scratch, stream);
+      attention_gpu(p, plan, scratch, stream);
     } catch (...) {
       alloc->Free(alloc, scratch);
       ort().ReleaseAllocator(alloc);

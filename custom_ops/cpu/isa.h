@@ -1,5 +1,6 @@
 // CPU instruction-set dispatch. The tile kernels (tile_kernels.inl) are compiled once per ISA; cpu_kernels()
-// returns the table for the ISA chosen from CPUID, or forced with DOT4ATTN_CPU_ISA=scalar|avx2|avx512vnni.
+// returns the table for the ISA chosen from CPUID, or forced with DOT4ATTN_CPU_ISA=scalar|avx2|avx512vnni (read once per
+// process; tests switch it with the C entry dot4attn_force_cpu_isa).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -57,7 +58,7 @@ struct CpuKernels {
   void (*floats_to_halves)(const float* src, uint16_t* dst, int64_t n);
 };
 
-CpuIsa cpu_isa();                     // chosen (env override, else best supported); throws on a bad override
+CpuIsa cpu_isa();                     // chosen (DOT4ATTN_CPU_ISA read once, else best supported); throws on a bad value
 const char* cpu_isa_name(CpuIsa isa);
 std::string cpu_isas_supported();     // e.g. "scalar,avx2,avx512vnni"
 const CpuKernels& cpu_kernels();      // the table for cpu_isa()

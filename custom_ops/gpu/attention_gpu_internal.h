@@ -1,27 +1,44 @@
-// Internal interface between the GPU route files (decode/, split_k/, prefill/) and the launcher
-// (attention/attention_gpu.cu). CUDA/HIP translation units only.
+// Internal interface between the launcher (attention/attention_gpu.cu) and the route files that execute plans
+// (decode/, split_k/, prefill/). CUDA/HIP translation units only.
 #pragma once
 
 #include "attention/attention_params.h"
 #include "gpu/attention_tile.cuh"
+#include "gpu/launch_plan.h"
 
 namespace dot4attn {
 namespace gpu {
 
-// TileArgs for p with one split covering every key and the final output as destination.
-TileArgs make_tile_args(const AttentionParams& p);
+// The kernels' arguments for p as `plan` lays the work out (row chunks, splits, stages, cluster).
+TileArgs make_tile_args(const AttentionParams& p, const GpuPlan& plan);
 
-// decode/decode_gpu.cu: one block per (batch, KV head[, split]) holding all g x Sq rows (chunks of 16 beyond).
-// With a.part_acc set it writes split partials (split_k stage 1).
-void launch_decode_tiles(const TileArgs& a, gpuStream_t stream);
-void run_decode(const AttentionParams& p, gpuStream_t stream);
+// The facts of the current device (cached per device): what plan_attention needs to know.
+DeviceFacts device_facts();
+// prefill/prefill_gpu.cu: whether the current device's loaded kernels have wgmma (an sm_90a build).
+bool wgmma_in_binary();
 
-// split_k/split_k_gpu.cu: FlashDecoding over p.n_splits key splits, then the log-sum-exp merge.
-size_t split_k_scratch_bytes(const AttentionParams& p);
-void run_split_k(const AttentionParams& p, void* scratch, gpuStream_t stream);
+// Raises kernel `kern`'s dynamic shared-memory limit to `bytes` (above the 48 KB default) on the current device, once
+// per (kernel, device, larger size) instead of a driver call on every launch.
+void set_dynamic_smem(const void* kern, int bytes);
 
-// prefill/prefill_gpu.cu: 64-row tiles, causal prefix tiles unmasked.
-void run_prefill(const AttentionParams& p, gpuStream_t stream);
+// Launches `kern` on the plan's grid: plan.blocks blocks of plan.threads threads, plan.smem_bytes of shared memory.
+template <class Kernel, class... Args>
+void launch_planned(Kernel kern, const GpuPlan& plan, gpuStream_t s, const Args&... args) {
+  set_dynamic_smem(reinterpret_cast<const void*>(kern), plan.smem_bytes);
+  kern<<<unsigned(plan.blocks), unsigned(plan.threads), size_t(plan.smem_bytes), s>>>(args...);
+  D4A_GPU_CHECK(gpuGetLastError());
+}
+
+// decode/decode_gpu.cu: a plan of the decode kernels or of the decode / split_k tile kernel (split_k stage 1 when
+// a.part_acc is set). False only when the device refused a cluster launch (the caller plans again without).
+bool run_decode(const GpuPlan& plan, const TileArgs& a, gpuStream_t stream);
+
+// split_k/split_k_gpu.cu: stage 1 over plan.n_splits key splits into `scratch` (plan.scratch_bytes), then the
+// log-sum-exp merge.
+void run_split_k(const GpuPlan& plan, TileArgs a, void* scratch, gpuStream_t stream);
+
+// prefill/prefill_gpu.cu: a plan of the tensor-core prefill or of the prefill tile kernel.
+void run_prefill(const GpuPlan& plan, const TileArgs& a, gpuStream_t stream);
 
 }  // namespace gpu
 }  // namespace dot4attn

@@ -32,8 +32,6 @@ constexpr int kThreads = 256;
 constexpr int KT = 64;          // keys per tile
 constexpr float kLog2e = 1.4426950408889634f;
 
-constexpr int kPoolStride = 32;  // ints between split_k key pool counters (TileArgs::pool)
-
 struct TileArgs {
   int64_t B, Hq, Hkv, Sq, Sk, g;
   int D, nb;
@@ -58,13 +56,6 @@ struct TileArgs {
   int nst;             // pipeline stages in use (1 .. ST), chosen from the device's shared memory
   int cluster;         // tensor-core decode (sm_90), nonzero: the n_splits key splits of a (row chunk, batch, KV
                        // head) run as one cluster of n_splits blocks and merge through distributed shared memory
-  // split_k's key pool (opt-in, tensor-core decode on sm_90; others ignore it): when set, each split walks
-  // split_len keys from split * split_len and the keys [pool_beg, Sk) are handed out 32 at a time, in the order the
-  // warps of the (row chunk, batch, KV head)'s blocks ask, by the counter pool[((batch * Hkv + KV head) * n_chunks +
-  // row chunk) * kPoolStride] (zeroed per call by the launcher): blocks that stream faster take more keys instead of
-  // waiting for the slowest. Counters are one 128-byte L2 line apart, so the heads' requests do not queue on one.
-  int* pool;
-  int64_t pool_beg;
   int64_t split_chunks;  // tensor-core decode's split_k: > 0: even splits of these many 32-key chunks (decode_mma)
 };
 
@@ -471,34 +462,6 @@ __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const TileArgs a) {
       else static_cast<float*>(a.out)[grow * D + c] = y;
     }
   }
-}
-
-// Host side: launch one configuration.
-// Cached per-device attribute (attention_gpu.cu), and the opt-in shared memory per block built on it.
-int device_attribute(gpuDeviceAttr_t attr, int fallback);
-int max_shared_bytes();
-// Raises kernel `kern`'s dynamic shared-memory limit to `bytes` (above the 48 KB default) on the current device, once
-// per (kernel, device, larger size) instead of a driver call on every launch (H200, host time per 16k-key decode
-// call: 35.6 -> 28.7 us).
-void set_dynamic_smem(const void* kern, int bytes);
-
-template <int VK, int DMAX, int RB, int RPT, int ST>
-void launch_tile(const TileArgs& a0, gpuStream_t stream) {
-  TileArgs a = a0;
-  const int limit = max_shared_bytes();
-  a.nst = ST;
-  while (a.nst > 1 && SmemLayout(VK, a.D, RB, RPT, a.nst).total > limit) --a.nst;
-  const SmemLayout L(VK, a.D, RB, RPT, a.nst);
-  if (L.total > limit)
-    throw std::runtime_error("Dot4Attention GPU: the tile for D=" + std::to_string(a.D) + " needs " +
-                             std::to_string(L.total) + " bytes of shared memory, the device has " +
-                             std::to_string(limit));
-  auto kern = attn_tile_kernel<VK, DMAX, RB, RPT, ST>;
-  set_dynamic_smem(reinterpret_cast<const void*>(kern), L.total);
-  const int64_t blocks = a.n_chunks * a.n_splits * a.B * a.Hkv;
-  if (blocks > 0x7fffffffLL) throw std::runtime_error("Dot4Attention GPU: more than 2^31-1 blocks");
-  kern<<<unsigned(blocks), kThreads, L.total, stream>>>(a);
-  D4A_GPU_CHECK(gpuGetLastError());
 }
 
 }  // namespace gpu

@@ -19,9 +19,6 @@
 // -inf, rows with no visible key give exact zeros (decode) or l = 0 partials (dropped by the merge).
 #pragma once
 
-#include <cstdlib>
-#include <cstring>
-
 #include "gpu/attention_tile.cuh"
 
 namespace dot4attn {
@@ -31,75 +28,6 @@ constexpr int kDecodeMaxThreads = 256;
 // Stages per warp of the decode kernels (cp.async / TMA pipelines): the bound of pick_warps_stages, the SIMT
 // kernel's wait template and the tensor-core kernel's per-warp stage barriers.
 constexpr int kDecodeMaxStages = 3;
-
-// Switches of the decode kernels, read once: DOT4ATTN_GPU_DECODE=tile runs the tile kernel, =simt the SIMT decode
-// kernel instead of the tensor-core one (comparison, fallback); DOT4ATTN_DECODE_NW / _NST force warps / stages
-// (tuning; 0 = automatic).
-struct DecodeEnv {
-  bool tile = false, simt = false;
-  int stage = -1;  // DOT4ATTN_DECODE_STAGE=cp_async / regs / regs_v / tma (0 / 1 / 2 / 3): tensor-core decode staging
-  int nw = 0, nst = 0;
-  int cluster = 0;  // DOT4ATTN_DECODE_CLUSTER: the tensor-core decode route's cluster size (1 = none; 0 = automatic)
-  int pool = 0;     // DOT4ATTN_SPLIT_POOL: percent of split_k's keys handed out by the key pool (0 = none; opt-in)
-};
-
-inline const DecodeEnv& decode_env() {
-  static const DecodeEnv e = [] {
-    DecodeEnv d;
-    const char* m = std::getenv("DOT4ATTN_GPU_DECODE");
-    d.tile = m != nullptr && std::strcmp(m, "tile") == 0;
-    d.simt = m != nullptr && std::strcmp(m, "simt") == 0;
-    if (const char* v = std::getenv("DOT4ATTN_DECODE_NW")) d.nw = std::atoi(v);
-    if (const char* v = std::getenv("DOT4ATTN_DECODE_NST")) d.nst = std::atoi(v);
-    if (const char* v = std::getenv("DOT4ATTN_DECODE_CLUSTER")) d.cluster = std::atoi(v);
-    if (const char* v = std::getenv("DOT4ATTN_SPLIT_POOL")) d.pool = std::atoi(v);
-    const char* st = std::getenv("DOT4ATTN_DECODE_STAGE");
-    if (st != nullptr)
-      d.stage = std::strcmp(st, "regs") == 0 ? 1 : std::strcmp(st, "regs_v") == 0 ? 2 : std::strcmp(st, "tma") == 0 ? 3 : 0;
-    return d;
-  }();
-  return e;
-}
-
-// Host: the first (warps, stages) whose block fits `limit` bytes of shared memory (bytes(warps, stages)), stages
-// from st_first down to 1 (DOT4ATTN_DECODE_NST forces one, up to kDecodeMaxStages), warps from `want` down to 1;
-// false when none fits.
-template <class Bytes>
-inline bool pick_warps_stages(int want, int st_first, int limit, Bytes bytes, int& nw, int& nst) {
-  const DecodeEnv& e = decode_env();
-  for (int st = st_first; st >= 1; --st) {
-    const int use = e.nst > 0 ? (e.nst < kDecodeMaxStages ? e.nst : kDecodeMaxStages) : st;
-    for (int w = want; w >= 1; --w)
-      if (bytes(w, use) <= limit) {
-        nw = w;
-        nst = use;
-        return true;
-      }
-  }
-  return false;
-}
-
-// Host: warps wanted in a decode block: no more than its key chunks (ws keys each) nor max_warps; split_k's many
-// short-lived blocks take at most 128 threads (more blocks per multiprocessor), the decode route's few blocks up to
-// max_warps (H200 measurements); DOT4ATTN_DECODE_NW forces it (tuning).
-inline int decode_warps_wanted(const TileArgs& a, int ws, int max_warps) {
-  const int64_t keys = a.split_len < a.Sk ? a.split_len : a.Sk;
-  const int64_t chunks = (keys + ws - 1) / ws;
-  const int cap = a.part_acc != nullptr && 128 / ws < max_warps ? 128 / ws : max_warps;
-  const int want = int(chunks < cap ? chunks : cap);
-  const int forced = decode_env().nw;
-  return forced > 0 && forced <= max_warps ? forced : want < 1 ? 1 : want;
-}
-
-// Host: launches a decode kernel over a's (row chunk, split, batch, KV head) blocks.
-template <class Kernel, class... Extra>
-void launch_decode_grid(Kernel kern, const TileArgs& a, int threads, int bytes, gpuStream_t s, const Extra&... extra) {
-  set_dynamic_smem(reinterpret_cast<const void*>(kern), bytes);
-  const int64_t blocks = a.n_chunks * a.n_splits * a.B * a.Hkv;
-  if (blocks > 0x7fffffffLL) throw std::runtime_error("Dot4Attention GPU: more than 2^31-1 blocks");
-  kern<<<unsigned(blocks), unsigned(threads), bytes, s>>>(a, extra...);
-  D4A_GPU_CHECK(gpuGetLastError());
-}
 
 // Shared-memory layout (bytes) for warp size ws, nw warps, nst stages; identical on host and device.
 struct DecodeLayout {

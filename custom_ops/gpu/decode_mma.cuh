@@ -39,6 +39,7 @@
 #include <cstring>
 
 #include "gpu/decode_kernel.cuh"
+#include "gpu/launch_plan.h"
 #include "gpu/mma_primitives.cuh"
 #include "gpu/tma.cuh"
 
@@ -338,7 +339,11 @@ __device__ __forceinline__ void rows_finish_cluster(const TileArgs& a, const flo
 //    evict-first policy (lane 0 issues one copy per 32-key x 128-byte slab and arms the stage's mbarrier; the
 //    scale rows stay on cp.async), written as swizzled dense slabs (Layout). No registers held, no per-lane copy
 //    instructions. Keys of a partial chunk past the range are zeroed by the warp (float16 V could hold NaN there).
-enum StageMode { kStageCpAsync = 0, kStageRegs = 1, kStageRegsV = 2, kStageTma = 3 };
+// (StageMode: gpu/launch_plan.h.) Without TMA a (VK, D) stages q4_0 in registers, q8_0 at D = 128 its V, the rest
+// by cp.async: the instance the planner names "auto" for it.
+__host__ __device__ constexpr int auto_staging(int vk, int d) {
+  return vk == kVQ4 ? kStageRegs : vk == kVQ8 && d == 128 ? kStageRegsV : kStageCpAsync;
+}
 
 template <int N>
 struct ScaleRow;  // one key's scale row (2 * D / 32 bytes) as a register value
@@ -429,48 +434,13 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   const int soff_k = 16 * lane + 16 * (lane / KPR), soff_v = L::OFF_V + 16 * lane + 16 * (lane / VPR);
   const uint16_t* ksg = a.ks + head_row * NB;
   const uint16_t* vsg = kVq ? a.vs + head_row * NB : nullptr;
-  // The warp's chunks as key starts (-1: past its last): the static chunks w, w + nw, ... of its split, then, with
-  // split_k's key pool (TileArgs::pool; TMA and cp.async staging), the chunks the pool's counter hands out. Lane 0
-  // asks for the next pool chunk as soon as it got one, so the atomic's round trip overlaps a chunk's wait and math
-  // instead of delaying the copy it names; every index it gets is used (the next call takes it), and the warp stops
-  // asking after the first past the pool's end.
-  constexpr bool kPoolable = !CL && (SM == kStageTma || SM == kStageCpAsync);
-  int* const pctr =
-      kPoolable && a.pool != nullptr ? a.pool + (int64_t(bh) * a.n_chunks + chunk) * kPoolStride : nullptr;
-  const int64_t pend = a.Sk < kmax_all + 1 ? a.Sk : kmax_all + 1;  // the pool's end: the rows' last visible key + 1
-  const int64_t pbeg = pctr != nullptr ? a.pool_beg : INT64_MAX;     // static chunks lie below it
-  int st_made = 0, pool_next = -1;
-  bool pool_open = pctr != nullptr;
-  auto first_ask = [&]() {
-#if __CUDA_ARCH__ >= 900
-    // the launcher's zeroing kernel runs ahead of this grid (programmatic dependent launch): wait for it
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-    return atomicAdd(pctr, 1);
-  };
+  // The warp's chunks as key starts (-1: past its last): chunks w, w + nw, ... of its split.
+  int st_made = 0;
   auto produce = [&]() -> int64_t {
-    if (st_made < my_n) {
-      // the first request goes out two static chunks before the walk's end, so its answer is there when needed
-      if (pool_open && lane == 0 && pool_next < 0 && st_made + 2 >= my_n) pool_next = first_ask();
-      return kbeg + int64_t(w + int64_t(st_made++) * nw) * kKC;
-    }
-    if (!pool_open) return -1;
-    int c = pool_next;
-    if (lane == 0 && c < 0) c = first_ask();
-    c = __shfl_sync(0xffffffffu, c, 0);
-    const int64_t j = a.pool_beg + int64_t(c) * kKC;
-    if (j >= pend) {
-      pool_open = false;
-      return -1;
-    }
-    if (lane == 0) pool_next = atomicAdd(pctr, 1);
-    return j;
+    return st_made < my_n ? kbeg + int64_t(w + int64_t(st_made++) * nw) * kKC : -1;
   };
-  // keys of the chunk at key j0: up to the split's end (static chunks) or the pool's
-  auto chunk_n = [&](int64_t j0) {
-    const int64_t e = j0 < pbeg ? kend : pend;
-    return int(e - j0 < kKC ? e - j0 : kKC);
-  };
+  // keys of the chunk at key j0, up to the split's end
+  auto chunk_n = [&](int64_t j0) { return int(kend - j0 < kKC ? kend - j0 : kKC); };
   auto issue = [&](int64_t j0, int sidx) {
     uint8_t* st = stages + sidx * L::STAGE;
     if (j0 >= 0) {
@@ -832,8 +802,6 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   }
   cp_async_wait<0>();
 #if __CUDA_ARCH__ >= 900
-  // The key pool's zeroing kernel is complete before this grid is (its warps that never asked the pool wait here).
-  if (pctr != nullptr) asm volatile("griddepcontrol.wait;\n" ::: "memory");
   // split_k: the merge kernel may launch once every block got here (it waits for this grid's completion:
   // programmatic dependent launch), so its blocks arrive during the combines below. Triggered at the start of the
   // kernel they sat resident through the whole key walk: 0.3-0.6 us slower at 128k keys (H200, q4_0; docs/gpu.md).
@@ -877,198 +845,6 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
 #endif
   rows_finish<D>(a, wm, wl, red, nw, nrows, int(row0), split, b, hkv);
 #endif
-}
-
-// ---- launch -------------------------------------------------------------------------------------------------------
-// The key pool's counters (TileArgs::pool) start at zero in every call: this kernel zeroes them and lets stage 1
-// launch at once (programmatic dependent launch); stage 1's warps wait for it only before their first pool request,
-// deep into their walks.
-__global__ void pool_zero_kernel(int* pool, int n) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-  for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += int(gridDim.x * blockDim.x))
-    pool[i * kPoolStride] = 0;
-}
-
-// One launch of kernel `kern`: a plain grid, or (a.cluster) clusters of a.n_splits consecutive blocks (the splits of
-// one (row chunk, batch, KV head)); false when the device refuses the cluster launch (the caller runs without); with
-// the key pool, the zeroing kernel and stage 1 as its programmatic dependent.
-template <class Kernel>
-bool launch_grid(Kernel kern, const TileArgs& a, int threads, int bytes, gpuStream_t s, const TmaMaps& tm) {
-  if (a.pool != nullptr) {  // split_k with the key pool (sm_90): zero the counters, then stage 1 as their dependent
-    const int64_t n = a.n_chunks * a.B * a.Hkv;
-    pool_zero_kernel<<<unsigned(n < 256 * 64 ? (n + 255) / 256 : 64), 256, 0, s>>>(a.pool, int(n));
-    D4A_GPU_CHECK(cudaGetLastError());
-    set_dynamic_smem(reinterpret_cast<const void*>(kern), bytes);
-    // split_k's grid is below 2^31 blocks (run_split_k)
-    launch_dependent(kern, unsigned(a.n_chunks * a.n_splits * a.B * a.Hkv), unsigned(threads), size_t(bytes), s, a, tm);
-    return true;
-  }
-  if (!a.cluster) {
-    launch_decode_grid(kern, a, threads, bytes, s, tm);
-    return true;
-  }
-  set_dynamic_smem(reinterpret_cast<const void*>(kern), bytes);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(a.n_chunks * a.n_splits * a.B * a.Hkv));  // at most the SM count (decode_cluster)
-  cfg.blockDim = dim3(unsigned(threads));
-  cfg.dynamicSmemBytes = size_t(bytes);
-  cfg.stream = s;
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = unsigned(a.n_splits);
-  at[0].val.clusterDim.y = 1;
-  at[0].val.clusterDim.z = 1;
-  cfg.attrs = at;
-  cfg.numAttrs = 1;
-  if (cudaLaunchKernelEx(&cfg, kern, a, tm) != cudaSuccess) {
-    (void)cudaGetLastError();  // a refused configuration is not sticky
-    return false;
-  }
-  return true;
-}
-
-// The decode route's cluster size on sm_90: when its (row chunk, batch, KV head) blocks leave most multiprocessors
-// idle (short contexts, small batches), the keys split over up to 8 blocks of a cluster (about 4 key chunks each,
-// so one or two per warp) instead of one block walking them all, and the blocks merge through distributed shared
-// memory: no scratch and no second kernel. H200, (32, 8, 128), 512 keys: see docs/gpu.md. DOT4ATTN_DECODE_CLUSTER
-// forces it (1 = none).
-inline int decode_cluster(const TileArgs& a, int64_t chunks) {
-  if (a.part_acc != nullptr || device_attribute(cudaDevAttrComputeCapabilityMajor, 0) < 9) return 1;
-  const int forced = decode_env().cluster;
-  const int64_t base = a.n_chunks * a.B * a.Hkv;
-  const int64_t sms = device_attribute(cudaDevAttrMultiProcessorCount, 1);
-  int64_t cs = forced > 0 ? forced : std::min<int64_t>(sms / std::max<int64_t>(1, base), (chunks + 3) / 4);
-  cs = std::min<int64_t>(std::min<int64_t>(cs, kMaxCluster), chunks);
-  return cs < 2 || base * cs > sms * 2 ? 1 : int(cs);
-}
-
-// Warps: no more than the block's key chunks; the decode route's few long blocks take up to 8 (short per-warp
-// walks), split_k's many blocks 4. Stages: decode 3, split_k 2 (a chunk in flight per warp while one is computed;
-// on the H200 a third stage measured slower at 16k-128k keys for every V format, also where it keeps 2 blocks
-// per multiprocessor: q4_0 88.7 vs 85.8 us at 128k), 2 for one chunk per warp. Fewer where shared memory runs
-// out; DOT4ATTN_DECODE_NW / _NST force them (tuning, up to kDecodeMaxStages).
-template <int VK, int D>
-bool launch_cfg(TileArgs a, gpuStream_t s) {
-  const bool split = a.part_acc != nullptr;
-  int want = decode_warps_wanted(a, kKC, kMaxThreads / 32);
-  // Stage mode (H200, tools/gpu_time_decode.py; docs/gpu.md has the tables). Walks of >= 3 chunks per warp: TMA on
-  // sm_90 for D = 128 / 256 (128k keys, (32, 8, 128): float16 V 121.7 -> 119.0 us, q8_0 92.6 -> 91.5, q4_0 73.9 ->
-  // 72.5; (24, 4, 256) float16 130.8 -> 124.3, q8_0 119.7 -> 107.8) except q4_0 at D = 256, where the register
-  // staging stays faster (94.3 vs 99.2); before sm_90 (and at D = 64) q4_0 stages in registers, q8_0 at D = 128
-  // its V, the rest uses cp.async. Shorter walks gain nothing from either (float16 V at 4k keys: 15.3 us with
-  // cp.async, 16.3 with TMA). DOT4ATTN_DECODE_STAGE=cp_async / regs / regs_v / tma forces a mode where it is
-  // compiled and the device takes it (tuning).
-  const int64_t keys = a.split_len < a.Sk ? a.split_len : a.Sk;
-  const int64_t chunks = (keys + kKC - 1) / kKC;
-  const int64_t walk = (chunks + want - 1) / want;  // chunks per warp (at least)
-  constexpr int kAuto = VK == kVQ4 ? kStageRegs : VK == kVQ8 && D == 128 ? kStageRegsV : kStageCpAsync;
-  constexpr bool kTmaAuto = D >= 128 && !(VK == kVQ4 && D == 256);
-  const bool tma_dev = device_attribute(cudaDevAttrComputeCapabilityMajor, 0) >= 9;
-  int mode = walk < 3 ? kStageCpAsync : kTmaAuto && tma_dev ? kStageTma : kAuto;
-  const int forced = decode_env().stage;
-  if (forced >= 0) mode = forced == kAuto || forced == kStageTma ? forced : kStageCpAsync;
-  // float16 V's long split walks (>= 24 chunks per warp at 4 warps, 128k keys) take 8 warps per block: one block
-  // per multiprocessor instead of two (shared memory), each warp walking half as far: 119.0 -> 116.5-117.3 us.
-  if (mode == kStageTma && VK == kVF16 && split && walk >= 24 && decode_env().nw == 0)
-    want = int(chunks < kMaxThreads / 32 ? chunks : kMaxThreads / 32);
-  // Clusters take cp.async only (short walks); refused before the tensor maps are encoded (the caller relaunches).
-  if (a.cluster && mode != kStageCpAsync) return false;
-  TmaMaps tm;
-  std::memset(static_cast<void*>(&tm), 0, sizeof(tm));
-  if (mode == kStageTma && !(tma_dev && tma_map_rows(&tm.k, a.k, D, a.Sk, a.B * a.Hkv, kKC) &&
-                             tma_map_rows(&tm.v, a.v, Layout<VK, D>::VROW, a.Sk, a.B * a.Hkv, kKC)))
-    mode = kStageCpAsync;
-  // split_k's key pool (TileArgs::pool), opt-in: DOT4ATTN_SPLIT_POOL=pct hands the last pct % of every split's keys
-  // out dynamically. It makes stage 1's summation order depend on timing, so results vary in the last bits from run
-  // to run, which is why it is off by default. H200, (32, 8, 128), 128k keys, pct 10: q4_0 ~1 us faster (66.6-67.1
-  // vs 67.9 us), 16k ~0.7 us slower (the zeroing kernel), so it only serves walks of >= 24 chunks per warp. Needs
-  // sm_90 (programmatic dependent launch behind the zeroing kernel) and TMA or cp.async staging.
-  const int pct = std::min(decode_env().pool, 100);
-  if (split && a.pool != nullptr && tma_dev && a.n_splits > 1 && !a.cluster && pct > 0 && walk >= 24 &&
-      (mode == kStageTma || mode == kStageCpAsync)) {
-    const int64_t kept = a.split_len * (100 - pct) / 100 / kKC * kKC;
-    a.pool_beg = a.n_splits * kept;
-    a.split_len = kept;
-  } else {
-    a.pool = nullptr;
-    // Splits of equal chunk counts (one chunk apart at most) instead of split_len's multiples of 64 keys, where the
-    // last split is short and the others one or two chunks longer than they need be (128k keys, 33 splits: 126
-    // chunks and one of 64, instead of 124-125).
-    if (split && !a.cluster) a.split_chunks = (a.Sk + kKC - 1) / kKC;
-  }
-  int nw = 0, nst = 0;
-  // full register staging needs one shared stage; one chunk per warp needs only its own in flight
-  const int st_first = mode == kStageRegs ? 1 : split || walk <= 1 ? 2 : 3;
-  if (mode == kStageTma) {
-    if (!pick_warps_stages(want, st_first, max_shared_bytes(), Layout<VK, D, true>::total, nw, nst)) return false;
-    a.nst = nst;
-    const int bytes = Layout<VK, D, true>::total(nw, nst);
-    return launch_grid(decode_mma_kernel<VK, D, kStageTma>, a, nw * 32, bytes, s, tm);
-  }
-  if (!pick_warps_stages(want, st_first, max_shared_bytes(), Layout<VK, D>::total, nw, nst)) return false;
-  a.nst = nst;
-  const int bytes = Layout<VK, D>::total(nw, nst);
-  if constexpr (kAuto != kStageCpAsync) {
-    if (mode == kAuto)
-      return launch_grid(decode_mma_kernel<VK, D, kAuto>, a, nw * 32, bytes, s, tm);
-  }
-  if (a.cluster) return launch_grid(decode_mma_kernel<VK, D, kStageCpAsync, true>, a, nw * 32, bytes, s, tm);
-  return launch_grid(decode_mma_kernel<VK, D, kStageCpAsync>, a, nw * 32, bytes, s, tm);
-}
-
-template <int VK, int D>
-bool launch(TileArgs a, gpuStream_t s) {
-  const int64_t chunks = (a.Sk + kKC - 1) / kKC;
-  const int cs = a.n_splits == 1 ? decode_cluster(a, chunks) : 1;
-  if (cs > 1) {
-    TileArgs c = a;
-    c.split_len = (chunks + cs - 1) / cs * kKC;
-    c.n_splits = (a.Sk + c.split_len - 1) / c.split_len;
-    c.cluster = 1;
-    if (c.n_splits > 1 && launch_cfg<VK, D>(c, s)) return true;  // else: refused, run without the cluster
-  }
-  return launch_cfg<VK, D>(a, s);
-}
-
-template <int VK>
-bool launch_d(const TileArgs& a, gpuStream_t s) {
-  switch (a.D) {
-    case 64: return launch<VK, 64>(a, s);
-    case 128: return launch<VK, 128>(a, s);
-    case 256: return launch<VK, 256>(a, s);
-    default: return false;
-  }
-}
-
-inline bool takes(const TileArgs& a) {
-  const DecodeEnv& e = decode_env();
-  // Scale rows move as one 2 NB-byte cp.async per key: both scale tensors aligned to that (ORT's buffers are).
-  // Q rows are read as vectors of up to 16 bytes per lane.
-  const uintptr_t sal = uintptr_t(a.D / 32 * 2) - 1;
-  if ((reinterpret_cast<uintptr_t>(a.ks) & sal) != 0 || (a.vs != nullptr && (reinterpret_cast<uintptr_t>(a.vs) & sal) != 0) ||
-      (reinterpret_cast<uintptr_t>(a.q) & 15) != 0)
-    return false;
-  return !e.simt && !e.tile && a.half && (a.D == 64 || a.D == 128 || a.D == 256) && a.vk != kVF32 &&
-         device_attribute(cudaDevAttrComputeCapabilityMajor, 0) >= 8;
-}
-
-// The tensor-core decode when the device and the arguments allow it; false: the caller runs the SIMT kernel.
-// a: decode / split_k arguments with 16-byte aligned K / V rows and 4-byte aligned scale runs (checked by the
-// caller); rows are taken 8 per block here.
-// float32 T keeps the SIMT kernel's float32 P.V (routes agree to float32 rounding there).
-inline bool try_decode_mma(TileArgs a, gpuStream_t s) {
-  if (!takes(a)) return false;
-  const int64_t rows = a.g * a.Sq;
-  a.n_chunks = (rows + kRB - 1) / kRB;
-  a.reverse_chunks = 0;
-  switch (a.vk) {
-    case kVF16: return launch_d<kVF16>(a, s);
-    case kVQ8: return launch_d<kVQ8>(a, s);
-    case kVQ4: return launch_d<kVQ4>(a, s);
-    default: return false;
-  }
 }
 
 }  // namespace dmma

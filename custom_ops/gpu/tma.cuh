@@ -52,16 +52,21 @@ __device__ __forceinline__ unsigned smem_pad1024(const uint8_t* raw) {
 // Slab width of rows of `row_bytes` bytes: a TMA box is `keys` rows x W bytes, W = min(row, 128) (the widest swizzle).
 __host__ __device__ constexpr int tma_slab(int row_bytes) { return row_bytes < 128 ? row_bytes : 128; }
 
+// Whether rows of `row_bytes` bytes at `base` fit the TMA's rules: 32 / 64 / 128-byte slab multiples, a 16-byte
+// aligned base (null counts as aligned: a plan made without pointers), at most 2^32 keys and heads.
+inline bool tma_rows_ok(const void* base, int64_t row_bytes, int64_t sk, int64_t heads) {
+  const int64_t w = row_bytes < 128 ? row_bytes : 128;  // the slab width (tma_slab)
+  return (w == 32 || w == 64 || w == 128) && row_bytes % w == 0 && sk >= 1 && heads >= 1 && sk <= 0xffffffffLL &&
+         heads <= 0xffffffffLL && (reinterpret_cast<uintptr_t>(base) & 15) == 0 && row_bytes * sk < (int64_t(1) << 40);
+}
+
 // Host: a cache of `heads` x `sk` rows of `row_bytes` bytes at `base` (row-major, [B, H, S, row]) as a 3-D byte tensor
 // (row bytes, keys, heads) copied in boxes of `keys` rows x W bytes with the W-byte swizzle; keys past sk read as
-// zeros. False when there is no encoder or the shape does not fit the TMA's rules (the caller then uses cp.async).
+// zeros. False when there is no encoder or the shape does not fit the TMA's rules (the planner checked both).
 inline bool tma_map_rows(CUtensorMap* m, const void* base, int64_t row_bytes, int64_t sk, int64_t heads, int keys) {
   const PFN_cuTensorMapEncodeTiled_v12000 fn = tma_encoder();
-  const int64_t w = row_bytes < 128 ? row_bytes : 128;  // the slab width (tma_slab)
-  if (fn == nullptr || (w != 32 && w != 64 && w != 128) || row_bytes % w != 0 || sk < 1 || heads < 1 ||
-      sk > 0xffffffffLL || heads > 0xffffffffLL || (reinterpret_cast<uintptr_t>(base) & 15) != 0 ||
-      row_bytes * sk >= (int64_t(1) << 40))
-    return false;
+  if (fn == nullptr || !tma_rows_ok(base, row_bytes, sk, heads)) return false;
+  const int64_t w = tma_slab(int(row_bytes));
   const cuuint64_t dims[3] = {cuuint64_t(row_bytes), cuuint64_t(sk), cuuint64_t(heads)};
   const cuuint64_t strides[2] = {cuuint64_t(row_bytes), cuuint64_t(row_bytes * sk)};
   const cuuint32_t box[3] = {cuuint32_t(w), cuuint32_t(keys), 1u};

@@ -1,11 +1,14 @@
-// Dot4Attention prefill route on the GPU (Sq > 8): tiled FlashAttention in one launch. A block owns 64 rows of
-// one (batch, KV head) row space (grouped heads x query rows) and walks the keys in 64-key tiles; with causal
-// masking it stops at the last key its rows can see, tiles that every row sees fully run without any check,
-// and only the causal tail (and explicit masks) is masked per element. Heaviest row chunks launch first.
-// Q.K uses 4-way int8 dot products (dp4a / sudot4 / sdot4), P.V float32 FMAs.
-// On NVIDIA sm_80+ (CUDA builds) D = 64 / 128 / 256 run the tensor-core kernel of gpu/prefill_mma.cuh instead
-// (int8 mma for Q.K, f16 mma for P.V); env DOT4ATTN_GPU_PREFILL=tile forces the tile kernel (comparison), and
-// every case the tensor-core kernel does not take (other D, misaligned pointers, older GPUs, HIP) uses it too.
+// Dot4Attention prefill route on the GPU (Sq > 8): tiled FlashAttention in one launch. Executes a launch plan
+// (gpu/launch_plan.h) of one of two kernels:
+//   * the tensor-core prefill (gpu/prefill_mma.cuh; CUDA sm_80+, float16 T, D 64 / 128 / 256): int8 mma Q.K, f16
+//     mma.sync P.V, or on sm_90a wgmma P.V from TMA tiles;
+//   * the tile kernel (gpu/attention_tile.cuh; every other case, and HIP): a block owns 64 rows of one (batch, KV
+//     head) row space and walks the keys in 64-key tiles; with causal masking it stops at the last key its rows can
+//     see, tiles that every row sees fully run without any check, only the causal tail (and explicit masks) is
+//     masked per element, and the heaviest row chunks launch first. Q.K by 4-way int8 dot products, P.V in float32.
+#include <atomic>
+#include <stdexcept>
+
 #include "gpu/attention_gpu_internal.h"
 #include "gpu/prefill_mma.cuh"
 
@@ -14,31 +17,113 @@ namespace gpu {
 
 namespace {
 
-constexpr int kRows = 64;
+[[noreturn]] void no_instance(const GpuPlan& pl) {
+  throw std::runtime_error(std::string("Dot4Attention GPU: no compiled instance for the plan ") + plan_json(pl));
+}
 
 template <int VK>
-void launch_d(const TileArgs& a, gpuStream_t s) {
-  if (a.D <= 64) launch_tile<VK, 64, kRows, 16, 2>(a, s);
-  else if (a.D <= 128) launch_tile<VK, 128, kRows, 16, 2>(a, s);
-  else launch_tile<VK, 256, kRows, 16, 2>(a, s);
+void tile_d(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {
+  if (a.D <= 64) launch_planned(attn_tile_kernel<VK, 64, 64, 16, 2>, pl, s, a);
+  else if (a.D <= 128) launch_planned(attn_tile_kernel<VK, 128, 64, 16, 2>, pl, s, a);
+  else launch_planned(attn_tile_kernel<VK, 256, 64, 16, 2>, pl, s, a);
 }
+
+#if defined(D4A_HAS_PREFILL_MMA)
+// Marks the code the runtime loads for the current device: 16 bytes of static shared memory where it was compiled
+// with wgmma (sm_90a), none elsewhere (sm_80, plain sm_90, compute_90 PTX). Never launched, only asked for its
+// attributes (wgmma_in_binary).
+__global__ void wgmma_marker_kernel(int* p) {
+#if defined(D4A_WGMMA)
+  __shared__ int marker[4];
+  if (p) {  // a store the compiler cannot drop, so the array stays in the attributes
+    marker[threadIdx.x & 3] = 1;
+    __syncthreads();
+    *p = marker[0];
+  }
+#else
+  (void)p;
+#endif
+}
+
+// One planned instance: TMA tiles (sm_90, 2+ blocks per SM of the pipelined layout), with the wgmma P.V where the
+// plan says so, or cp.async tiles.
+template <int VK, int D, int MT, int MINB>
+void mma_inst(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {
+  using Tr = pmma::Traits<VK, D, MT>;
+  TmaMaps tm{};
+  if constexpr (Tr::kPipe && MINB >= 2) {
+    if (pl.tma) {
+      if (!tma_map_rows(&tm.k, a.k, D, a.Sk, a.B * a.Hkv, pmma::kKeys) ||
+          !tma_map_rows(&tm.v, a.v, Tr::VROW, a.Sk, a.B * a.Hkv, pmma::kKeys))
+        throw std::runtime_error("Dot4Attention GPU: the driver refused the K / V tensor maps of a TMA plan");
+      if constexpr (Tr::kWgmma) {
+        if (pl.wgmma) return launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, true, true>, pl, s, a,
+                                            pl.causal_tiles, tm);
+      }
+      return launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, true, false>, pl, s, a, pl.causal_tiles, tm);
+    }
+  }
+  if (pl.tma || pl.wgmma) no_instance(pl);
+  launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, false, false>, pl, s, a, pl.causal_tiles, tm);
+}
+
+template <int VK>
+void mma_vk(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {
+  const int mt = pl.m_tiles, minb = pl.min_blocks;
+  if (a.D == 64 && mt == 2 && minb == 1) return mma_inst<VK, 64, 2, 1>(pl, a, s);
+  if (a.D == 64 && mt == 1 && minb == 3) return mma_inst<VK, 64, 1, 3>(pl, a, s);
+  if (a.D == 64 && mt == 1 && minb == 2) return mma_inst<VK, 64, 1, 2>(pl, a, s);
+  if (a.D == 128 && mt == 2 && minb == 1) return mma_inst<VK, 128, 2, 1>(pl, a, s);
+  if (a.D == 128 && mt == 1 && minb == 3) return mma_inst<VK, 128, 1, 3>(pl, a, s);
+  if (a.D == 128 && mt == 1 && minb == 2) return mma_inst<VK, 128, 1, 2>(pl, a, s);
+  if (a.D == 256 && mt == 1 && minb == 1) return mma_inst<VK, 256, 1, 1>(pl, a, s);
+  no_instance(pl);
+}
+#endif
 
 }  // namespace
 
-void run_prefill(const AttentionParams& p, gpuStream_t s) {
-  TileArgs a = make_tile_args(p);
+// A build for plain sm_90 (no 90a) runs the wgmma instances' mma.sync fallback, which wants 2 blocks per SM, not 3:
+// the planner asks this. Cached per device; no launch, no sync.
+bool wgmma_in_binary() {
 #if defined(D4A_HAS_PREFILL_MMA)
-  if (pmma::try_prefill_mma(a, s)) return;
-#endif
-  const int64_t rows = a.g * a.Sq;
-  a.n_chunks = (rows + kRows - 1) / kRows;
-  a.reverse_chunks = a.causal;
-  switch (a.vk) {
-    case kVF32: launch_d<kVF32>(a, s); break;
-    case kVF16: launch_d<kVF16>(a, s); break;
-    case kVQ8: launch_d<kVQ8>(a, s); break;
-    default: launch_d<kVQ4>(a, s); break;
+  static std::atomic<int> known[64];  // 0 unknown, 1 yes, 2 no
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  std::atomic<int>* slot = dev >= 0 && dev < 64 ? &known[dev] : nullptr;
+  if (slot) {
+    const int k = slot->load(std::memory_order_relaxed);
+    if (k != 0) return k == 1;
   }
+  cudaFuncAttributes fa{};
+  const bool yes = cudaFuncGetAttributes(&fa, wgmma_marker_kernel) == cudaSuccess && fa.sharedSizeBytes > 0;
+  if (slot) slot->store(yes ? 1 : 2, std::memory_order_relaxed);
+  return yes;
+#else
+  return false;
+#endif
+}
+
+void run_prefill(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {
+  if (pl.kernel == KernelKind::kTile) {
+    switch (a.vk) {
+      case kVF32: return tile_d<kVF32>(pl, a, s);
+      case kVF16: return tile_d<kVF16>(pl, a, s);
+      case kVQ8: return tile_d<kVQ8>(pl, a, s);
+      default: return tile_d<kVQ4>(pl, a, s);
+    }
+  }
+#if defined(D4A_HAS_PREFILL_MMA)
+  if (pl.kernel == KernelKind::kPrefillMma) {
+    switch (a.vk) {
+      case kVF16: return mma_vk<kVF16>(pl, a, s);
+      case kVQ8: return mma_vk<kVQ8>(pl, a, s);
+      case kVQ4: return mma_vk<kVQ4>(pl, a, s);
+      default: break;
+    }
+  }
+#endif
+  no_instance(pl);
 }
 
 }  // namespace gpu

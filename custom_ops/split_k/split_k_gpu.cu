@@ -2,13 +2,10 @@
 // length (a multiple of 64 keys), all in parallel, each writing its unnormalised float32 accumulator with the
 // running max (log2 units) and sum into the scratch from ORT's allocator. Stage 2: one block per output row
 // merges the splits by log-sum-exp. Splits that see no key (causal, masks) drop out (l = 0).
+// The tensor-core stage 1 (decode_mma.cuh) splits the keys evenly by 32-key chunks instead.
 //
-// The tensor-core stage 1 (decode_mma.cuh) splits the keys evenly by 32-key chunks; opt-in (DOT4ATTN_SPLIT_POOL), on
-// sm_90 it hands the last part of every split's keys out dynamically instead (TileArgs::pool): splits that stream
-// faster take more keys, at the price of a timing-dependent summation order.
-//
-// Split count: attention_op.cc's choose_splits (SMs x 2 waves of (batch, KV head, split) items). Sizing it from
-// the decode kernel's occupancy instead (more, shorter splits) measured slower at 128k keys on the H200.
+// Split count and scratch size: the launch plan (gpu/launch_plan.cu; SMs x 2 waves of (batch, KV head, split) items).
+// Sizing it from the decode kernel's occupancy instead (more, shorter splits) measured slower at 128k keys.
 #include "gpu/attention_gpu_internal.h"
 
 namespace dot4attn {
@@ -120,46 +117,25 @@ __global__ void __launch_bounds__(kMergeThreads)
   store4(out, half, row * D + 4 * t, x.o, x.L);
 }
 
-int64_t split_len_for(int64_t sk, int64_t n_splits) {
-  const int64_t n = n_splits < 1 ? 1 : n_splits;
-  int64_t len = (sk + n - 1) / n;
-  len = (len + KT - 1) / KT * KT;
-  return len < KT ? KT : len;
-}
-
 }  // namespace
 
-size_t split_k_scratch_bytes(const AttentionParams& p) {
-  const int64_t n = p.n_splits < 1 ? 1 : p.n_splits;
-  const int64_t rows = p.B * p.Hq * p.Sq;
-  // the partials, then the key pool's counters (at most one per output row: see TileArgs::pool)
-  return size_t(n) * size_t(rows) * size_t(p.D + 2) * sizeof(float) + size_t(rows) * kPoolStride * sizeof(int);
-}
-
-void run_split_k(const AttentionParams& p, void* scratch, gpuStream_t s) {
-  TileArgs a = make_tile_args(p);
-  const int64_t rows = p.B * p.Hq * p.Sq;
-  const int64_t n = p.n_splits < 1 ? 1 : p.n_splits;
-  a.split_len = split_len_for(p.Sk, n);
-  a.n_splits = (p.Sk + a.split_len - 1) / a.split_len;  // <= n
+void run_split_k(const GpuPlan& plan, TileArgs a, void* scratch, gpuStream_t s) {
+  const int64_t rows = a.B * a.Hq * a.Sq;  // below 2^31 and n_splits <= 8192: plan_attention checks both
   a.part_acc = static_cast<float*>(scratch);
-  a.part_ml = a.part_acc + a.n_splits * rows * p.D;
-  a.pool = reinterpret_cast<int*>(a.part_ml + a.n_splits * rows * 2);  // used (and zeroed) by the tensor-core decode
-  launch_decode_tiles(a, s);
-  if (rows > 0x7fffffffLL || a.n_splits > 8192) throw std::runtime_error("Dot4Attention GPU: too many rows/splits to merge");
-  if (p.D % 4 != 0 || p.D / 4 > kMergeThreads) throw std::runtime_error("Dot4Attention GPU: merge needs D % 4 == 0, D <= 1024");
+  a.part_ml = a.part_acc + plan.n_splits * rows * a.D;
+  if (!run_decode(plan, a, s)) throw std::runtime_error("Dot4Attention GPU: split_k stage 1 was refused");
 #if defined(D4A_CUDA)
   // sm_90+: programmatic dependent launch, so the merge grid is resident when stage 1 ends instead of being
   // launched then (the tensor-core stage 1 lets it start once all its blocks are past their key walks; the merge waits
   // for stage 1's completion).
-  if (device_attribute(cudaDevAttrComputeCapabilityMajor, 0) >= 9) {
+  if (device_facts().cc_major >= 9) {
     launch_dependent(merge_kernel, unsigned(rows), unsigned(kMergeThreads), 0, s, static_cast<const float*>(a.part_acc),
-                     static_cast<const float*>(a.part_ml), rows, int(a.n_splits), int(p.D), p.half ? 1 : 0, p.out);
+                     static_cast<const float*>(a.part_ml), rows, int(plan.n_splits), int(a.D), a.half, a.out);
     return;
   }
 #endif
-  merge_kernel<<<unsigned(rows), kMergeThreads, 0, s>>>(
-      a.part_acc, a.part_ml, rows, int(a.n_splits), p.D, p.half ? 1 : 0, p.out);
+  merge_kernel<<<unsigned(rows), kMergeThreads, 0, s>>>(a.part_acc, a.part_ml, rows, int(plan.n_splits), a.D, a.half,
+                                                         a.out);
   D4A_GPU_CHECK(gpuGetLastError());
 }
 

@@ -1,10 +1,10 @@
-"""The op suite on ONNX Runtime's CUDA execution provider (issue 4): GPU vs the numpy reference with the CPU
+"""The op suite on ONNX Runtime's CUDA execution provider : GPU vs the numpy reference with the CPU
 tolerances, PackK/PackV bit-for-bit equal to the CPU contract, every route forced and auto, quality vs float
 attention, Sk = 0, empty dims. Every test is marked `gpu` and skips cleanly when onnxruntime has no working
 CUDAExecutionProvider or the library was built without CUDA kernels.
 
 Sessions are created with CPU fallback disabled (session.disable_cpu_ep_fallback), so a node that would silently
-run on the CPU fails the test instead of passing it. The case table is test_attention.py's.
+run on the CPU fails the test instead of passing it. The case table is tests/attention_cases.py.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from dot4attn import onnx_builders as ob
 from dot4attn import reference as R
 import dot4attn
 
-import test_attention as TA
+import attention_cases as AC
 
 pytestmark = pytest.mark.gpu
 CUDA = "CUDAExecutionProvider"
@@ -146,24 +146,24 @@ def test_pack_equals_cpu_op(D):
 
 # ---- Dot4Attention: the CPU suite's case table on every route ----------------------------------------------------
 
-@pytest.mark.parametrize("name,route", [(c.name, r) for c in TA.CASES for r in TA.routes_for(c)])
+@pytest.mark.parametrize("name,route", [(c.name, r) for c in AC.CASES for r in AC.routes_for(c)])
 def test_matches_reference_gpu(name, route):
-    c = TA.CASE_BY_NAME[name]
-    inputs, ref, dead = TA.case_data(name)
+    c = AC.CASE_BY_NAME[name]
+    inputs, ref, dead = AC.case_data(name)
     out = gpu_attention(*inputs, v_format=c.v_format, causal=c.causal, route=route,
                         split_k_min_keys=c.split_k_min_keys, scale=c.scale)
     what = f"{c} route={route} EP=CUDA"
-    check_nmse(out, ref, TA.REF_TOL, what)
+    check_nmse(out, ref, AC.REF_TOL, what)
     if dead.any():
         assert (out[dead] == 0).all(), f"{what}: rows with no visible key are not 0"
 
 
-@pytest.mark.parametrize("name", [c.name for c in TA.CASES if c.Sq <= 8 and c.Sk > 0 and c.dtype == "float32"])
+@pytest.mark.parametrize("name", [c.name for c in AC.CASES if c.Sq <= 8 and c.Sk > 0 and c.dtype == "float32"])
 def test_routes_agree_gpu(name):
-    c = TA.CASE_BY_NAME[name]
-    inputs, _, _ = TA.case_data(name)
+    c = AC.CASE_BY_NAME[name]
+    inputs, _, _ = AC.case_data(name)
     outs = {r: gpu_attention(*inputs, v_format=c.v_format, causal=c.causal, route=r,
-                             split_k_min_keys=c.split_k_min_keys, scale=c.scale) for r in TA.ROUTES}
+                             split_k_min_keys=c.split_k_min_keys, scale=c.scale) for r in AC.ROUTES}
     for r in ("decode", "split_k", "auto"):
         err = R.nmse(outs[r], outs["prefill"])
         assert err <= 1e-8, f"{c}: route {r} vs prefill NMSE {err:.3e}"
@@ -192,21 +192,21 @@ def test_extra_shapes_gpu(idx):
     value, vs = pack_value(v, vf)
     ref = R.attention(q, kp, ks, value, vs, causal=causal, v_format=vf)
     out = gpu_attention(q, kp, ks, value, vs, v_format=vf, causal=causal, route=route)
-    check_nmse(out, ref, TA.REF_TOL, f"{EXTRA[idx]} EP=CUDA")
+    check_nmse(out, ref, AC.REF_TOL, f"{EXTRA[idx]} EP=CUDA")
 
 
-@pytest.mark.parametrize("idx", range(len(TA.QUALITY)),
-                         ids=[f"D{d}-{vf}-{dt}-Sq{s[3]}-Sk{s[4]}" for d, vf, s, dt, _ in TA.QUALITY])
+@pytest.mark.parametrize("idx", range(len(AC.QUALITY)),
+                         ids=[f"D{d}-{vf}-{dt}-Sq{s[3]}-Sk{s[4]}" for d, vf, s, dt, _ in AC.QUALITY])
 def test_quality_gpu(idx):
     """End to end on the GPU: PackK / PackV on CUDA, then Dot4Attention, vs float attention."""
-    D, vf, shape, dtype, causal = TA.QUALITY[idx]
-    q, k, v, base = TA.quality_data(idx)
+    D, vf, shape, dtype, causal = AC.QUALITY[idx]
+    q, k, v, base = AC.quality_data(idx)
     kp, ks = gpu_pack(k, "PackK")
     value, v_scales = (v, None) if vf == "float" else gpu_pack(v, "PackV", vf)
     out = gpu_attention(q, kp, ks, value, v_scales, v_format=vf, causal=causal)
-    check_nmse(out, R.attention(q, kp, ks, value, v_scales, causal=causal, v_format=vf), TA.REF_TOL, "vs reference")
+    check_nmse(out, R.attention(q, kp, ks, value, v_scales, causal=causal, v_format=vf), AC.REF_TOL, "vs reference")
     err = R.nmse(out.astype(np.float32), base)
-    assert err <= TA.QUALITY_TOL[vf], f"NMSE vs float attention {err:.3e}"
+    assert err <= AC.QUALITY_TOL[vf], f"NMSE vs float attention {err:.3e}"
 
 
 @pytest.mark.parametrize("shape", [(0, 4, 7, 64, 2, 16), (3, 4, 0, 64, 2, 16), (1, 0, 1, 32, 0, 16)],
@@ -238,7 +238,7 @@ def test_split_merge_concurrent_sessions_gpu():
     sessions = [_session_uncached(model) for _ in range(2)]
     feeds = attention_feeds(q, kp, ks, value, vs)
     want = sessions[0].run(None, feeds)[0]
-    check_nmse(want, ref, TA.REF_TOL, "split_k")
+    check_nmse(want, ref, AC.REF_TOL, "split_k")
 
     def work(i):
         return [sessions[i % 2].run(None, feeds)[0] for _ in range(25)]
@@ -257,13 +257,13 @@ SANITIZER_SET = ["gqa4_b3_leftpad", "mha6_bias", "gqa8_sq300", "splitk_sk4099_pa
 
 @pytest.mark.parametrize("name", SANITIZER_SET)
 def test_sanitizer_set(name):
-    """Run under `compute-sanitizer --tool memcheck|racecheck python -m pytest tests/test_gpu.py -k sanitizer`."""
-    c = TA.CASE_BY_NAME[name]
-    inputs, ref, _ = TA.case_data(name)
-    for route in TA.routes_for(c):
+    """Run under `compute-sanitizer --tool memcheck|racecheck python -m pytest tests/gpu/test_ort_cuda.py -k sanitizer`."""
+    c = AC.CASE_BY_NAME[name]
+    inputs, ref, _ = AC.case_data(name)
+    for route in AC.routes_for(c):
         out = gpu_attention(*inputs, v_format=c.v_format, causal=c.causal, route=route,
                             split_k_min_keys=c.split_k_min_keys, scale=c.scale)
-        check_nmse(out, ref, TA.REF_TOL, f"{c} route={route}")
+        check_nmse(out, ref, AC.REF_TOL, f"{c} route={route}")
     x = _pack_inputs("float16")
     for op, fmt in (("PackK", None), ("PackV", "q4_0")):
         gpu_pack(x, op, fmt)

@@ -8,7 +8,7 @@ packed KV cache fed back) and the pair must meet the bars of the CPU pass tests 
 <= 1e-3, q4_0 V <= 0.1).
 
 Every Dot4Attention / PackK / PackV node must really run on the CUDA EP. session.disable_cpu_ep_fallback (what
-test_gpu.py uses on one-op models) cannot be set here: the CUDA EP leaves shape arithmetic to the CPU EP by
+test_ort_cuda.py uses on one-op models) cannot be set here: the CUDA EP leaves shape arithmetic to the CPU EP by
 design. Instead the rewritten session is profiled and every executed dot4attn node's provider is checked, and
 each node of the graph (counts from the manifest) must have run.
 
@@ -32,7 +32,7 @@ import pytest
 from dot4attn.compare import DecoderSession, compare, quality_failures
 
 pytestmark = pytest.mark.gpu
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ.get("DOT4ATTN_GPU_MODELS") or ROOT / ".gpu-models")
 DRY_RUN = os.environ.get("DOT4ATTN_GPU_MODELS_EP", "cuda") == "cpu"
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
@@ -57,7 +57,7 @@ def models(tmp_path_factory) -> Path:
     """The model folder, ready to load: graphs + float32 weights.bin expanded from the carried float16 copy (exact,
     see tools/export_gpu_models.py), in a temp folder so the carried one may be read-only."""
     if not DRY_RUN:
-        from test_gpu import _gpu_unavailable_reason  # the GPU suite's skip logic (CUDA EP, CUDA build, device)
+        from test_ort_cuda import _gpu_unavailable_reason  # the GPU suite's skip logic (CUDA EP, CUDA build, device)
 
         reason = _gpu_unavailable_reason()
         if reason:

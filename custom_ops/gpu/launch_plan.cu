@@ -1,0 +1,517 @@
+// The GPU planner (launch_plan.h): one pure function per route maps a call and the device's facts to the kernel and
+// its configuration. Nothing here touches the GPU; the route files execute what it decides.
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "common/errors.h"
+#include "gpu/attention_tile.cuh"
+#include "gpu/decode_kernel.cuh"
+#include "gpu/decode_mma.cuh"
+#include "gpu/launch_plan.h"
+#include "gpu/prefill_mma.cuh"
+
+namespace dot4attn {
+namespace gpu {
+
+namespace {
+
+constexpr const char* kOp = "Dot4Attention GPU plan";
+constexpr int64_t kMaxBlocks = 0x7fffffffLL;
+
+bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; }
+
+int vkind(const AttentionParams& p) {
+  return p.v_format == VFormat::kQ8_0 ? kVQ8 : p.v_format == VFormat::kQ4_0 ? kVQ4 : p.half ? kVF16 : kVF32;
+}
+
+int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The keys one block walks: a split, or every key.
+int64_t block_keys(const GpuPlan& pl, const AttentionParams& p) {
+  return pl.split_len > 0 && pl.split_len < p.Sk ? pl.split_len : p.Sk;
+}
+
+// The first (warps, stages) whose block fits `limit` bytes of shared memory, stages from st_first down to 1 (a
+// forced count is kept, up to kDecodeMaxStages), warps from `want` down to 1; false when none fits.
+template <class Bytes>
+bool pick_warps_stages(int want, int st_first, int forced_stages, int limit, Bytes bytes, int& nw, int& nst) {
+  for (int st = st_first; st >= 1; --st) {
+    const int use = forced_stages > 0 ? std::min(forced_stages, kDecodeMaxStages) : st;
+    for (int w = want; w >= 1; --w)
+      if (bytes(w, use) <= limit) {
+        nw = w;
+        nst = use;
+        return true;
+      }
+  }
+  return false;
+}
+
+// Warps wanted in a decode block: no more than its key chunks (chunk = ws keys) nor max_warps; split_k's many
+// short-lived blocks take at most 128 threads (more blocks per multiprocessor), the decode route's few blocks up to
+// max_warps; a forced count wins.
+int decode_warps_wanted(int64_t keys, bool split, int ws, int max_warps, int forced) {
+  const int64_t chunks = cdiv(keys, ws);
+  const int cap = split && 128 / ws < max_warps ? 128 / ws : max_warps;
+  const int want = int(std::min<int64_t>(chunks, cap));
+  return forced > 0 && forced <= max_warps ? forced : std::max(want, 1);
+}
+
+void set_blocks(GpuPlan& pl, const AttentionParams& p) {
+  pl.blocks = pl.causal_tiles > 0 ? p.B * p.Hkv * p.group() * pl.causal_tiles
+                                  : pl.n_chunks * pl.n_splits * p.B * p.Hkv;
+  if (pl.blocks > kMaxBlocks)
+    fail(kOp, "the ", kernel_name(pl.kernel), " kernel would need ", pl.blocks, " blocks (more than 2^31 - 1) for B=",
+         p.B, ", Hkv=", p.Hkv, ", Sq=", p.Sq);
+}
+
+// ---- the tile kernel (every route's fallback) ----------------------------------------------------------------------
+GpuPlan plan_tile(GpuPlan pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
+  pl.kernel = KernelKind::kTile;
+  const int64_t rows = p.group() * p.Sq;
+  const bool prefill = pl.route == Route::kPrefill;
+  pl.rows_per_block = prefill ? 64 : rows <= 4 ? 4 : rows <= 8 ? 8 : 16;
+  pl.rows_per_thread = prefill ? 16 : pl.rows_per_block;
+  const int max_st = prefill ? 2 : 3;  // the instances' pipeline depth (decode_gpu.cu, prefill_gpu.cu)
+  pl.n_chunks = cdiv(rows, pl.rows_per_block);
+  pl.reverse_chunks = prefill && p.causal ? 1 : 0;
+  pl.causal_tiles = 0;
+  pl.threads = kThreads;
+  pl.warps = kThreads / dev.warp_size;
+  pl.stages = ov.stages > 0 ? std::min(ov.stages, max_st) : max_st;
+  while (pl.stages > 1 && SmemLayout(pl.vk, p.D, pl.rows_per_block, pl.rows_per_thread, pl.stages).total > dev.max_smem)
+    --pl.stages;
+  pl.smem_bytes = SmemLayout(pl.vk, p.D, pl.rows_per_block, pl.rows_per_thread, pl.stages).total;
+  if (pl.smem_bytes > dev.max_smem)
+    fail(kOp, "the tile kernel for D=", p.D, " needs ", pl.smem_bytes, " bytes of shared memory, the device has ",
+         dev.max_smem);
+  set_blocks(pl, p);
+  return pl;
+}
+
+// ---- the SIMT decode kernel (decode route and split_k stage 1) -----------------------------------------------------
+bool plan_decode_simt(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov,
+                      std::string& why) {
+  const int ws = dev.warp_size;
+  if (ws != 32 && ws != 64) return why = "SIMT decode: warp size " + std::to_string(ws), false;
+  const int64_t rows = p.group() * p.Sq;
+  const int rb = rows == 1 ? 1 : rows <= 4 ? 4 : 8;
+  const bool split = pl.route == Route::kSplitK;
+  const int want = decode_warps_wanted(block_keys(pl, p), split, ws, kDecodeMaxThreads / ws, ov.warps);
+  // 2 stages: a chunk in flight per warp while another is computed (3 only cost occupancy)
+  auto bytes = [&](int w, int st) { return DecodeLayout(pl.vk, p.D, rb, ws, w, st).total; };
+  int nw = 0, nst = 0;
+  if (!pick_warps_stages(want, 2, ov.stages, dev.max_smem, bytes, nw, nst))
+    return why = "SIMT decode: no block fits the shared memory", false;
+  pl.kernel = KernelKind::kDecodeSimt;
+  pl.rows_per_block = rb;
+  pl.n_chunks = cdiv(rows, rb);
+  pl.warps = nw;
+  pl.stages = nst;
+  pl.threads = nw * ws;
+  pl.smem_bytes = bytes(nw, nst);
+  set_blocks(pl, p);
+  return true;
+}
+
+// ---- the tensor-core decode kernel (CUDA sm_80+, float16 T, D 64 / 128 / 256) -------------------------------------
+#if defined(D4A_HAS_DECODE_MMA)
+// The decode route's cluster size on sm_90: when its (row chunk, batch, KV head) blocks leave most multiprocessors
+// idle (short contexts, small batches), the keys split over up to 8 blocks of a cluster (about 4 key chunks each, so
+// one or two per warp) and the blocks merge through distributed shared memory: no scratch, no second kernel.
+int decode_cluster(const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov, int64_t n_chunks) {
+  if (dev.cc_major < 9) return 1;
+  const int64_t chunks = cdiv(p.Sk, dmma::kKC);
+  const int64_t base = n_chunks * p.B * p.Hkv;
+  int64_t cs = ov.cluster > 0 ? ov.cluster : std::min<int64_t>(dev.sms / std::max<int64_t>(1, base), (chunks + 3) / 4);
+  cs = std::min<int64_t>(std::min<int64_t>(cs, dmma::kMaxCluster), chunks);
+  return cs < 2 || base * cs > int64_t(dev.sms) * 2 ? 1 : int(cs);
+}
+
+template <int VK, int D>
+bool plan_mma_cfg(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
+  using namespace dmma;
+  const bool split = pl.route == Route::kSplitK;
+  int want = decode_warps_wanted(block_keys(pl, p), split, kKC, kMaxThreads / 32, ov.warps);
+  // Staging (walks of >= 3 chunks per warp; shorter walks gain nothing from either): TMA on sm_90 for D = 128 / 256
+  // except q4_0 at D = 256, where register staging stays faster; elsewhere q4_0 stages in registers, q8_0 at
+  // D = 128 its V, the rest uses cp.async.
+  const int64_t chunks = cdiv(block_keys(pl, p), kKC);
+  const int64_t walk = cdiv(chunks, want);  // chunks per warp (at least)
+  constexpr int kAuto = auto_staging(VK, D);
+  constexpr bool kTmaAuto = D >= 128 && !(VK == kVQ4 && D == 256);
+  const bool tma_dev = dev.cc_major >= 9 && dev.tma;
+  int mode = walk < 3 ? kStageCpAsync : kTmaAuto && tma_dev ? kStageTma : kAuto;
+  if (ov.staging >= 0) mode = ov.staging == kAuto || ov.staging == kStageTma ? ov.staging : kStageCpAsync;
+  // float16 V's long split walks take 8 warps: one block per multiprocessor instead of two, each warp walking half
+  // as far.
+  if (mode == kStageTma && VK == kVF16 && split && walk >= 24 && ov.warps == 0)
+    want = int(std::min<int64_t>(chunks, kMaxThreads / 32));
+  if (pl.cluster && mode != kStageCpAsync) return false;  // clusters take cp.async only (short walks)
+  const int64_t heads = p.B * p.Hkv;
+  if (mode == kStageTma && !(tma_dev && tma_rows_ok(p.k, D, p.Sk, heads) &&
+                             tma_rows_ok(p.v, Layout<VK, D>::VROW, p.Sk, heads)))
+    mode = kStageCpAsync;
+  // split_k: splits of equal chunk counts (one chunk apart at most) instead of split_len's multiples of 64 keys,
+  // where the last split is short and the others longer than they need be
+  pl.split_chunks = split && !pl.cluster ? cdiv(p.Sk, kKC) : 0;
+  // full register staging needs one shared stage; one chunk per warp needs only its own in flight
+  const int st_first = mode == kStageRegs ? 1 : split || walk <= 1 ? 2 : 3;
+  int nw = 0, nst = 0;
+  auto fits = [&](auto total) { return pick_warps_stages(want, st_first, ov.stages, dev.max_smem, total, nw, nst); };
+  if (mode == kStageTma ? !fits(Layout<VK, D, true>::total) : !fits(Layout<VK, D>::total)) return false;
+  pl.kernel = KernelKind::kDecodeMma;
+  pl.staging = mode;
+  pl.warps = nw;
+  pl.stages = nst;
+  pl.threads = nw * 32;
+  pl.smem_bytes = mode == kStageTma ? Layout<VK, D, true>::total(nw, nst) : Layout<VK, D>::total(nw, nst);
+  return true;
+}
+
+template <int VK, int D>
+bool plan_mma_d(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
+  const int cs = pl.route == Route::kDecode ? decode_cluster(p, dev, ov, pl.n_chunks) : 1;
+  if (cs > 1) {
+    GpuPlan c = pl;
+    const int64_t chunks = cdiv(p.Sk, dmma::kKC);
+    c.split_len = cdiv(chunks, cs) * dmma::kKC;
+    c.n_splits = cdiv(p.Sk, c.split_len);
+    c.cluster = int(c.n_splits);
+    if (c.n_splits > 1 && plan_mma_cfg<VK, D>(c, p, dev, ov)) {
+      pl = c;
+      return true;
+    }
+  }
+  pl.cluster = 0;
+  return plan_mma_cfg<VK, D>(pl, p, dev, ov);
+}
+
+template <int VK>
+bool plan_mma_vk(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
+  switch (p.D) {
+    case 64: return plan_mma_d<VK, 64>(pl, p, dev, ov);
+    case 128: return plan_mma_d<VK, 128>(pl, p, dev, ov);
+    default: return plan_mma_d<VK, 256>(pl, p, dev, ov);
+  }
+}
+#endif
+
+bool plan_decode_mma(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov,
+                     std::string& why) {
+#if defined(D4A_HAS_DECODE_MMA)
+  // Scale rows move as one 2 NB-byte cp.async per key; Q rows are read as vectors of up to 16 bytes per lane.
+  const uintptr_t sal = uintptr_t(p.D / 32 * 2);
+  if (dev.hip || dev.cc_major < 8) return why = "tensor-core decode: needs CUDA sm_80+", false;
+  if (!p.half) return why = "tensor-core decode: float32 T keeps the SIMT kernel's float32 P.V", false;
+  if (p.D != 64 && p.D != 128 && p.D != 256) return why = "tensor-core decode: D is not 64, 128 or 256", false;
+  if (!aligned(p.k_scales, sal) || !aligned(p.v_scales, sal) || !aligned(p.q, 16))
+    return why = "tensor-core decode: scale rows or the query not aligned", false;
+  pl.rows_per_block = dmma::kRB;
+  pl.n_chunks = cdiv(p.group() * p.Sq, dmma::kRB);
+  const bool ok = pl.vk == kVF16 ? plan_mma_vk<kVF16>(pl, p, dev, ov)
+                : pl.vk == kVQ8  ? plan_mma_vk<kVQ8>(pl, p, dev, ov)
+                                 : plan_mma_vk<kVQ4>(pl, p, dev, ov);
+  if (!ok) return why = "tensor-core decode: no block fits the shared memory", false;
+  set_blocks(pl, p);
+  return true;
+#else
+  (void)pl; (void)p; (void)dev; (void)ov;
+  why = "tensor-core decode: not in this build (CUDA only)";
+  return false;
+#endif
+}
+
+// Decode and split_k stage 1: the tensor-core kernel, else the SIMT kernel, else the tile kernel.
+GpuPlan plan_decode(GpuPlan pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
+  const int forced = ov.kernel;
+  if (forced == int(KernelKind::kPrefillMma)) fail(kOp, "override kernel=mma means the decode tensor-core kernel here");
+  if (forced == int(KernelKind::kTile)) return pl.fallback = "forced", plan_tile(pl, p, dev, ov);
+  // cp.async wants 16-byte aligned K / V rows and 4-byte aligned scale runs (ORT's buffers always are)
+  std::string why;
+  if (!aligned(p.k, 16) || !aligned(p.v, 16) || !aligned(p.k_scales, 4) || !aligned(p.v_scales, 4)) {
+    why = "decode kernels: K / V rows not 16-byte or scales not 4-byte aligned";
+  } else {
+    GpuPlan m = pl;
+    if (forced != int(KernelKind::kDecodeSimt) && plan_decode_mma(m, p, dev, ov, why)) return m;
+    if (forced == int(KernelKind::kDecodeMma)) fail(kOp, "override kernel=mma cannot run this call: ", why);
+    GpuPlan s = pl;
+    std::string why_simt;
+    if (plan_decode_simt(s, p, dev, ov, why_simt)) return s.fallback = forced >= 0 ? "forced" : why, s;
+    why += why.empty() ? why_simt : "; " + why_simt;
+  }
+  if (forced >= 0) fail(kOp, "override kernel=", kernel_name(KernelKind(forced)), " cannot run this call: ", why);
+  pl.fallback = why;
+  return plan_tile(pl, p, dev, ov);
+}
+
+// ---- the tensor-core prefill (CUDA sm_80+, float16 T, D 64 / 128 / 256) --------------------------------------------
+#if defined(D4A_HAS_PREFILL_MMA)
+template <int VK, int D, int MT, int MINB>
+bool plan_prefill_inst(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov,
+                       bool wgmma_wanted, std::string& why) {
+  using Tr = pmma::Traits<VK, D, MT>;
+  // The kernel's key indices are int (and the tensor copies' key coordinates int32).
+  if (p.Sk > 0x7fffffffLL - pmma::kKeys) return why = "tensor-core prefill: Sk >= 2^31 - 64", false;
+  const int limit = dev.max_smem;
+  pl.m_tiles = MT;
+  pl.min_blocks = MINB;
+  pl.tma = pl.wgmma = false;
+  if constexpr (Tr::kPipe) {  // fixed layout: 2-slot K ring, one barrier per tile
+    pl.stages = 2;
+    pl.smem_bytes = Tr::pipe_bytes;
+    // sm_90: K / V tiles by tensor copies, when both caches fit the TMA's rules
+    const int64_t heads = p.B * p.Hkv;
+    if (MINB >= 2 && ov.tma != 0 && Tr::tma_bytes <= limit && dev.cc_major >= 9 && dev.tma &&
+        heads <= 0x7fffffffLL && tma_rows_ok(p.k, D, p.Sk, heads) && tma_rows_ok(p.v, Tr::VROW, p.Sk, heads)) {
+      pl.tma = true;
+      pl.wgmma = Tr::kWgmma && wgmma_wanted;
+      pl.smem_bytes = Tr::tma_bytes;
+    }
+  } else {
+    // 2 stages, or 1 where 2 would leave a single block per SM (D = 256 with f16 V)
+    int nst = ov.stages > 0 ? ov.stages : Tr::smem_bytes(2) + 1024 > limit / 2 ? 1 : 2;
+    nst = std::clamp(nst, 1, 3);
+    while (nst > 1 && Tr::smem_bytes(nst) > limit) --nst;
+    pl.stages = nst;
+    pl.smem_bytes = Tr::smem_bytes(nst);
+  }
+  if (pl.smem_bytes > limit) return why = "tensor-core prefill: no block fits the shared memory", false;
+  constexpr int kRows = Tr::kRows;
+  pl.rows_per_block = kRows;
+  pl.threads = pmma::kThreads;
+  pl.warps = pmma::kWarps;
+  if (p.causal && p.Sq % kRows == 0) {
+    pl.causal_tiles = p.Sq / kRows;
+    pl.n_chunks = 1;
+    pl.reverse_chunks = 0;
+  } else {
+    pl.causal_tiles = 0;
+    pl.n_chunks = cdiv(p.group() * p.Sq, kRows);
+    pl.reverse_chunks = p.causal ? 1 : 0;
+  }
+  const int64_t blocks = pl.causal_tiles > 0 ? p.B * p.Hkv * p.group() * pl.causal_tiles : p.B * p.Hkv * pl.n_chunks;
+  if (blocks > kMaxBlocks) return why = "tensor-core prefill: more than 2^31 - 1 blocks", false;
+  pl.kernel = KernelKind::kPrefillMma;
+  set_blocks(pl, p);
+  return true;
+}
+
+template <int VK>
+bool plan_prefill_vk(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov,
+                     std::string& why) {
+  // m tiles per warp 1 / 2 (D <= 128); 2 blocks per SM (up to 255 registers) or 3 (168 registers, MT = 1). With the
+  // mma.sync P.V, 168 registers make ptxas spill and keep one ldmatrix fragment set, so 3 blocks are slower; the
+  // wgmma P.V (D <= 128, sm_90a, TMA tiles) holds no V fragments and is fastest with 3.
+  const int mt = ov.m_tiles == 2 ? 2 : 1;
+  const bool wg_wanted = ov.wgmma != 0 && dev.cc_major == 9 && dev.wgmma;
+  const bool wg = (p.D == 64 || p.D == 128) && ov.tma != 0 && wg_wanted;
+  const bool cap = (ov.min_blocks > 0 ? ov.min_blocks : wg ? 3 : 2) >= 3;
+  switch (p.D) {
+    case 64:
+      return mt == 2 ? plan_prefill_inst<VK, 64, 2, 1>(pl, p, dev, ov, wg_wanted, why)
+             : cap   ? plan_prefill_inst<VK, 64, 1, 3>(pl, p, dev, ov, wg_wanted, why)
+                     : plan_prefill_inst<VK, 64, 1, 2>(pl, p, dev, ov, wg_wanted, why);
+    case 128:
+      return mt == 2 ? plan_prefill_inst<VK, 128, 2, 1>(pl, p, dev, ov, wg_wanted, why)
+             : cap   ? plan_prefill_inst<VK, 128, 1, 3>(pl, p, dev, ov, wg_wanted, why)
+                     : plan_prefill_inst<VK, 128, 1, 2>(pl, p, dev, ov, wg_wanted, why);
+    default: return plan_prefill_inst<VK, 256, 1, 1>(pl, p, dev, ov, wg_wanted, why);
+  }
+}
+#endif
+
+bool plan_prefill_mma(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov,
+                      std::string& why) {
+#if defined(D4A_HAS_PREFILL_MMA)
+  if (dev.hip || dev.cc_major < 8) return why = "tensor-core prefill: needs CUDA sm_80+", false;
+  if (p.D != 64 && p.D != 128 && p.D != 256) return why = "tensor-core prefill: D is not 64, 128 or 256", false;
+  // float32 T keeps float32 P.V (the tile kernel): routes must agree to float32 rounding, and f16 P and f16-staged V
+  // would put this kernel ~4e-8 (NMSE) from the others. For float16 T that error is below the output's rounding.
+  if (!p.half) return why = "tensor-core prefill: float32 T keeps the tile kernel's float32 P.V", false;
+  if (!aligned(p.q, 16) || !aligned(p.k, 16) || !aligned(p.v, 16) || !aligned(p.k_scales, 4) ||
+      !aligned(p.v_scales, 4) || !aligned(p.out, 4))
+    return why = "tensor-core prefill: pointers not aligned", false;
+  return pl.vk == kVF16 ? plan_prefill_vk<kVF16>(pl, p, dev, ov, why)
+         : pl.vk == kVQ8 ? plan_prefill_vk<kVQ8>(pl, p, dev, ov, why)
+                         : plan_prefill_vk<kVQ4>(pl, p, dev, ov, why);
+#else
+  (void)pl; (void)p; (void)dev; (void)ov;
+  why = "tensor-core prefill: not in this build (CUDA only)";
+  return false;
+#endif
+}
+
+GpuPlan plan_prefill(GpuPlan pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
+  const int forced = ov.kernel;
+  if (forced == int(KernelKind::kDecodeSimt)) fail(kOp, "override kernel=simt: the prefill route has no SIMT kernel");
+  if (forced == int(KernelKind::kTile)) return pl.fallback = "forced", plan_tile(pl, p, dev, ov);
+  std::string why;
+  GpuPlan m = pl;
+  if (plan_prefill_mma(m, p, dev, ov, why)) return m;
+  if (forced >= 0) fail(kOp, "override kernel=mma cannot run this call: ", why);
+  pl.fallback = why;
+  return plan_tile(pl, p, dev, ov);
+}
+
+int64_t split_len_for(int64_t sk, int64_t n_splits) {
+  int64_t len = cdiv(sk, std::max<int64_t>(1, n_splits));
+  len = cdiv(len, KT) * KT;
+  return std::max<int64_t>(len, KT);
+}
+
+// ---- parsing and printing ------------------------------------------------------------------------------------------
+// "a=1, b=x" -> {(a, 1), (b, x)}; an item without '=' has an empty value.
+std::vector<std::pair<std::string, std::string>> key_values(const char* s) {
+  std::vector<std::pair<std::string, std::string>> kv;
+  std::stringstream in(s ? s : "");
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    kv.emplace_back(item.substr(0, eq), eq == std::string::npos ? "" : item.substr(eq + 1));
+  }
+  return kv;
+}
+
+int to_int(const std::string& key, const std::string& v, int lo, int hi, const char* what) {
+  char* end = nullptr;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end != 0 || x < lo || x > hi)
+    fail(what, "'", key, "': expected an integer in [", lo, ", ", hi, "], got '", v, "'");
+  return int(x);
+}
+
+int to_choice(const std::string& key, const std::string& v, std::initializer_list<const char*> names, const char* what) {
+  int i = 0;
+  std::string all;
+  for (const char* n : names) {
+    if (v == n) return i;
+    all += std::string(i ? ", " : "") + n;
+    ++i;
+  }
+  fail(what, "'", key, "': expected one of ", all, ", got '", v, "'");
+}
+
+}  // namespace
+
+const char* kernel_name(KernelKind k) {
+  switch (k) {
+    case KernelKind::kTile: return "tile";
+    case KernelKind::kDecodeSimt: return "decode_simt";
+    case KernelKind::kDecodeMma: return "decode_mma";
+    case KernelKind::kPrefillMma: return "prefill_mma";
+  }
+  return "?";
+}
+
+const char* staging_name(int staging) {
+  switch (staging) {
+    case kStageCpAsync: return "cp_async";
+    case kStageRegs: return "regs";
+    case kStageRegsV: return "regs_v";
+    case kStageTma: return "tma";
+  }
+  return "?";
+}
+
+GpuPlan plan_attention(const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
+  if (p.route == Route::kAuto) fail(kOp, "unresolved route");
+  GpuPlan pl;
+  pl.overrides = ov;
+  pl.route = p.route;
+  pl.vk = vkind(p);
+  pl.D = p.D;
+  pl.split_len = p.Sk > 0 ? p.Sk : 1;  // one split of every key, unless split_k splits them below
+  if (p.route == Route::kPrefill) return plan_prefill(pl, p, dev, ov);
+  if (p.route == Route::kSplitK && p.Sk > 0) {
+    // FlashDecoding: enough (batch, KV head, split) items for `waves` waves over the multiprocessors, splits of at
+    // least 128 keys; splits are whole 64-key tiles, so a count whose splits round up to fewer is kept smaller.
+    const int waves = ov.split_waves > 0 ? ov.split_waves : 2;
+    const int64_t n = choose_splits(p.B * p.Hkv, p.Sk, dev.sms, waves, /*min keys=*/128);
+    pl.split_len = split_len_for(p.Sk, n);
+    pl.n_splits = cdiv(p.Sk, pl.split_len);
+    if (p.B * p.Hq * p.Sq > kMaxBlocks || pl.n_splits > 8192)
+      fail(kOp, "split_k cannot merge ", p.B * p.Hq * p.Sq, " rows of ", pl.n_splits, " splits");
+    pl.scratch_bytes = size_t(pl.n_splits) * size_t(p.B * p.Hq * p.Sq) * size_t(p.D + 2) * sizeof(float);
+  }
+  return plan_decode(pl, p, dev, ov);
+}
+
+PlanOverrides parse_plan_overrides(const char* s) {
+  constexpr const char* kWhat = "Dot4Attention GPU plan override";
+  PlanOverrides ov;
+  for (const auto& [k, v] : key_values(s)) {
+    if (k == "kernel") {
+      const int c = to_choice(k, v, {"auto", "tile", "simt", "mma"}, kWhat);
+      ov.kernel = c == 0 ? -1 : c == 1 ? int(KernelKind::kTile) : c == 2 ? int(KernelKind::kDecodeSimt)
+                                                                         : int(KernelKind::kDecodeMma);
+    } else if (k == "warps") ov.warps = to_int(k, v, 0, 16, kWhat);
+    else if (k == "stages") ov.stages = to_int(k, v, 0, 3, kWhat);
+    else if (k == "staging") {
+      const int c = to_choice(k, v, {"auto", "cp_async", "regs", "regs_v", "tma"}, kWhat);
+      ov.staging = c - 1;
+    } else if (k == "cluster") ov.cluster = to_int(k, v, 0, 8, kWhat);
+    else if (k == "m_tiles") ov.m_tiles = to_int(k, v, 0, 2, kWhat);
+    else if (k == "min_blocks") ov.min_blocks = to_int(k, v, 0, 3, kWhat);
+    else if (k == "tma") ov.tma = to_int(k, v, 0, 1, kWhat);
+    else if (k == "wgmma") ov.wgmma = to_int(k, v, 0, 1, kWhat);
+    else if (k == "split_waves") ov.split_waves = to_int(k, v, 0, 64, kWhat);
+    else
+      fail(kWhat, "unknown key '", k, "' (expected kernel, warps, stages, staging, cluster, m_tiles, min_blocks, tma, ",
+           "wgmma, split_waves)");
+  }
+  return ov;
+}
+
+DeviceFacts parse_device_facts(const char* s) {
+  constexpr const char* kWhat = "dot4attn device facts";
+  DeviceFacts d;
+  d.max_smem = 0;
+  d.sms = 0;
+  bool tma_set = false;
+  for (const auto& [k, v] : key_values(s)) {
+    if (k == "hip") d.hip = true;
+    else if (k == "sm") {  // "90a", "90", "80", "100"
+      const bool arch_a = !v.empty() && v.back() == 'a';
+      const int cc = to_int(k, arch_a ? v.substr(0, v.size() - 1) : v, 50, 200, kWhat);
+      d.cc_major = cc / 10;
+      d.cc_minor = cc % 10;
+      d.wgmma = arch_a && cc == 90;
+    } else if (k == "sms" || k == "cus") d.sms = to_int(k, v, 1, 100000, kWhat);
+    else if (k == "smem") d.max_smem = to_int(k, v, 1024, 1 << 24, kWhat);
+    else if (k == "warp") d.warp_size = to_int(k, v, 32, 64, kWhat);
+    else if (k == "tma") d.tma = to_int(k, v, 0, 1, kWhat) != 0, tma_set = true;
+    else if (k == "wgmma") d.wgmma = to_int(k, v, 0, 1, kWhat) != 0;
+    else fail(kWhat, "unknown key '", k, "' (expected sm, hip, sms, cus, smem, warp, tma, wgmma)");
+  }
+  if (d.hip == (d.cc_major != 0)) fail(kWhat, "give either sm=NN (CUDA) or hip, got '", s ? s : "", "'");
+  if (d.sms == 0 || d.max_smem == 0) fail(kWhat, "sms (or cus) and smem are required, got '", s ? s : "", "'");
+  if (!tma_set) d.tma = d.cc_major >= 9;
+  return d;
+}
+
+std::string plan_json(const GpuPlan& pl) {
+  const char* route = pl.route == Route::kPrefill ? "prefill" : pl.route == Route::kDecode ? "decode" : "split_k";
+  std::ostringstream o;
+  o << "{\"route\": \"" << route << "\", \"kernel\": \"" << kernel_name(pl.kernel) << "\", \"rows_per_block\": "
+    << pl.rows_per_block << ", \"threads\": " << pl.threads << ", \"warps\": " << pl.warps
+    << ", \"stages\": " << pl.stages;
+  if (pl.kernel == KernelKind::kDecodeMma)
+    o << ", \"staging\": \"" << staging_name(pl.staging) << "\", \"cluster\": " << pl.cluster;
+  if (pl.kernel == KernelKind::kPrefillMma)
+    o << ", \"m_tiles\": " << pl.m_tiles << ", \"min_blocks\": " << pl.min_blocks << ", \"tma\": "
+      << (pl.tma ? "true" : "false") << ", \"wgmma\": " << (pl.wgmma ? "true" : "false");
+  o << ", \"smem_bytes\": " << pl.smem_bytes << ", \"n_splits\": " << pl.n_splits << ", \"split_len\": "
+    << pl.split_len << ", \"n_chunks\": " << pl.n_chunks << ", \"blocks\": " << pl.blocks
+    << ", \"scratch_bytes\": " << pl.scratch_bytes << ", \"fallback\": \"";
+  for (char c : pl.fallback) o << (c == '"' || c == '\\' ? '\'' : c);
+  o << "\"}";
+  return o.str();
+}
+
+}  // namespace gpu
+}  // namespace dot4attn

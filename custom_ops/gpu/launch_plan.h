@@ -1,0 +1,100 @@
+// Launch plans of Dot4Attention on the GPU: plan, then run (as FlashInfer's plan / run and llama.cpp's one kernel
+// selector). plan_attention is a pure function of (shape, dtypes, V format, pointer alignment, device facts,
+// overrides): it names the kernel and its whole configuration, sizes the split-K scratch, and says why a faster
+// kernel was not taken. The route files only execute a plan (decode/, split_k/, prefill/). The same plan answers
+// "is this supported" (the C entry dot4attn_gpu_plan, `dot4attn info --plan`), and with explicit device facts it
+// can be computed on a machine without a GPU, which is how the planner is tested in CI.
+//
+// Overrides (tuning and tests only) come from one place: a string "key=value,..." passed to the C entries
+// (attention_gpu.cu). Keys:
+//   kernel=auto|tile|simt|mma   which kernel (simt: the SIMT decode kernel; mma: the tensor-core kernel of the route)
+//   warps=N  stages=N           warps per block, pipeline stages (decode kernels; stages also the tile/prefill ring)
+//   staging=cp_async|regs|regs_v|tma   the tensor-core decode's staging mode
+//   cluster=N                   the tensor-core decode route's cluster size (1: none)
+//   m_tiles=1|2  min_blocks=2|3 tma=0|1  wgmma=0|1     the tensor-core prefill's instance
+//   split_waves=N               split_k's waves of (batch, KV head, split) items per multiprocessor
+// Host code only; no GPU runtime call here (device facts come in as a value).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "attention/attention_params.h"
+
+namespace dot4attn {
+namespace gpu {
+
+enum class KernelKind : int { kTile = 0, kDecodeSimt = 1, kDecodeMma = 2, kPrefillMma = 3 };
+
+// The tensor-core decode kernel's staging modes (its SM template argument; decode_mma.cuh explains each).
+enum StageMode : int { kStageCpAsync = 0, kStageRegs = 1, kStageRegsV = 2, kStageTma = 3 };
+
+// What the planner needs to know of the device. From the current device (device_facts(), cached) or given
+// explicitly (parse_device_facts) to plan for a device that is not there.
+struct DeviceFacts {
+  bool hip = false;         // a HIP build: no tensor-core kernels, warp size from the device
+  int cc_major = 0;         // CUDA compute capability (0 on HIP)
+  int cc_minor = 0;
+  int sms = 1;              // multiprocessors / compute units
+  int warp_size = 32;
+  int max_smem = 48 * 1024;  // opt-in dynamic shared memory per block
+  bool wgmma = false;       // the loaded binary has the sm_90a wgmma instances
+  bool tma = false;         // the driver's tensor-map encoder is available
+};
+
+struct PlanOverrides {
+  int kernel = -1;  // -1 auto, else a KernelKind (kDecodeMma / kPrefillMma: "mma", the route's tensor-core kernel)
+  int warps = 0, stages = 0;
+  int staging = -1;  // -1 auto, else a StageMode
+  int cluster = 0;   // 0 auto, 1 none, N
+  int m_tiles = 0, min_blocks = 0;
+  int tma = -1, wgmma = -1;  // -1 auto, 0 off, 1 on (where possible)
+  int split_waves = 0;       // 0: the default (2)
+};
+
+struct GpuPlan {
+  Route route = Route::kDecode;
+  KernelKind kernel = KernelKind::kTile;
+  int vk = 0;              // VKind of V (the kernels' VK template argument)
+  int D = 0;
+  int rows_per_block = 0;  // the kernel's row tile: tile RB, SIMT decode RB, tensor-core decode 8, prefill 16 x MT x 4
+  int rows_per_thread = 0; // tile kernel only (RPT)
+  int threads = 0;
+  int warps = 0, stages = 0;
+  int staging = kStageCpAsync;  // tensor-core decode
+  int cluster = 0;              // tensor-core decode route: blocks per cluster (0: no cluster)
+  int m_tiles = 0, min_blocks = 0;  // tensor-core prefill
+  bool tma = false, wgmma = false;  // tensor-core prefill
+  int smem_bytes = 0;
+  int64_t n_splits = 1;      // key splits per (batch, KV head): split_k, or the cluster's blocks
+  int64_t split_len = 0;     // keys per split (a multiple of 64; the last split may be shorter)
+  int64_t split_chunks = 0;  // > 0: tensor-core split_k walks even splits of these many 32-key chunks
+  int64_t n_chunks = 1;      // row chunks per (batch, KV head)
+  int reverse_chunks = 0;    // causal prefill: heaviest row chunks first
+  int64_t causal_tiles = 0;  // tensor-core causal prefill with Sq % rows == 0: row tiles per head (else 0)
+  int64_t blocks = 0;
+  size_t scratch_bytes = 0;  // split_k partials (device memory the caller provides)
+  std::string fallback;      // why the route's preferred kernel was not taken ("" when it was)
+  PlanOverrides overrides;   // what the plan was made with (a refused cluster launch is planned again without)
+};
+
+// The plan for p (shape, dtypes, V format, route already resolved; pointers only for their alignment, null
+// counts as aligned). Throws OpError for an override that cannot be honoured (a forced kernel that does not
+// take the call, an unknown value).
+GpuPlan plan_attention(const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov);
+
+// "kernel=simt,warps=4" -> PlanOverrides; throws OpError naming the bad key or value. Empty or null: none.
+PlanOverrides parse_plan_overrides(const char* s);
+
+// "sm=90a,sms=132,smem=232448[,warp=32][,tma=1][,wgmma=1]" or "hip,cus=304,warp=64,smem=65536" -> DeviceFacts.
+DeviceFacts parse_device_facts(const char* s);
+
+// The plan as one line of JSON (for `dot4attn info --plan`, the benchmark's records and the tests).
+std::string plan_json(const GpuPlan& plan);
+
+const char* kernel_name(KernelKind k);
+const char* staging_name(int staging);
+
+}  // namespace gpu
+}  // namespace dot4attn

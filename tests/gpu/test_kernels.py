@@ -1,0 +1,149 @@
+"""The GPU kernels against the numpy reference, through the library's C entry (no ONNX Runtime), for every route
+and every launch plan the planner can choose: the shared case table (tests/attention_cases.py) under the automatic
+plan and with each fallback kernel forced, the long cases under every staging mode, cluster and prefill instance
+the tensor-core kernels have, and split_k on concurrent streams and under CUDA graph capture. Tolerances are the
+CPU suite's: NMSE <= 1e-6 vs reference.attention, exact zeros for rows that see no key."""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+
+import attention_cases as AC
+from conftest import check_nmse
+from dot4attn import native
+from dot4attn import reference as R
+
+from gpu_support import mask_strides, to_device, torch_cuda  # noqa: F401 (torch_cuda: a fixture)
+
+pytestmark = pytest.mark.gpu
+
+# Plans forced per route on top of the automatic one: every fallback kernel the planner can pick.
+FALLBACKS = {"prefill": ["kernel=tile"], "decode": ["kernel=simt", "kernel=tile"], "split_k": ["kernel=simt", "kernel=tile"]}
+# The tensor-core kernels' instances (float16 T, D 64 / 128 / 256), forced on the long cases.
+MMA_DECODE = ["staging=cp_async", "staging=tma", "staging=regs", "cluster=1", "warps=2,stages=1", "warps=8"]
+MMA_PREFILL = ["tma=0", "wgmma=0", "min_blocks=2", "m_tiles=2", "tma=0,stages=1"]
+KERNEL_OF = {"kernel=simt": "decode_simt", "kernel=tile": "tile"}
+
+
+def _mma_ok(c) -> bool:
+    return c.dtype == "float16" and c.D in (64, 128, 256)
+
+
+def _params(cases, variants_of):
+    return [pytest.param(c.name, r, v, id=f"{c.name}-{r}-{v or 'auto'}")
+            for c in cases for r in AC.routes_for(c) if r != "auto" for v in variants_of(c, r)]
+
+
+def _run(torch, name: str, route: str, overrides: str):
+    c = AC.CASE_BY_NAME[name]
+    (q, kp, ks, value, v_scales, mask), ref, dead = AC.case_data(name)
+    t = [to_device(torch, a) for a in (q, kp, ks, value, v_scales, mask)]
+    out = torch.full(q.shape, float("nan"), dtype=t[0].dtype, device="cuda")
+    mk = None if mask is None else "bool" if mask.dtype == np.bool_ else "additive"
+    call = native.TorchAttention(*t[:5], out, v_format=c.v_format, causal=bool(c.causal), route=route,
+                                 overrides=overrides, scale=c.scale or 0.0, mask=t[5], mask_kind=mk,
+                                 mask_strides=mask_strides(mask, (c.B, c.Hq, c.Sq, c.Sk)))
+    plan = call()
+    torch.cuda.synchronize()
+    o = out.cpu().numpy()
+    what = f"{c} route={route} plan={plan}"
+    check_nmse(o, ref, AC.REF_TOL, what)
+    assert np.all(o[dead] == 0), f"{what}: rows that see no key are not exact zeros"
+    return plan
+
+
+@pytest.mark.parametrize("name,route,overrides",
+                         _params(AC.ALL_CASES, lambda c, r: ["", *FALLBACKS[r]]))
+def test_case_table(torch_cuda, name, route, overrides):
+    plan = _run(torch_cuda, name, route, overrides)
+    assert plan["route"] == route
+    if overrides:
+        assert plan["kernel"] == KERNEL_OF[overrides]
+
+
+@pytest.mark.parametrize("name,route,overrides",
+                         _params(AC.LONG_CASES, lambda c, r: ["", *FALLBACKS[r][:1],
+                                                             *((MMA_PREFILL if r == "prefill" else MMA_DECODE)
+                                                               if _mma_ok(c) else [])]))
+def test_long_cases(torch_cuda, name, route, overrides):
+    plan = _run(torch_cuda, name, route, overrides)
+    c = AC.CASE_BY_NAME[name]
+    if overrides in KERNEL_OF:
+        assert plan["kernel"] == KERNEL_OF[overrides]
+    elif _mma_ok(c):  # every tensor-core variant must have run on the tensor-core kernel
+        assert plan["kernel"] == ("prefill_mma" if route == "prefill" else "decode_mma"), plan
+
+
+def test_long_cases_cover_every_instance(torch_cuda):
+    """The long cases' automatic plans on this device reach every tensor-core staging mode and the cluster."""
+    seen = set()
+    for c in AC.LONG_CASES:
+        for r in (r for r in AC.routes_for(c) if r != "auto"):
+            p = native.gpu_plan(native.make_call(c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D, half=c.dtype == "float16",
+                                                 v_format=c.v_format, causal=bool(c.causal), route=r))
+            seen.add((p["kernel"], p.get("staging"), p.get("cluster", 0) > 0, p.get("wgmma")))
+    major = torch_cuda.cuda.get_device_capability()[0]
+    if major >= 9:
+        assert {("decode_mma", "tma", False, None), ("decode_mma", "cp_async", True, None),
+                ("decode_mma", "regs", False, None), ("prefill_mma", None, False, True)} <= seen, seen
+
+
+@functools.lru_cache(maxsize=None)
+def _split_k_inputs():
+    B, Hq, Hkv, Sq, Sk, D = 2, 32, 8, 1, 16384, 128
+    rng = np.random.default_rng(5)
+    q = (rng.standard_normal((B, Hq, Sq, D), dtype=np.float32) * 3).astype(np.float16)
+    k = rng.standard_normal((B, Hkv, Sk, D), dtype=np.float32).astype(np.float16)
+    v = rng.standard_normal((B, Hkv, Sk, D), dtype=np.float32).astype(np.float16)
+    kp, ks = R.pack_k(k)
+    vp, vs = R.pack_v(v, "q4_0")
+    ref = R.attention(q, kp, ks, vp, vs, None, causal=1, v_format="q4_0")
+    return (q, kp, ks, vp, vs), ref
+
+
+def test_split_k_streams_and_graph(torch_cuda):
+    """split_k (stage 1 + the programmatic-dependent merge) on four streams at once, 30 calls each, equals one call
+    bit for bit; captured into a CUDA graph and replayed it matches the reference."""
+    torch = torch_cuda
+    arrays, ref = _split_k_inputs()
+    t = [to_device(torch, a) for a in arrays]
+    new = lambda: native.TorchAttention(*t, torch.empty_like(t[0]), v_format="q4_0", route="split_k")  # noqa: E731
+    one = new()
+    one()
+    torch.cuda.synchronize()
+    want = one.tensors[-1].clone()
+    streams = [torch.cuda.Stream() for _ in range(4)]
+    calls = [[new() for _ in range(30)] for _ in streams]
+    torch.cuda.synchronize()
+    for i in range(30):
+        for s, st in enumerate(streams):
+            with torch.cuda.stream(st):
+                calls[s][i]()
+    torch.cuda.synchronize()
+    differ = sum(not torch.equal(c.tensors[-1], want) for row in calls for c in row)
+    assert differ == 0, f"{differ} of 120 concurrent split_k outputs differ from a single call"
+
+    g = new()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        g()  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g()
+    for _ in range(3):
+        g.tensors[-1].fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check_nmse(g.tensors[-1].cpu().numpy(), ref, AC.REF_TOL, "split_k graph replay")
+
+
+def test_bad_overrides_are_refused(torch_cuda):
+    c = native.make_call(1, 8, 2, 1, 1024, 128, half=False, v_format="q8_0", route="decode",
+                         overrides="kernel=mma")
+    with pytest.raises(native.NativeError, match="kernel=mma cannot run this call: tensor-core decode: float32 T"):
+        native.gpu_plan(c)
