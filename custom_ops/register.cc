@@ -1,4 +1,4 @@
-// The library's one entry point: ONNX Runtime calls RegisterCustomOps when a session options object loads
+// The library's one entry point: ONNX Runtime calls RegisterCustomOps when an OrtSessionOptions object loads
 // libdot4attn_ops.so. Every op is registered on CPU, and on CUDA / ROCm when built with those kernels, so a
 // single register_custom_ops_library serves every execution provider.
 #include <onnxruntime_c_api.h>
@@ -30,7 +30,7 @@ std::vector<Ep> built_eps() {
   return eps;
 }
 
-// The OrtCustomOps, made once per process (ORT keeps pointers to them for the lifetime of its sessions).
+// The OrtCustomOps, made once per process (ORT keeps pointers to them for the lifetime of every OrtSession).
 const std::vector<OrtCustomOp*>& all_ops() {
   static std::vector<OrtCustomOp*> ops;
   static std::once_flag once;
@@ -59,7 +59,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   if (OrtStatus* st = ort().CreateCustomOpDomain(kDomain, &domain)) return st;
   for (OrtCustomOp* op : all_ops())
     if (OrtStatus* st = ort().CustomOpDomain_Add(domain, op)) return st;
-  // The domain is deliberately never released: sessions created from these options keep using it.
+  // The domain is deliberately never released: OrtSessions created from these options keep using it.
   return ort().AddCustomOpDomain(options, domain);
 }
 

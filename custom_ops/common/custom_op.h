@@ -36,7 +36,7 @@ struct OpSpec {
   void (*infer_shapes)(OrtShapeInferContext* ctx) = nullptr;
 };
 
-// Builds the OrtCustomOp for one spec on one EP. It lives for the whole process: sessions made from the
+// Builds the OrtCustomOp for one spec on one EP. It lives for the whole process: OrtSessions made from the
 // registering SessionOptions may outlive any scope we could tie it to.
 OrtCustomOp* make_custom_op(const OpSpec& spec, Ep ep, uint32_t api_version);
 

@@ -14,7 +14,7 @@
 //   * P.V: a lane owns 8 columns of one key slot (D/8 lanes per key, warp/(D/8) keys per step) and dequantizes
 //     those 8 values once for all RB rows (q4_0: one 32-bit load = 8 nibbles; the block scale is folded into p).
 //   * the end: key slots are summed by shuffles, warps' (m, l, acc) are combined in shared memory, and the block
-//     writes the normalised output (decode) or the split partials for the existing merge (split_k).
+//     writes the normalised output (decode) or the split partials for the merge kernel (split_k).
 // The math is the contract's up to float32 rounding: logits = scale * sum_blocks((sq * sk) * dot), invisible keys
 // -inf, rows with no visible key give exact zeros (decode) or l = 0 partials (dropped by the merge).
 #pragma once
@@ -150,7 +150,7 @@ __device__ __forceinline__ void decode_rows_prologue(const TileArgs& a, int64_t 
   const int t = threadIdx.x;
   // One aligned 32-lane group per (row, block), one element per lane: amax by group shuffles and one division
   // per lane keep this prologue short (it is on the critical path of short key ranges). (Issuing a group's Q
-  // loads together before quantizing measured no faster at 512 keys on the H200.)
+  // loads together before quantizing gains nothing at 512 keys.)
   for (int task = t / 32; task < RB * NB; task += int(blockDim.x) / 32) {
     const int r = task / NB, blk = task % NB, e = t % 32;
     float x = 0.f;

@@ -3,9 +3,9 @@
 //
 // Why: the SIMT kernel spends ~75% of its instructions on P.V (one FMA per (key, column, row)). Here both
 // products run on tensor cores and a warp needs ~710 SASS instructions per 32 keys (q4_0, D = 128, TMA staging;
-// ~800 before lop3_imm and the A quads below), most of them the dequantization of V (once per value) and the Q.K
-// scaling. H200, (32, 8, 128), 128k keys, q4_0: 72 us instead of the SIMT kernel's 122 (docs/gpu.md has the tables
-// and where the remaining time goes).
+// lop3_imm and the A quads below save ~90 of them), most of them the dequantization of V (once per value) and the
+// Q.K scaling. At (32, 8, 128), 128k keys, q4_0 this takes ~40 % less time than the SIMT kernel
+// (docs/performance.md has this kernel's measurements and where its time goes).
 //
 // Same block structure as the SIMT kernel: one block per (batch, KV head, key split, chunk of 8 rows); every warp
 // streams its own 32-key chunks through its own nst-stage pipeline (cp.async, or TMA on sm_90) or through registers
@@ -140,8 +140,8 @@ __device__ __forceinline__ void mma_s8_rows8(int (&c)[4], const uint32_t (&a)[4]
 // ---- the block's Q rows and its end ---------------------------------------------------------------------------
 // Q rows, one warp per row (rows w, w + nw, ...): lane l holds the E = D / 32 elements [l E, l E + E), so a 32-block
 // is 32 / E lanes and its amax takes log2(32 / E) shuffles. The math is the contract's, as decode_rows_prologue,
-// whose 32-lane group per (row, block) cost ~1,300 instructions per warp at 4 warps: half of a split block's
-// samples when it has one chunk per warp (H200 Nsight Compute, 4k keys).
+// whose 32-lane group per (row, block) costs ~1,300 instructions per warp at 4 warps: half of a split block's
+// profiler samples when it has one chunk per warp (short walks such as 4k keys).
 template <int D>
 struct QRow {
   static constexpr int E = D / 32, W = E / 2;  // elements / 32-bit words per lane
@@ -287,7 +287,7 @@ __device__ __forceinline__ void rows_finish(const TileArgs& a, const float* wm, 
 // in two levels so that no thread walks a chain of remote reads: each block merges its own warps (rows_finish
 // with KEEP); after the cluster barrier each block takes a share of the items and merges the ranks' partials,
 // read through distributed shared memory (loops unrolled over kMaxCluster: independent loads, about one remote
-// round trip; holding all ranks' float4 in arrays instead made ptxas spill the D = 256 kernels). The caller's
+// round trip; holding all ranks' float4 in arrays instead makes ptxas spill the D = 256 kernels). The caller's
 // second cluster barrier keeps every block's shared memory alive until the others are done reading it.
 template <int D>
 __device__ __forceinline__ void rows_finish_cluster(const TileArgs& a, const float* wm, const float* wl, float* red,
@@ -331,8 +331,9 @@ __device__ __forceinline__ void rows_finish_cluster(const TileArgs& a, const flo
 //    evict-first (.cs) loads while the warp computes the current chunk, and stores them into the warp's single
 //    stage afterwards. It streams faster because read-once data then leaves L2 first instead of pushing other
 //    (also dirty) lines out; cp.async cannot take that policy here: CUDA 13.0's ptxas miscompiles
-//    cp.async.L2::cache_hint (illegal instruction on the H200). Synthetic copy-only kernel with the split_k access
-//    pattern (tools/gpu_stream_probe.cu, 128k keys, q4_0, ~1 us of compute per chunk): 64.6 us vs 69.6 (cp.async).
+//    cp.async.L2::cache_hint (illegal instruction: the policy lands in a uniform register it never sets). A
+//    copy-only kernel with split_k's access pattern streams a 128k-key q4_0 cache ~7 % faster this way than by
+//    plain cp.async.
 //    Costs a register per 4 staged bytes (q4_0 D = 128: 147 -> 255 registers, no spill).
 //  * kStageRegsV: only V (and its scales) through registers, K by cp.async (q8_0: staging both spills).
 //  * kStageTma (sm_90): the nst-stage pipeline with the K / V rows moved by TMA tensor copies carrying the
@@ -538,9 +539,10 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   for (int k = 0; k < kDecodeMaxStages; ++k) jf[k] = -1;
 
   // The warp's first two Q rows are loaded before the first chunks' copies are issued and quantized after them (the
-  // latencies overlap: a further row loaded after a quantization costs a memory round trip of the block's
-  // prologue; H200, 512 keys in 2-warp blocks); warps of blocks with fewer than kRB / 2 warps take their further
-  // rows after that. Rows past nrows (the mma's padding) are written as zeros without the quantization's math.
+  // latencies overlap: a further row loaded after a quantization adds a memory round trip to the block's prologue,
+  // which short walks such as 512 keys in 2-warp blocks feel); warps of blocks with fewer than kRB / 2 warps take
+  // their further rows after that. Rows past nrows (the mma's padding) are written as zeros without the
+  // quantization's math.
   {
     const int r1 = w + nw;
     const QRow<D> q = q_load<D>(a, b, hkv, int(row0), nrows, w, lane);
@@ -576,7 +578,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   // / 256 keep the literal (their register budgets spill with the 2 NB extra registers).
   const uint32_t zero = D == 128 ? uint32_t(a.nst) >> 31 : 0u;
   // q scale (q_scale23) and -M q (exact). D = 256 keeps the -M term with the key scales (L::kQBias false): 8 more
-  // registers for -M q made ptxas spill ~300 bytes in most D = 256 kernels.
+  // registers for -M q make ptxas spill ~300 bytes in most D = 256 kernels.
   constexpr bool kQBias = L::kQBias;
   float sqf[NB], sqm[kQBias ? NB : 1];
 #pragma unroll
@@ -804,7 +806,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
 #if __CUDA_ARCH__ >= 900
   // split_k: the merge kernel may launch once every block got here (it waits for this grid's completion:
   // programmatic dependent launch), so its blocks arrive during the combines below. Triggered at the start of the
-  // kernel they sat resident through the whole key walk: 0.3-0.6 us slower at 128k keys (H200, q4_0; docs/gpu.md).
+  // kernel, they would sit resident through the whole key walk, which makes long walks (128k keys) slower.
   if (a.part_acc != nullptr) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 

@@ -16,7 +16,7 @@ namespace gpu {
 // bits read as a float c are exactly M + dot, and fma(c, q, -M q) == q * dot rounded once when -M q is exact
 // (q_scale23): int->float conversion (quarter rate) and two multiplies become two full-rate FFMAs, the second
 // times the key's scale. The M term rides with the query scale (a register for the whole key walk) rather than
-// with the key scale (then every key's (sk, -M sk) pair had to be loaded from shared memory: twice the bytes).
+// with the key scale (then every key's (sk, -M sk) pair would be loaded from shared memory: twice the bytes).
 constexpr int kMagicI = 0x4B400000;
 constexpr float kMagicF = 12582912.0f;
 

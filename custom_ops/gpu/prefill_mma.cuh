@@ -14,8 +14,8 @@
 //    conversion (quarter rate) + two multiplies into two full-rate FFMAs per element and block:
 //    logit2 += fma(c, q, -M q) * sk. q and -M q stay in registers; the K scales of a tile are spread once per block
 //    into one float4 per (block, 16-key step, quad lane) in shared memory (k_scales): one 16-byte load per step.
-//    (With -M sk on the key side, as before 2026-12-01, every step loaded two float4: those loads were half of the
-//    kernel's shared-memory wavefronts; 8k causal 1850 -> 1666 us with this and int key indices, docs/gpu.md.)
+//    (With -M sk on the key side every step would load two float4, and those loads alone would be half of the
+//    kernel's shared-memory wavefronts, and an 8k causal prefill ~7 % slower.)
 //    K fragments come straight from the int8 rows by ldmatrix (rows padded to D+16 bytes: conflict free).
 //  * online softmax in registers (log2 domain, ex2.approx), each thread owns 2 rows x 16 keys of the tile; the
 //    row sum stays per thread until the end (quad reduce once). Prefix tiles that every row of the warp sees
@@ -38,12 +38,13 @@
 //    thread that copied it (no barrier needed), the scale runs arrive one tile ahead. D = 256 keeps two barriers.
 //    On sm_90 (TMA = true) the K / V tiles of this layout come by tensor-map TMA instead of cp.async: one thread
 //    issues 2-3 copies per tile into dense, XOR-swizzled tiles and every thread waits on the ring slot's mbarrier;
-//    the ldmatrix addresses follow the swizzle. The 12 cp.async per thread and tile cost ~10 % (docs/gpu.md).
+//    the ldmatrix addresses follow the swizzle. The 12 cp.async per thread and tile, with their address
+//    arithmetic, would cost ~10 % of the kernel's time.
 // Shared memory per block (D=128, f16 V, 2 stages): 66 KB. Registers: up to 255 by default (MINB = 2: 2 blocks, 8 warps
-// per SM on H100/H200), because the double-buffered ldmatrix fragments do not fit the 168 of 3 blocks per SM (ptxas
-// then spills and keeps one fragment set, and every mma waits for shared memory: 7 % slower, docs/gpu.md). The
-// wgmma P.V path is the exception: without V fragments it runs 3 blocks per SM at 168 registers (MINB = 3, 12
-// warps per SM), 7 % faster than 2 blocks at 8k keys on the H200 (docs/gpu.md, twelfth session).
+// per SM of 64K registers), because the double-buffered ldmatrix fragments do not fit the 168 of 3 blocks per SM (ptxas
+// then spills and keeps one fragment set, and every mma waits for shared memory: ~7 % slower). The wgmma P.V path
+// is the exception: without V fragments it runs 3 blocks per SM at 168 registers (MINB = 3, 12 warps per SM),
+// ~7 % faster than 2 blocks at 8k keys.
 #pragma once
 
 #include <atomic>
@@ -135,7 +136,7 @@ struct Traits {
 // The K scales of a 64-key tile as one float4 per (32-block, 16-key step np, quad lane tig): the four keys a
 // thread's two Q.K n tiles of that step hold (16 np + 2 tig + {0, 1, 8, 9}), from the fp16 scale run [64][NB]. One
 // 16-byte load per step and thread: every 4 bytes a thread loads from shared memory costs a wavefront whatever the
-// broadcast, and these loads were half of the kernel's shared-memory wavefronts when they also carried -M sk.
+// broadcast, and if they also carried -M sk these loads alone would be half of the kernel's shared-memory wavefronts.
 template <int NB>
 __device__ __forceinline__ void k_scales(const uint16_t* kst, float4* ksf, int tid) {
   constexpr int N = NB * 16;
@@ -239,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   const int64_t row_end = row0 + kRows < rows_here ? row0 + kRows : rows_here;
 
   // Key indices (tiles, key bounds) are int: launch takes Sk <= 2^31 - 1 - kKeys only. Held as int64
-  // through the key walk they cost registers that the 3-blocks-per-SM budget spilled.
+  // through the key walk they would cost registers that the 3-blocks-per-SM budget lacks (ptxas spills).
   int kmin_w, kmax_w, kend, nkt;
   {
     int64_t kmin_blk, kmax_blk, kmin64, kmax64;
@@ -718,7 +719,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
       // of 64 columns are the MN-major canonical layout (LBO: the next 64 columns, one
       // slab = 64 keys x 128 bytes on; SBO: the next 8 keys = 1024 bytes; a 16-key step starts 2048 bytes on).
       // Issued asynchronously; the loop waits for them at the end of the tile (wg_wait_o), before the barrier after
-      // which the ring slot is refilled. (Waiting in the next tile instead, with a third ring slot, measured slower:
+      // which the ring slot is refilled. (Waiting in the next tile instead, with a third ring slot, is slower:
       // ptxas then spills around the accumulators in flight.)
       uint32_t pa[4][4];
 #pragma unroll

@@ -5,7 +5,8 @@
 // The tensor-core stage 1 (decode_mma.cuh) splits the keys evenly by 32-key chunks instead.
 //
 // Split count and scratch size: the launch plan (gpu/launch_plan.cu; SMs x 2 waves of (batch, KV head, split) items).
-// Sizing it from the decode kernel's occupancy instead (more, shorter splits) measured slower at 128k keys.
+// Sizing it from the decode kernel's occupancy instead (more, shorter splits) is no faster at 128k keys
+// (docs/performance.md).
 #include "gpu/attention_gpu_internal.h"
 
 namespace dot4attn {
@@ -91,7 +92,8 @@ __device__ __forceinline__ MergeState merge_column(const float* __restrict__ acc
 // One block per output row. Its threads form groups of D/4 (one float4 column each; D is a multiple of 32 up to
 // 256, so there are 4 to 32 groups); group i merges splits i, i + groups, ..., then the groups meet once in shared
 // memory. So each thread has a few splits to load, all in flight together (one column per thread looping over
-// every split took ~6 us at 33 splits on the H200; loading them one or two at a time, ~0.5-1 us more than this).
+// every split waits for one L2 round trip per split, about three times this form's tail at 33 splits; loading them
+// one or two at a time still leaves a longer tail than this).
 __global__ void __launch_bounds__(kMergeThreads)
     merge_kernel(const float* __restrict__ part_acc, const float* __restrict__ part_ml, int64_t rows,
                  int n_splits, int D, int half, void* out) {
