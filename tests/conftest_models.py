@@ -14,12 +14,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "python"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+import dot4attn  # tests/conftest.py, loaded first, falls back to this checkout's python/ when not installed
 
-import dot4attn  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def have(mod: str) -> bool:

@@ -28,9 +28,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "python"):  # graph_passes/ and the dot4attn package of this checkout
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+if str(ROOT / "python") not in sys.path:  # the dot4attn package of this checkout (graph_passes/ as dot4attn.passes)
+    sys.path.insert(0, str(ROOT / "python"))
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402

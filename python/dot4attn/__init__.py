@@ -11,9 +11,13 @@ import ctypes
 import os
 from pathlib import Path
 
+from ._source_tree import add_passes_finder as _add_passes_finder
+
 __version__ = "0.1.0"
 DOMAIN = "dot4attn"
 _LIB_NAME = "libdot4attn_ops.so"
+
+_add_passes_finder(__name__)  # dot4attn.passes from a source checkout (the wheel installs it as a subpackage)
 
 
 def get_library_path() -> str:

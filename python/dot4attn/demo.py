@@ -28,7 +28,7 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from graph_passes import RewriteError
+    from .passes import RewriteError
 
     from .compare import DecoderSession, compare
     from .export import cached_export, model_cache_dir
