@@ -12,8 +12,9 @@ import os
 from pathlib import Path
 
 from ._source_tree import add_passes_finder as _add_passes_finder
+from ._source_tree import package_version as _package_version
 
-__version__ = "0.1.0"
+__version__ = _package_version("dot4attn")  # written once, in pyproject.toml (the library reports the same)
 DOMAIN = "dot4attn"
 _LIB_NAME = "libdot4attn_ops.so"
 

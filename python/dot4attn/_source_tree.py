@@ -2,12 +2,14 @@
 
 The wheel puts the repository's graph_passes/ folder at dot4attn/passes; a checkout has it two levels above this
 file. `add_passes_finder` maps the name `dot4attn.passes` onto that folder, so `from dot4attn.passes import ...`
-(and the passes' relative imports) work the same in both layouts. It does nothing in an installed package.
+(and the passes' relative imports) work the same in both layouts. `package_version` reads the version where it
+is written: pyproject.toml in a checkout, the installed distribution's metadata otherwise.
 """
 from __future__ import annotations
 
 import importlib.abc
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -28,10 +30,30 @@ class _PassesFinder(importlib.abc.MetaPathFinder):
                                                       submodule_search_locations=[str(self.folder)])
 
 
+def in_checkout() -> bool:
+    """False for an installed package (its passes are a real subfolder) or a copy of python/ alone."""
+    return (not (_HERE / "passes").is_dir() and (ROOT / "graph_passes" / "__init__.py").is_file()
+            and (ROOT / "pyproject.toml").is_file())
+
+
 def add_passes_finder(package: str) -> None:
-    folder = ROOT / "graph_passes"
-    if (_HERE / "passes").is_dir() or not (folder / "__init__.py").is_file():
-        return  # installed (the passes are a real subfolder), or not a checkout
+    if not in_checkout():
+        return
     fullname = f"{package}.passes"
     if not any(isinstance(f, _PassesFinder) and f.fullname == fullname for f in sys.meta_path):
-        sys.meta_path.append(_PassesFinder(fullname, folder))
+        sys.meta_path.append(_PassesFinder(fullname, ROOT / "graph_passes"))
+
+
+def package_version(distribution: str) -> str:
+    """pyproject.toml's [project] version in a checkout (the line CMakeLists.txt reads too), else the installed
+    distribution's; "0+unknown" when neither is there."""
+    if in_checkout():
+        m = re.search(r'^version *= *"([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+        if m:
+            return m.group(1)
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "0+unknown"
