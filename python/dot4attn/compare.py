@@ -6,13 +6,13 @@
 """
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-PAST_RE = re.compile(r"^past_key_values\.(\d+)\.(\w+)$")
+from .model_io import PAST_RE
+
 _NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)": np.int8,
        "tensor(uint8)": np.uint8, "tensor(int64)": np.int64, "tensor(bool)": np.bool_, "tensor(int32)": np.int32}
 
