@@ -39,7 +39,7 @@ def optimum_python() -> str | None:
 
 def need_export(exporter: str) -> None:
     if not (have("torch") and have("transformers")):
-        pytest.skip("exports need torch and transformers (pip install .[passes])")
+        pytest.skip("exports need torch and transformers (pip install '.[models]')")
     if exporter == "optimum" and optimum_python() is None:
         pytest.skip("optimum export needs an interpreter with optimum-onnx (DOT4ATTN_OPTIMUM_PYTHON)")
     if exporter == "transformers" and not have("transformers.exporters"):
