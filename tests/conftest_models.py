@@ -1,4 +1,4 @@
-"""Exported-model cache for the graph-pass tests (imported by tests/test_passes*.py).
+"""Exported-model cache for the graph-pass tests (imported by tests/passes/test_passes*.py).
 
 Models are exported once per (arch, preset, exporter, seed, torch and transformers versions) under
 $DOT4ATTN_MODEL_CACHE (default ~/.cache/dot4attn/models) and reused by every later run; rewritten models go to a

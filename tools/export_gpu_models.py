@@ -38,7 +38,7 @@ from onnx import external_data_helper, numpy_helper  # noqa: E402
 FORMAT = 1
 MIN_EXTERNAL = 4096  # bytes: smaller initializers (scales, shapes, RoPE frequencies) stay inline and exact
 ALIGN = 4096         # float32 offsets of the tensors in weights.bin
-PROMPT_LEN, STEPS = 32, 32  # as tests/test_passes.py
+PROMPT_LEN, STEPS = 32, 32  # as tests/passes/test_passes.py
 
 # (arch, exporter, v_format, split_k_min_keys, prompt_len). Both archs on the default exporter with every V format;
 # TorchScript (unfused_torchscript rule) and native-GQA opset 23 (onnx_attention rule) as the other forms. The
