@@ -9,16 +9,15 @@ Dot4Attention on the un-repeated (Hkv-head) packed K and V.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_ir as ir
-from onnxscript.rewriter import _ir_utils
+from onnxscript.rewriter import _ir_utils, pattern
 from onnxscript.rewriter._basics import MatchFailureError
 
-DOMAIN = "dot4attn"
-PAST_RE = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+from .. import DOMAIN
+
 BIG_NEGATIVE = -1e4  # any additive mask constant at or below this removes a key
 
 
@@ -195,6 +194,30 @@ def check_core(state: PassState, rule_name: str, query, key, value, mask, scale:
         scale = 1.0 / math.sqrt(d)
     m, mkind = convert_mask(mask)
     return CoreMatch(lio, query, k_new, v_new, v_src, m, mkind, float(scale), gqa_k, causal)
+
+
+def attribute_scale(attributes) -> float | None:
+    """A fused attention node's `scale` attribute; None when it has none (then 1/sqrt(head dim))."""
+    return attributes.get_float("scale", None) if "scale" in attributes else None
+
+
+class AttentionRule(pattern.RewriteRuleClassBase):
+    """One attention form: subclasses give `pattern` and a `check` that ends in `match_core`; `rewrite` emits the
+    dot4attn ops for the match it recorded."""
+
+    rule_name = "attention"
+
+    def __init__(self, state: PassState):
+        super().__init__(name=self.rule_name)
+        self.state = state
+        self._cm = None
+
+    def match_core(self, query, key, value, mask, scale: float | None) -> bool:
+        self._cm = check_core(self.state, self.rule_name, query, key, value, mask, scale)
+        return True
+
+    def rewrite(self, op, **_):
+        return emit(op, self.state, self.rule_name, self._cm)
 
 
 def emit(op, state: PassState, rule_name: str, cm: CoreMatch):

@@ -23,7 +23,8 @@ from onnx_ir.passes.common import RemoveUnusedNodesPass, RemoveUnusedOpsetsPass,
 from onnxscript.rewriter import pattern
 
 from . import _common, ms_mha, onnx_attention, unfused_dynamo, unfused_torchscript
-from ._common import DOMAIN, PAST_RE, LayerIO, PassState, RewriteOptions
+from ..model_io import EXTERNAL_DATA_THRESHOLD, FLOAT_PARTS, PAST_RE
+from ._common import DOMAIN, LayerIO, PassState, RewriteOptions
 
 RULE_MODULES = (unfused_dynamo, unfused_torchscript, onnx_attention, ms_mha)
 ATTENTION_OPS = {("", "Attention"), ("ai.onnx", "Attention"), ("com.microsoft", "MultiHeadAttention"),
@@ -93,7 +94,7 @@ def _layers(graph: ir.Graph) -> dict[int, dict[str, ir.Value]]:
     found: dict[int, dict[str, ir.Value]] = {}
     for v in graph.inputs:
         m = PAST_RE.match(v.name or "")
-        if m:
+        if m and m.group(2) in FLOAT_PARTS:
             found.setdefault(int(m.group(1)), {})[m.group(2)] = v
     return found
 
@@ -348,7 +349,7 @@ def _all_tensors(proto: onnx.ModelProto):
                 yield a.t
 
 
-def save_atomic(model: ir.Model, out: str | os.PathLike, external_threshold: int = 1_800_000_000,
+def save_atomic(model: ir.Model, out: str | os.PathLike, external_threshold: int = EXTERNAL_DATA_THRESHOLD,
                 check: bool = True) -> None:
     """Write to a temp folder next to OUT, run onnx.checker (full), then move into place."""
     out = Path(out).resolve()

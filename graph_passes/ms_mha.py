@@ -16,13 +16,8 @@ def _to_3d(op, x):
     return op.Reshape(op.Transpose(x, perm=[0, 2, 1, 3]), pattern.ANY_VALUE)
 
 
-class MsMultiHeadAttention(pattern.RewriteRuleClassBase):
+class MsMultiHeadAttention(_common.AttentionRule):
     rule_name = "ms_multihead_attention"
-
-    def __init__(self, state):
-        super().__init__(name=self.rule_name)
-        self.state = state
-        self._cm = None
 
     def pattern(self, op, query, key, value, mask):
         return op.MultiHeadAttention(_to_3d(op, query), _to_3d(op, key), _to_3d(op, value), None, None, mask,
@@ -39,12 +34,10 @@ class MsMultiHeadAttention(pattern.RewriteRuleClassBase):
         if query.shape is not None and len(query.shape) == 4 and isinstance(query.shape[1], int) \
                 and query.shape[1] != h:
             raise MatchFailureError(f"num_heads {h} != query heads {query.shape[1]}", node)
-        scale = a.get_float("scale", None) if "scale" in a else None
-        self._cm = _common.check_core(self.state, self.rule_name, query, key, value, mask, scale)
-        return True
+        return self.match_core(query, key, value, mask, _common.attribute_scale(a))
 
     def rewrite(self, op, **_):
-        out4 = _common.emit(op, self.state, self.rule_name, self._cm)
+        out4 = super().rewrite(op)
         t = op.Transpose(out4, perm=[0, 2, 1, 3])
         return op.Reshape(t, op.Constant(value=ir.tensor([0, 0, -1], dtype=ir.DataType.INT64)))
 

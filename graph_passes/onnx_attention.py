@@ -7,19 +7,13 @@ Dot4Attention's causal is bottom-right aligned: only is_causal=0 (with the model
 """
 from __future__ import annotations
 
-from onnxscript.rewriter import pattern
 from onnxscript.rewriter._basics import MatchFailureError
 
 from . import _common
 
 
-class OnnxAttention(pattern.RewriteRuleClassBase):
+class OnnxAttention(_common.AttentionRule):
     rule_name = "onnx_attention"
-
-    def __init__(self, state):
-        super().__init__(name=self.rule_name)
-        self.state = state
-        self._cm = None
 
     def pattern(self, op, query, key, value, mask):
         with_mask = op.Attention(query, key, value, mask, _allow_other_attributes=True, _outputs=["out"])
@@ -38,12 +32,7 @@ class OnnxAttention(pattern.RewriteRuleClassBase):
             raise MatchFailureError("3-D Attention inputs are not supported", node)
         if len(node.outputs) > 1 and any(o.uses() for o in node.outputs[1:]):
             raise MatchFailureError("Attention's present/qk outputs are used", node)
-        scale = a.get_float("scale", None) if "scale" in a else None
-        self._cm = _common.check_core(self.state, self.rule_name, query, key, value, mask, scale)
-        return True
-
-    def rewrite(self, op, **_):
-        return _common.emit(op, self.state, self.rule_name, self._cm)
+        return self.match_core(query, key, value, mask, _common.attribute_scale(a))
 
 
 class OnnxAttentionNoMask(OnnxAttention):

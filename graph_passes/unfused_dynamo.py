@@ -44,15 +44,10 @@ def softmax_pv(op, s, value, nan_fill):
     return op.MatMul(p, value)
 
 
-class UnfusedAttentionBase(pattern.RewriteRuleClassBase):
-    """Shared check/rewrite; subclasses give the pattern."""
+class UnfusedAttentionBase(_common.AttentionRule):
+    """Shared check; subclasses give the pattern."""
 
     rule_name = "unfused"
-
-    def __init__(self, state: _common.PassState):
-        super().__init__(name=self.rule_name)
-        self.state = state
-        self._cm = None
 
     def check(self, context, query, key, value, mask=None, **b):
         if b.get("nan_guard") and _common._value_of(b.get("nan_fill")) != 0:
@@ -60,11 +55,7 @@ class UnfusedAttentionBase(pattern.RewriteRuleClassBase):
         scale = (_common.scale_value(b, "query_scaling", "query_scale")
                  * _common.scale_value(b, "key_scaling", "key_scale")
                  * _common.scale_value(b, "qk_scaling", "qk_scale"))
-        self._cm = _common.check_core(self.state, self.rule_name, query, key, value, mask, scale)
-        return True
-
-    def rewrite(self, op, **_):
-        return _common.emit(op, self.state, self.rule_name, self._cm)
+        return self.match_core(query, key, value, mask, scale)
 
 
 class UnfusedDynamo(UnfusedAttentionBase):

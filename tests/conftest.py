@@ -19,10 +19,12 @@ import numpy as np
 import pytest
 from onnx import helper
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
 try:
     import dot4attn  # noqa: F401
 except ImportError:  # not pip-installed: use the repository's python/ folder (then DOT4ATTN_LIBRARY is needed)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+    sys.path.insert(0, str(REPO_ROOT / "python"))
     import dot4attn  # noqa: F401
 
 from onnxruntime.capi import onnxruntime_pybind11_state as _ort_state

@@ -1,4 +1,4 @@
-"""Exported-model cache for the graph-pass tests (imported by tests/test_passes*.py).
+"""Exported-model cache for the graph-pass tests (imported by tests/passes/test_passes*.py).
 
 Models are exported once per (arch, preset, exporter, seed, torch and transformers versions) under
 $DOT4ATTN_MODEL_CACHE (default ~/.cache/dot4attn/models) and reused by every later run; rewritten models go to a
@@ -14,12 +14,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "python"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+import dot4attn  # tests/conftest.py, loaded first, falls back to this checkout's python/ when not installed
 
-import dot4attn  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def have(mod: str) -> bool:
@@ -42,7 +39,7 @@ def optimum_python() -> str | None:
 
 def need_export(exporter: str) -> None:
     if not (have("torch") and have("transformers")):
-        pytest.skip("exports need torch and transformers (pip install .[passes])")
+        pytest.skip("exports need torch and transformers (pip install '.[models]')")
     if exporter == "optimum" and optimum_python() is None:
         pytest.skip("optimum export needs an interpreter with optimum-onnx (DOT4ATTN_OPTIMUM_PYTHON)")
     if exporter == "transformers" and not have("transformers.exporters"):

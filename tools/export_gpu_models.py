@@ -28,9 +28,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "python"):  # graph_passes/ and the dot4attn package of this checkout
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+if str(ROOT / "python") not in sys.path:  # the dot4attn package of this checkout (graph_passes/ as dot4attn.passes)
+    sys.path.insert(0, str(ROOT / "python"))
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
@@ -39,7 +38,7 @@ from onnx import external_data_helper, numpy_helper  # noqa: E402
 FORMAT = 1
 MIN_EXTERNAL = 4096  # bytes: smaller initializers (scales, shapes, RoPE frequencies) stay inline and exact
 ALIGN = 4096         # float32 offsets of the tensors in weights.bin
-PROMPT_LEN, STEPS = 32, 32  # as tests/test_passes.py
+PROMPT_LEN, STEPS = 32, 32  # as tests/passes/test_passes.py
 
 # (arch, exporter, v_format, split_k_min_keys, prompt_len). Both archs on the default exporter with every V format;
 # TorchScript (unfused_torchscript rule) and native-GQA opset 23 (onnx_attention rule) as the other forms. The

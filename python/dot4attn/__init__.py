@@ -11,9 +11,14 @@ import ctypes
 import os
 from pathlib import Path
 
-__version__ = "0.1.0"
+from ._source_tree import add_passes_finder as _add_passes_finder
+from ._source_tree import package_version as _package_version
+
+__version__ = _package_version("dot4attn")  # written once, in pyproject.toml (the library reports the same)
 DOMAIN = "dot4attn"
 _LIB_NAME = "libdot4attn_ops.so"
+
+_add_passes_finder(__name__)  # dot4attn.passes from a source checkout (the wheel installs it as a subpackage)
 
 
 def get_library_path() -> str:
@@ -43,3 +48,13 @@ def build_info() -> dict[str, str]:
     lib.dot4attn_build_info.restype = ctypes.c_char_p
     raw = lib.dot4attn_build_info().decode()
     return dict(kv.split("=", 1) for kv in raw.split(";"))
+
+
+def __getattr__(name: str):
+    # `from dot4attn import bench_cuda`: the CUDA bench's old module name, which tools/gpu_*.py still import;
+    # it is dot4attn.bench.cuda now.
+    if name == "bench_cuda":
+        import importlib
+
+        return importlib.import_module(f"{__name__}.bench.cuda")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -42,26 +42,24 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_arguments(p)
     p.set_defaults(func=bench.run_bench)
 
-    try:
-        from .cli_models import add_model_commands
-    except ImportError as e:  # the model commands need the [passes] extras (torch, transformers, onnxscript)
-        _missing = str(e)
+    from .cli_models import add_model_commands
 
-        def _need_extras(args) -> int:
-            print(f"dot4attn {args.command}: needs the model extras ({_missing}); "
-                  "install with `pip install .[passes]`", file=sys.stderr)
-            return 2
-
-        for name in ("export", "rewrite", "generate", "compare", "demo"):
-            sub.add_parser(name, help="(needs the model extras)").set_defaults(func=_need_extras)
-    else:
-        add_model_commands(sub)
+    add_model_commands(sub)  # their heavy imports happen when one runs: see main
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except ModuleNotFoundError as e:  # a package of an optional extra (torch, transformers, onnxscript, ...)
+        from .cli_models import missing_extra_message
+
+        message = missing_extra_message(args.command, e.name or "")
+        if message is None:
+            raise
+        print(message, file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,11 +1,31 @@
 """Model subcommands of the `dot4attn` CLI: export, rewrite, generate, compare, demo.
 
-The lead's cli.py calls `add_model_commands(subparsers)`. Heavy imports (torch, transformers, onnxscript) happen
-inside the commands, so `dot4attn --help` stays fast.
+cli.py calls `add_model_commands(subparsers)`. Heavy imports (torch, transformers, onnxscript) happen inside the
+commands, so `dot4attn --help` stays fast; when one of those packages is missing, cli.main prints
+`missing_extra_message` (which pip extra brings it) instead of a traceback.
 """
 from __future__ import annotations
 
 import sys
+
+# pyproject.toml's [project.optional-dependencies] by import name, smallest extra first (tests/cli/test_cli.py
+# checks them against pyproject.toml).
+EXTRAS = {"passes": ("onnxscript", "onnx_ir"), "models": ("onnxscript", "onnx_ir", "torch", "transformers")}
+# The extra a command is meant to run with: rewrite needs the passes; export and demo export models; generate needs
+# transformers for --tokenizer only.
+COMMAND_EXTRA = {"rewrite": "passes", "export": "models", "demo": "models", "generate": "models"}
+
+
+def missing_extra_message(command: str, module: str) -> str | None:
+    """What to install when `command` failed to import `module`; None when no extra of dot4attn provides it."""
+    top = module.partition(".")[0]
+    extras = [name for name, modules in EXTRAS.items() if top in modules]
+    if not extras:
+        return None
+    extra = COMMAND_EXTRA.get(command) if COMMAND_EXTRA.get(command) in extras else extras[0]
+    note = "; install torch first (e.g. its CPU build), then the extra" if "torch" in EXTRAS[extra] else ""
+    return (f"dot4attn {command}: needs {top}, which the [{extra}] extra installs: "
+            f"pip install 'dot4attn[{extra}]' (from a checkout: pip install '.[{extra}]'){note}")
 
 
 def _export_args(p) -> None:
@@ -28,6 +48,8 @@ def _export_run(args) -> int:
             out = export(args.hf_dir, args.out, args.exporter)
         else:
             out = export_recipe(args.arch, args.preset, args.exporter, args.out, args.seed)
+    except ModuleNotFoundError:
+        raise  # cli.main names the extra that brings it
     except Exception as e:
         print(f"dot4attn export: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
@@ -74,22 +96,15 @@ def _compare_run(args) -> int:
 def add_model_commands(subparsers) -> None:
     from . import demo, generate, rewrite
 
-    p = subparsers.add_parser("export", help="export a Qwen2/Qwen3 decoder with KV cache to ONNX")
-    _export_args(p)
-    p.set_defaults(func=_export_run)
-
-    p = subparsers.add_parser("rewrite", help="rewrite an exported decoder onto dot4attn ops (packed KV cache)")
-    rewrite.add_arguments(p)
-    p.set_defaults(func=rewrite.run)
-
-    p = subparsers.add_parser("generate", help="greedy generation with the (packed) KV cache fed back")
-    generate.add_arguments(p)
-    p.set_defaults(func=generate.run)
-
-    p = subparsers.add_parser("compare", help="prefill + teacher-forced decode on two models: top-1, KL, logits")
-    _compare_args(p)
-    p.set_defaults(func=_compare_run)
-
-    p = subparsers.add_parser("demo", help="export a tiny Qwen, rewrite it, generate, compare, memory and speed")
-    demo.add_arguments(p)
-    p.set_defaults(func=demo.run)
+    commands = [
+        ("export", "export a Qwen2/Qwen3 decoder with KV cache to ONNX", _export_args, _export_run),
+        ("rewrite", "rewrite an exported decoder onto dot4attn ops (packed KV cache)", rewrite.add_arguments,
+         rewrite.run),
+        ("generate", "greedy generation with the (packed) KV cache fed back", generate.add_arguments, generate.run),
+        ("compare", "prefill + teacher-forced decode on two models: top-1, KL, logits", _compare_args, _compare_run),
+        ("demo", "export a tiny Qwen, rewrite it, generate, compare, memory and speed", demo.add_arguments, demo.run),
+    ]
+    for name, help_text, add_arguments, run in commands:
+        p = subparsers.add_parser(name, help=help_text)
+        add_arguments(p)
+        p.set_defaults(func=run)

@@ -6,20 +6,20 @@
 """
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-PAST_RE = re.compile(r"^past_key_values\.(\d+)\.(\w+)$")
+from .model_io import PAST_RE
+
 _NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)": np.int8,
        "tensor(uint8)": np.uint8, "tensor(int64)": np.int64, "tensor(bool)": np.bool_, "tensor(int32)": np.int32}
 
 
-# Agreement bars of a rewritten model vs its original over compare()'s prompt + decode steps (tests/test_passes.py on
-# the CPU EP, tests/test_gpu_models.py on CUDA). q4_0 V is held to KL only: random weights give near-ties between the
-# top tokens, and 4-bit V error flips those.
+# Agreement bars of a rewritten model vs its original over compare()'s prompt + decode steps
+# (tests/passes/test_passes.py on the CPU EP, tests/test_gpu_models.py on CUDA). q4_0 V is held to KL only: random
+# weights give near-ties between the top tokens, and 4-bit V error flips those.
 MIN_TOP1 = 0.95
 MAX_MEAN_KL = {"float": 1e-3, "q8_0": 1e-3, "q4_0": 0.1}
 
@@ -153,6 +153,12 @@ def _metrics(la: np.ndarray, lb: np.ndarray):
     return agree, kl, np.abs(la.astype(np.float64) - lb).max()
 
 
+def _vocab(s: DecoderSession) -> int:
+    """The logits' last dim (the vocabulary), or 1000 when the model leaves it symbolic."""
+    vocab = s.sess.get_outputs()[0].shape[-1]
+    return vocab if isinstance(vocab, int) else 1000
+
+
 def compare(original: str, rewritten: str, prompt_len: int = 32, steps: int = 32, seed: int = 0,
             batch: int = 1, vocab: int | None = None, threads: int | None = None,
             a: DecoderSession | None = None, b: DecoderSession | None = None) -> Comparison:
@@ -160,9 +166,7 @@ def compare(original: str, rewritten: str, prompt_len: int = 32, steps: int = 32
     to both). Metrics over every prefill position and every decode step."""
     a = a or DecoderSession(original, threads=threads)
     b = b or DecoderSession(rewritten, threads=threads)
-    if vocab is None:
-        vocab = a.sess.get_outputs()[0].shape[-1]
-        vocab = vocab if isinstance(vocab, int) else 1000
+    vocab = vocab if vocab is not None else _vocab(a)
     rng = np.random.default_rng(seed)
     ids = rng.integers(3, vocab, size=(batch, prompt_len))
     mask = np.ones((batch, prompt_len), np.int64)
@@ -202,9 +206,7 @@ def padded_batch_vs_single(model: str, prompt_lens=(20, 32), steps: int = 4, see
     """Max |logit diff| between a left-padded batch (one row per prompt length) and each row run alone, over the
     real prompt positions and `steps` greedy decode steps."""
     s = sess or DecoderSession(model)
-    if vocab is None:
-        vocab = s.sess.get_outputs()[0].shape[-1]
-        vocab = vocab if isinstance(vocab, int) else 1000
+    vocab = vocab if vocab is not None else _vocab(s)
     rng = np.random.default_rng(seed)
     L = max(prompt_lens)
     prompts = [rng.integers(3, vocab, size=n) for n in prompt_lens]

@@ -28,7 +28,7 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from graph_passes import RewriteError
+    from .passes import RewriteError
 
     from .compare import DecoderSession, compare
     from .export import cached_export, model_cache_dir
@@ -43,6 +43,8 @@ def run(args) -> int:
     t = time.perf_counter()
     try:
         src = cached_export(args.arch, args.preset, args.exporter)
+    except ModuleNotFoundError:
+        raise  # cli.main names the extra that brings it
     except Exception as e:
         con.print(f"[red]export failed: {e}")
         return 1

@@ -28,6 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .model_io import EXTERNAL_DATA_THRESHOLD
+
 EXPORTERS = ("dynamo", "dynamo23", "dynamo23gqa", "torchscript", "optimum", "transformers", "dynamo_ort")
 
 
@@ -257,7 +259,7 @@ def _finalize(src: Path, out: Path) -> None:
     m = onnx.load(str(src), load_external_data=True)
     size = sum(t.ByteSize() for t in m.graph.initializer)
     final_tmp = out.with_name(out.name + ".partial")
-    if size > 1_800_000_000:
+    if size > EXTERNAL_DATA_THRESHOLD:
         data = out.name + ".data"
         onnx.save(m, str(final_tmp), save_as_external_data=True, all_tensors_to_one_file=True, location=data)
     else:

@@ -1,4 +1,5 @@
-"""Builders of one-op ONNX models for the dot4attn ops (tests, benchmarks, examples), and a session helper."""
+"""Builders of one-op ONNX models for the dot4attn ops and ORT's GroupQueryAttention baseline (tests, benchmarks,
+examples), and a session helper."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -69,6 +70,39 @@ def attention_model(dtype=np.float32, v_format: str = "float", mask_dtype=None, 
         attrs["split_k_min_keys"] = int(split_k_min_keys)
     node = helper.make_node("Dot4Attention", names, ["output"], domain=DOMAIN, **attrs)
     return _model([node], inputs, [_vi("output", dtype, 4, "o")])
+
+
+def gqa_model(hq: int, hkv: int, dtype, int8_cache: bool = False) -> onnx.ModelProto:
+    """One com.microsoft.GroupQueryAttention node (no rotary) with a BNSH KV cache of dtype `dtype` (the bench's
+    baseline): query/key/value [B, S, H*D], past_/present_key/value [B, Hkv, S, D], seqlens_k, total_sequence_length.
+
+    int8_cache: the cache is int8 with one float32 scale for K and V (`k_quant_type = v_quant_type =
+    "PER_TENSOR"`, `kv_cache_bit_width = 8`, input `kv_scale` fed to both k_scale and v_scale: ORT's XQA decode
+    kernel wants them to be one tensor). CUDA EP only (onnxruntime >= 1.23)."""
+    t = onnx_dtype(np.float32 if np.dtype(dtype) == np.float32 else np.float16)
+    tc = TensorProto.INT8 if int8_cache else t
+    inputs = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length"]
+    attrs = dict(num_heads=hq, kv_num_heads=hkv)
+    if int8_cache:
+        inputs += ["", "", "", "", "", "kv_scale", "kv_scale"]  # cos, sin, position_ids, bias, head_sink
+        attrs.update(k_quant_type="PER_TENSOR", v_quant_type="PER_TENSOR", kv_cache_bit_width=8)
+    node = helper.make_node("GroupQueryAttention", inputs, ["output", "present_key", "present_value"],
+                            domain="com.microsoft", **attrs)
+
+    def vi(name, tt, rank):
+        return helper.make_tensor_value_info(name, tt, [f"{name}_{i}" for i in range(rank)])
+
+    graph_inputs = [vi("query", t, 3), vi("key", t, 3), vi("value", t, 3), vi("past_key", tc, 4),
+                    vi("past_value", tc, 4), vi("seqlens_k", TensorProto.INT32, 1),
+                    helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, [])]
+    if int8_cache:
+        graph_inputs.append(helper.make_tensor_value_info("kv_scale", TensorProto.FLOAT, [1]))
+    graph = helper.make_graph([node], "gqa", graph_inputs,
+                              [vi("output", t, 3), vi("present_key", tc, 4), vi("present_value", tc, 4)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 9
+    return model
 
 
 def session(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutionProvider",), threads: int = 0):

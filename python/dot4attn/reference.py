@@ -97,24 +97,28 @@ def dot4_logits(query: np.ndarray, k_payload: np.ndarray, k_scales: np.ndarray, 
     return (out * scale).reshape(B, Hq, Sq, Sk)
 
 
+def _masked(logits: np.ndarray, attn_mask, causal) -> np.ndarray:
+    """logits [B, Hq, Sq, Sk] with -inf at the keys a query may not see: past the causal limit (bottom-right
+    aligned) and where a bool mask is False; a float mask is added instead."""
+    Sq, Sk = logits.shape[-2:]
+    visible = np.ones(logits.shape, bool)
+    if causal:
+        visible &= np.arange(Sk)[None, :] <= Sk - Sq + np.arange(Sq)[:, None]
+    if attn_mask is not None:
+        if attn_mask.dtype == np.bool_:
+            visible &= np.broadcast_to(attn_mask, visible.shape)
+        else:
+            logits = logits + np.broadcast_to(attn_mask.astype(np.float32), logits.shape)
+    return np.where(visible, logits, -np.inf)
+
+
 def attention(query, k_payload, k_scales, value, v_scales=None, attn_mask=None, *, scale=None, causal=1,
               v_format="float"):
     """Dot4Attention's output (dtype of query) for the given packed K and V."""
     B, Hq, Sq, D = query.shape
     Hkv, Sk = k_payload.shape[1], k_payload.shape[2]
     g = Hq // Hkv if Hkv else 1
-    logits = dot4_logits(query, k_payload, k_scales, scale)
-    visible = np.ones((B, Hq, Sq, Sk), bool)
-    if causal:
-        i = np.arange(Sq)[:, None]
-        j = np.arange(Sk)[None, :]
-        visible &= j <= Sk - Sq + i
-    if attn_mask is not None:
-        if attn_mask.dtype == np.bool_:
-            visible &= np.broadcast_to(attn_mask, visible.shape)
-        else:
-            logits = logits + np.broadcast_to(attn_mask.astype(np.float32), logits.shape)
-    logits = np.where(visible, logits, -np.inf)
+    logits = _masked(dot4_logits(query, k_payload, k_scales, scale), attn_mask, causal)
     if v_format == "float":
         vf = value.astype(np.float32)
     else:
@@ -133,21 +137,11 @@ def attention(query, k_payload, k_scales, value, v_scales=None, attn_mask=None, 
 def float_attention(q, k, v, attn_mask=None, *, scale=None, causal=1):
     """Plain float32 attention (the quality baseline), GQA by repetition."""
     B, Hq, Sq, D = q.shape
-    Hkv, Sk = k.shape[1], k.shape[2]
-    g = Hq // Hkv
+    g = Hq // k.shape[1]
     scale = 1.0 / np.sqrt(D) if scale is None else scale
     kf = np.repeat(k.astype(np.float32), g, axis=1)
     vf = np.repeat(v.astype(np.float32), g, axis=1)
-    logits = (q.astype(np.float32) @ np.swapaxes(kf, -1, -2)) * np.float32(scale)
-    visible = np.ones(logits.shape, bool)
-    if causal:
-        visible &= np.arange(Sk)[None, :] <= Sk - Sq + np.arange(Sq)[:, None]
-    if attn_mask is not None:
-        if attn_mask.dtype == np.bool_:
-            visible &= np.broadcast_to(attn_mask, visible.shape)
-        else:
-            logits = logits + attn_mask.astype(np.float32)
-    logits = np.where(visible, logits, -np.inf)
+    logits = _masked((q.astype(np.float32) @ np.swapaxes(kf, -1, -2)) * np.float32(scale), attn_mask, causal)
     m = logits.max(axis=-1, keepdims=True)
     dead = ~np.isfinite(m)
     p = np.where(dead, 0, np.exp(logits - np.where(dead, 0, m)))

@@ -1,4 +1,4 @@
-"""`dot4attn rewrite IN OUT`: the user-facing entry of the graph passes (graph_passes.driver)."""
+"""`dot4attn rewrite IN OUT`: the user-facing entry of the graph passes (dot4attn.passes.driver)."""
 from __future__ import annotations
 
 import sys
@@ -7,7 +7,7 @@ import sys
 def rewrite(src: str, dst: str, v_format: str = "float", route: str = "auto", split_k_min_keys: int = 2048,
             allow_partial: bool = False):
     """Rewrite the ONNX decoder `src` onto dot4attn ops; writes `dst` atomically; returns the RewriteReport."""
-    from graph_passes import RewriteOptions, rewrite_file
+    from .passes import RewriteOptions, rewrite_file
 
     opts = RewriteOptions(v_format=v_format, route=route, split_k_min_keys=split_k_min_keys)
     return rewrite_file(src, dst, opts, allow_partial=allow_partial)
@@ -29,7 +29,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from graph_passes import RewriteError
+    from .passes import RewriteError
 
     if args.split_k_min_keys < 1:
         print("dot4attn rewrite: --split-k-min-keys must be >= 1", file=sys.stderr)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 import dot4attn
-from conftest import library_path
+from conftest import REPO_ROOT, library_path
 
-REPO_PYTHON = Path(__file__).resolve().parents[1] / "python"
+REPO_PYTHON = REPO_ROOT / "python"
 
 # Runs in any interpreter that has onnxruntime, numpy and onnx; prints one JSON line. It checks a PackK + PackV +
 # Dot4Attention graph end to end and single Dot4Attention nodes on every forced route, against the reference.

@@ -12,8 +12,8 @@ from onnx import TensorProto, helper
 
 from conftest_models import exported, need_ops
 
-from graph_passes import RewriteError, RewriteOptions, rewrite_file  # noqa: E402
-from graph_passes import driver  # noqa: E402
+from dot4attn.passes import RewriteError, RewriteOptions, rewrite_file  # noqa: E402
+from dot4attn.passes import driver  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 
 from conftest_models import exported, need_ops
 
-from graph_passes import RewriteOptions, rewrite_file  # noqa: E402
+from dot4attn.passes import RewriteOptions, rewrite_file  # noqa: E402
 
 EXPECTED_RULE = {"dynamo": "unfused_dynamo", "dynamo23": "onnx_attention", "dynamo23gqa": "onnx_attention",
                  "torchscript": "unfused_torchscript", "optimum": "unfused_torchscript",
