@@ -180,3 +180,29 @@ def expect_error(fn, *patterns: str, cls=ORT_ERRORS):
     for pat in patterns:
         assert re.search(pat, msg), f"pattern {pat!r} not found in the error message:\n{msg}"
     return msg
+
+
+# ---- GPU kernel tests (tests/gpu) ----------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def torch_cuda_unavailable() -> str | None:
+    if dot4attn.build_info().get("gpu") != "cuda":
+        return "libdot4attn_ops was built without CUDA kernels"
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    return None
+
+
+@pytest.fixture
+def torch_cuda():
+    """torch, when it has a CUDA device and the library CUDA kernels; else the test skips and says why."""
+    reason = torch_cuda_unavailable()
+    if reason:
+        pytest.skip(reason)
+    import torch
+
+    return torch

@@ -2,12 +2,13 @@
 // python/dot4attn/gpu_entry.py declares the same argument block). They bypass ONNX Runtime: device pointers and a
 // stream the caller owns, so kernel time can be measured with CUDA events, and plan overrides (launch_plan.h) can
 // force any kernel configuration. Both return 0 on success, 1 on error with the message in err (up to err_len bytes).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
 
 #include "attention/attention_backends.h"
-#include "common/errors.h"
+#include "common/fail.h"
 #include "common/formats.h"
 #include "gpu/attention_gpu_internal.h"
 
@@ -117,7 +118,7 @@ extern "C" __attribute__((visibility("default"))) int dot4attn_gpu_attention(con
   return guarded(err, err_len, [&] {
     const AttentionParams p = params_of(*c);
     const gpu::GpuPlan plan = attention_gpu_plan(p, gpu::parse_plan_overrides(c->overrides));
-    copy_out(gpu::plan_json(plan), plan_json, plan_len);
+    if (plan_json) copy_out(gpu::plan_json(plan), plan_json, plan_len);  // not on timed calls: host time
     attention_gpu(p, plan, c->scratch, c->stream);
   });
 }

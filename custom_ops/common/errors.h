@@ -10,19 +10,9 @@
 
 #include <onnxruntime_c_api.h>
 
+#include "common/fail.h"
+
 namespace dot4attn {
-
-struct OpError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-template <typename... Args>
-[[noreturn]] void fail(const char* op, Args&&... parts) {
-  std::ostringstream s;
-  s << op << ": ";
-  (s << ... << parts);
-  throw OpError(s.str());
-}
 
 inline std::string shape_str(const std::vector<int64_t>& shape) {
   std::string s = "[";

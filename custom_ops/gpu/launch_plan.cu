@@ -1,10 +1,14 @@
 // The GPU planner (launch_plan.h): one pure function per route maps a call and the device's facts to the kernel and
 // its configuration. Nothing here touches the GPU; the route files execute what it decides.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
-#include "common/errors.h"
+#include "common/fail.h"
 #include "gpu/attention_tile.cuh"
 #include "gpu/decode_kernel.cuh"
 #include "gpu/decode_mma.cuh"

@@ -48,13 +48,3 @@ def build_info() -> dict[str, str]:
     lib.dot4attn_build_info.restype = ctypes.c_char_p
     raw = lib.dot4attn_build_info().decode()
     return dict(kv.split("=", 1) for kv in raw.split(";"))
-
-
-def __getattr__(name: str):
-    # `from dot4attn import bench_cuda`: the CUDA bench's old module name, which tools/gpu_*.py still import;
-    # it is dot4attn.bench.cuda now.
-    if name == "bench_cuda":
-        import importlib
-
-        return importlib.import_module(f"{__name__}.bench.cuda")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -30,11 +30,55 @@ def _cmd_info(args) -> int:
     return 0
 
 
+def _cmd_plan(args) -> int:
+    """`dot4attn info --plan B,Hq,Hkv,Sq,Sk,D[,v_format]`: the GPU launch plan of one call."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from . import native
+
+    try:
+        fields = args.plan.split(",")
+        B, Hq, Hkv, Sq, Sk, D = (int(x) for x in fields[:6])
+        v_format = fields[6] if len(fields) > 6 else "q8_0"
+        if len(fields) not in (6, 7) or v_format not in native.V_FORMATS:
+            raise ValueError
+    except ValueError:
+        print(f"dot4attn info --plan: expected B,Hq,Hkv,Sq,Sk,D[,float|q8_0|q4_0], got '{args.plan}'", file=sys.stderr)
+        return 2
+    if not native.has_gpu_entries():
+        print("dot4attn info --plan: this build of the op library has no GPU kernels", file=sys.stderr)
+        return 2
+    call = native.make_call(B, Hq, Hkv, Sq, Sk, D, half=args.dtype == "float16", v_format=v_format,
+                            causal=not args.no_causal, route=args.route, overrides=args.overrides)
+    try:
+        plan = native.gpu_plan(call, args.gpu)
+    except native.NativeError as e:
+        print(f"dot4attn info --plan: {e}", file=sys.stderr)
+        return 2
+    where = args.gpu or "this machine's GPU"
+    table = Table(title=f"launch plan: B={B} Hq={Hq} Hkv={Hkv} Sq={Sq} Sk={Sk} D={D} {args.dtype} V={v_format} "
+                        f"on {where}", show_header=False)
+    for key, value in plan.items():
+        table.add_row(key, str(value) if value != "" else "-")
+    Console().print(table)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dot4attn", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("info", help="library path and version, ONNX Runtime version and EPs, CPU ISA")
-    p.set_defaults(func=_cmd_info)
+    p = sub.add_parser("info", help="library path and version, ONNX Runtime version and EPs, CPU ISA; "
+                                    "--plan: the GPU launch plan of a call")
+    p.add_argument("--plan", metavar="B,Hq,Hkv,Sq,Sk,D[,V]", help="print the GPU launch plan of this call "
+                   "(V: float, q8_0 or q4_0; default q8_0) instead of the library facts")
+    p.add_argument("--gpu", metavar="FACTS", help="plan for a described GPU instead of this machine's, e.g. "
+                   "sm=90a,sms=132,smem=232448 (no GPU needed)")
+    p.add_argument("--dtype", choices=["float16", "float32"], default="float16", help="query / output dtype")
+    p.add_argument("--route", choices=["auto", "prefill", "decode", "split_k"], default="auto")
+    p.add_argument("--no-causal", action="store_true", help="plan a call without causal masking")
+    p.add_argument("--overrides", default="", help="plan overrides, e.g. kernel=simt,warps=4 (docs/gpu.md)")
+    p.set_defaults(func=lambda a: _cmd_plan(a) if a.plan else _cmd_info(a))
 
     from . import bench
 

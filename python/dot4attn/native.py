@@ -95,12 +95,13 @@ def gpu_plan(call: GpuCall, device: str | None = None) -> dict:
     return json.loads(plan.value.decode())
 
 
-def gpu_attention(call: GpuCall) -> dict:
-    """Plans `call` on the current GPU and enqueues it on call.stream; returns the plan that ran."""
-    plan = ctypes.create_string_buffer(_PLAN_LEN)
+def gpu_attention(call: GpuCall, return_plan: bool = False) -> dict | None:
+    """Plans `call` on the current GPU and enqueues it on call.stream; with return_plan, returns the plan that ran
+    (formatting it costs host time, so timed calls leave it off)."""
+    plan = ctypes.create_string_buffer(_PLAN_LEN) if return_plan else None
     err = ctypes.create_string_buffer(_ERR_LEN)
-    _check(_lib().dot4attn_gpu_attention(ctypes.byref(call), plan, _PLAN_LEN, err, _ERR_LEN), err)
-    return json.loads(plan.value.decode())
+    _check(_lib().dot4attn_gpu_attention(ctypes.byref(call), plan, _PLAN_LEN if plan else 0, err, _ERR_LEN), err)
+    return json.loads(plan.value.decode()) if plan else None
 
 
 class TorchAttention:
@@ -108,8 +109,8 @@ class TorchAttention:
     torch's current stream when called. q: [B, Hq, Sq, D] f16/f32; kp/ks: packed K; v/vs: V as the format says."""
 
     def __init__(self, q, kp, ks, v, vs, out, *, v_format: str, causal: bool = True, route: str = "auto",
-                 overrides: str = "", scale: float = 0.0, mask=None, mask_kind: str | None = None, mask_strides=(0, 0, 0, 0),
-                 split_k_min_keys: int = 2048):
+                 overrides: str = "", scale: float = 0.0, mask=None, mask_kind: str | None = None,
+                 mask_strides=(0, 0, 0, 0), split_k_min_keys: int = 2048):
         import torch
 
         self.torch = torch
@@ -127,6 +128,11 @@ class TorchAttention:
         self.scratch = torch.empty(n, dtype=torch.uint8, device=q.device) if n else None
         self.call.scratch = ptr(self.scratch)
 
-    def __call__(self) -> dict:
+    @property
+    def out(self):
+        return self.tensors[-1]
+
+    def __call__(self, return_plan: bool = False) -> dict | None:
+        """Runs on torch's current stream; with return_plan, returns the plan that ran."""
         self.call.stream = self.torch.cuda.current_stream().cuda_stream
-        return gpu_attention(self.call)
+        return gpu_attention(self.call, return_plan)

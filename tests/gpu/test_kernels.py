@@ -15,7 +15,7 @@ from conftest import check_nmse
 from dot4attn import native
 from dot4attn import reference as R
 
-from gpu_support import mask_strides, to_device, torch_cuda  # noqa: F401 (torch_cuda: a fixture)
+from gpu_support import mask_strides, to_device
 
 pytestmark = pytest.mark.gpu
 
@@ -45,7 +45,7 @@ def _run(torch, name: str, route: str, overrides: str):
     call = native.TorchAttention(*t[:5], out, v_format=c.v_format, causal=bool(c.causal), route=route,
                                  overrides=overrides, scale=c.scale or 0.0, mask=t[5], mask_kind=mk,
                                  mask_strides=mask_strides(mask, (c.B, c.Hq, c.Sq, c.Sk)))
-    plan = call()
+    plan = call(return_plan=True)
     torch.cuda.synchronize()
     o = out.cpu().numpy()
     what = f"{c} route={route} plan={plan}"

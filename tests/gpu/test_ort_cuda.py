@@ -9,8 +9,6 @@ run on the CPU fails the test instead of passing it. The case table is tests/att
 from __future__ import annotations
 
 import functools
-import os
-import zlib
 
 import numpy as np
 import pytest

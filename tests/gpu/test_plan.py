@@ -154,3 +154,28 @@ def test_bad_calls(shape, kw, message):
 def test_bad_device_facts(device, message):
     with pytest.raises(native.NativeError, match=message):
         plan(1, 8, 2, 1, 1024, 128, device=device)
+
+
+def test_info_plan_prints_the_plan(capsys):
+    from dot4attn.cli import main
+
+    assert main(["info", "--plan", "1,32,8,1,131072,128,q4_0", "--gpu", H200]) == 0
+    out = capsys.readouterr().out
+    for word in ("split_k", "decode_mma", "tma", "33"):
+        assert word in out, out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--plan", "1,32,8,1,131072"], "expected B,Hq,Hkv,Sq,Sk,D[,float|q8_0|q4_0], got '1,32,8,1,131072'"),
+    (["--plan", "1,32,8,1,1024,128,q5", "--gpu", H200], "got '1,32,8,1,1024,128,q5'"),
+    (["--plan", "1,32,8,1,1024,128", "--gpu", "sm=90a"], "sms .* and smem are required"),
+    (["--plan", "1,32,8,1,1024,128", "--gpu", H200, "--overrides", "kernel=mma", "--dtype", "float32"],
+     "kernel=mma cannot run this call"),
+])
+def test_info_plan_bad_input(capsys, argv, message):
+    import re
+
+    from dot4attn.cli import main
+
+    assert main(["info", *argv]) == 2
+    assert re.search(message, capsys.readouterr().err)

@@ -2,8 +2,8 @@
 GroupQueryAttention on the CUDA execution provider, in one process.
 
 * Kernel time by CUDA events on one stream, L2 flushed (a 256 MiB write) before every timed call, median of the
-  repeats. Dot4Attention is called through the library's `dot4attn_gpu_attention` C entry point (device pointers,
-  torch's current stream), so the time is the kernels' alone; ORT's session time for the same op (io_binding on
+  repeats. Dot4Attention is called through the library's C entry point (dot4attn.native.TorchAttention: device
+  pointers, torch's current stream), so the time is the kernels' alone, and each row records the launch plan; ORT's session time for the same op (io_binding on
   device buffers, wall clock per run) is reported separately for decode.
 * Candidates: d4a_f16 / d4a_q8_0 / d4a_q4_0 (query f16, packed int8 K, V float16 / q8_0 / q4_0);
   sdpa_flash, sdpa_cudnn (torch.nn.functional.scaled_dot_product_attention, f16, GQA through enable_gqa);
@@ -19,37 +19,23 @@ GroupQueryAttention on the CUDA execution provider, in one process.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from .. import native
 from . import report
 
 HEADS = [(32, 8, 128), (24, 4, 256)]
 DECODE_SK = [512, 4096, 16384, 65536, 131072]
 PREFILL_SK = [2048, 8192, 32768]
-ROUTES = {"auto": 0, "prefill": 1, "decode": 2, "split_k": 3}
-VFMT = {"float": 0, "q8_0": 1, "q4_0": 2}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """CUDA-only options (the shared ones come from dot4attn.bench.add_arguments)."""
     parser.add_argument("--cuda-repeats", type=int, default=20, help="timed calls per candidate (CUDA bench)")
-
-
-def _lib():
-    import dot4attn
-
-    lib = ctypes.CDLL(dot4attn.get_library_path())
-    f = lib.dot4attn_gpu_attention
-    i64, i32, vp = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
-    f.argtypes = [i64, i64, i64, i64, i64, i32, i32, i32, i32, i32, ctypes.c_float, i64, vp, vp, vp, vp, vp, vp,
-                  vp, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(i64), vp, ctypes.c_char_p, ctypes.c_size_t]
-    f.restype = i32
-    return f
 
 
 class _Timer:
@@ -93,34 +79,6 @@ def _pack(torch, x, fmt):
         return (u[..., 0::2] | (u[..., 1::2] << 4)).contiguous(), s.contiguous()
     q, s = _quantize(torch, x, 127.0)
     return q.clamp(-127, 127).to(torch.int8).reshape(*x.shape).contiguous(), s.contiguous()
-
-
-class _D4A:
-    def __init__(self, torch, f, q, kp, ks, v, vs, fmt, causal, route="auto"):
-        self.torch, self.f = torch, f
-        B, Hq, Sq, D = q.shape
-        Hkv, Sk = kp.shape[1], kp.shape[2]
-        self.args = (B, Hq, Hkv, Sq, Sk, D, 1, VFMT[fmt], int(causal), ROUTES[route], 0.0, 2048)
-        self.t = (q, kp, ks, v, vs)
-        self.out = torch.empty_like(q)
-        self.err = ctypes.create_string_buffer(512)
-        nbytes, nsp = ctypes.c_size_t(0), ctypes.c_int64(0)
-        self._call(None, nbytes, nsp)
-        self.n_splits = int(nsp.value)
-        self.scratch = torch.empty(max(1, nbytes.value), dtype=torch.uint8, device="cuda") if nbytes.value else None
-
-    def _call(self, scratch, nbytes=None, nsp=None):
-        q, kp, ks, v, vs = self.t
-        stream = self.torch.cuda.current_stream().cuda_stream
-        rc = self.f(*self.args, q.data_ptr(), kp.data_ptr(), ks.data_ptr(), v.data_ptr(),
-                    vs.data_ptr() if vs is not None else None, self.out.data_ptr(), scratch,
-                    ctypes.byref(nbytes) if nbytes is not None else None,
-                    ctypes.byref(nsp) if nsp is not None else None, stream, self.err, 512)
-        if rc:
-            raise RuntimeError(self.err.value.decode())
-
-    def __call__(self):
-        self._call(self.scratch.data_ptr() if self.scratch is not None else None)
 
 
 def _sdpa(torch, backend, q, k, v, causal):
@@ -255,7 +213,6 @@ class _Run:
         self.B = int(getattr(args, "batch", 1) or 1)
         self.repeats = int(getattr(args, "cuda_repeats", 0) or getattr(args, "repeats", 0) or 20)
         torch.manual_seed(int(getattr(args, "seed", 0) or 0))
-        self.f = _lib()
         self.timer = _Timer(torch, self.repeats)
         self.dev = torch.cuda.get_device_name()
         self.bw = _read_bandwidth(torch)
@@ -381,14 +338,15 @@ def _kv_bytes(kp, ks, vp, vs) -> int:
 
 def _time_d4a(run, case, q, kp, ks, vp, vs, fmt, ref, flops=None):
     """Dot4Attention through the C entry point; decode rows carry KV bytes and splits, prefill rows FLOP/s."""
-    r = _D4A(run.torch, run.f, q, kp, ks, vp, vs, fmt, True)
+    r = native.TorchAttention(q, kp, ks, vp, vs, run.torch.empty_like(q), v_format=fmt)
     r()
     name = {"float": "d4a_f16", "q8_0": "d4a_q8_0", "q4_0": "d4a_q4_0"}[fmt]
     nmse = _nmse(r.out.float(), ref) if ref is not None else None
+    extra = {"nmse": nmse, "plan": r.plan}
     if flops is None:
-        run.record(case, name, run.timer(r), _kv_bytes(kp, ks, vp, vs), extra={"n_splits": r.n_splits, "nmse": nmse})
+        run.record(case, name, run.timer(r), _kv_bytes(kp, ks, vp, vs), extra={"n_splits": r.plan["n_splits"], **extra})
     else:
-        run.record(case, name, run.timer(r), flops=flops, extra={"nmse": nmse})
+        run.record(case, name, run.timer(r), flops=flops, extra=extra)
     return r
 
 
