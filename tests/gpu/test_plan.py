@@ -3,6 +3,8 @@ kernels (the planner lives there). Pins the plans the H200 measurements were mad
 devices and dtypes, split_k's scratch sizing, and the errors for overrides that cannot be honoured."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from dot4attn import native
@@ -166,15 +168,13 @@ def test_info_plan_prints_the_plan(capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--plan", "1,32,8,1,131072"], "expected B,Hq,Hkv,Sq,Sk,D[,float|q8_0|q4_0], got '1,32,8,1,131072'"),
+    (["--plan", "1,32,8,1,131072"], re.escape("expected B,Hq,Hkv,Sq,Sk,D[,float|q8_0|q4_0], got '1,32,8,1,131072'")),
     (["--plan", "1,32,8,1,1024,128,q5", "--gpu", H200], "got '1,32,8,1,1024,128,q5'"),
     (["--plan", "1,32,8,1,1024,128", "--gpu", "sm=90a"], "sms .* and smem are required"),
     (["--plan", "1,32,8,1,1024,128", "--gpu", H200, "--overrides", "kernel=mma", "--dtype", "float32"],
      "kernel=mma cannot run this call"),
 ])
 def test_info_plan_bad_input(capsys, argv, message):
-    import re
-
     from dot4attn.cli import main
 
     assert main(["info", *argv]) == 2
