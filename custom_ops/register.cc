@@ -66,7 +66,13 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
 // Build facts for `dot4attn info` (read through ctypes): version, API version in use, CPU ISA, GPU backends.
 extern "C" __attribute__((visibility("default"))) const char* dot4attn_build_info() {
   static std::string s;
-  s = std::string("version=") + DOT4ATTN_VERSION + ";cpu_isa=" + cpu_isa_name(cpu_isa()) +
+  std::string isa;
+  try {
+    isa = cpu_isa_name(cpu_isa());
+  } catch (const std::exception&) {  // a bad DOT4ATTN_CPU_ISA: reported by every run, not here (no throw across C)
+    isa = "invalid DOT4ATTN_CPU_ISA";
+  }
+  s = std::string("version=") + DOT4ATTN_VERSION + ";cpu_isa=" + isa +
       ";cpu_isas=" + cpu_isas_supported() + ";gpu=" +
 #if defined(DOT4ATTN_WITH_CUDA)
       "cuda"

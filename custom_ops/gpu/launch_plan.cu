@@ -31,6 +31,12 @@ int vkind(const AttentionParams& p) {
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// A planner step that does not take the call: records why, for the plan's fallback reason.
+bool refuse(std::string& why, std::string reason) {
+  why = std::move(reason);
+  return false;
+}
+
 // The keys one block walks: a split, or every key.
 int64_t block_keys(const GpuPlan& pl, const AttentionParams& p) {
   return pl.split_len > 0 && pl.split_len < p.Sk ? pl.split_len : p.Sk;
@@ -98,7 +104,7 @@ GpuPlan plan_tile(GpuPlan pl, const AttentionParams& p, const DeviceFacts& dev, 
 bool plan_decode_simt(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov,
                       std::string& why) {
   const int ws = dev.warp_size;
-  if (ws != 32 && ws != 64) return why = "SIMT decode: warp size " + std::to_string(ws), false;
+  if (ws != 32 && ws != 64) return refuse(why, "SIMT decode: warp size " + std::to_string(ws));
   const int64_t rows = p.group() * p.Sq;
   const int rb = rows == 1 ? 1 : rows <= 4 ? 4 : 8;
   const bool split = pl.route == Route::kSplitK;
@@ -107,7 +113,7 @@ bool plan_decode_simt(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& 
   auto bytes = [&](int w, int st) { return DecodeLayout(pl.vk, p.D, rb, ws, w, st).total; };
   int nw = 0, nst = 0;
   if (!pick_warps_stages(want, 2, ov.stages, dev.max_smem, bytes, nw, nst))
-    return why = "SIMT decode: no block fits the shared memory", false;
+    return refuse(why, "SIMT decode: no block fits the shared memory");
   pl.kernel = KernelKind::kDecodeSimt;
   pl.rows_per_block = rb;
   pl.n_chunks = cdiv(rows, rb);
@@ -207,17 +213,17 @@ bool plan_decode_mma(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& d
 #if defined(D4A_HAS_DECODE_MMA)
   // Scale rows move as one 2 NB-byte cp.async per key; Q rows are read as vectors of up to 16 bytes per lane.
   const uintptr_t sal = uintptr_t(p.D / 32 * 2);
-  if (dev.hip || dev.cc_major < 8) return why = "tensor-core decode: needs CUDA sm_80+", false;
-  if (!p.half) return why = "tensor-core decode: float32 T keeps the SIMT kernel's float32 P.V", false;
-  if (p.D != 64 && p.D != 128 && p.D != 256) return why = "tensor-core decode: D is not 64, 128 or 256", false;
+  if (dev.hip || dev.cc_major < 8) return refuse(why, "tensor-core decode: needs CUDA sm_80+");
+  if (!p.half) return refuse(why, "tensor-core decode: float32 T keeps the SIMT kernel's float32 P.V");
+  if (p.D != 64 && p.D != 128 && p.D != 256) return refuse(why, "tensor-core decode: D is not 64, 128 or 256");
   if (!aligned(p.k_scales, sal) || !aligned(p.v_scales, sal) || !aligned(p.q, 16))
-    return why = "tensor-core decode: scale rows or the query not aligned", false;
+    return refuse(why, "tensor-core decode: scale rows or the query not aligned");
   pl.rows_per_block = dmma::kRB;
   pl.n_chunks = cdiv(p.group() * p.Sq, dmma::kRB);
   const bool ok = pl.vk == kVF16 ? plan_mma_vk<kVF16>(pl, p, dev, ov)
                 : pl.vk == kVQ8  ? plan_mma_vk<kVQ8>(pl, p, dev, ov)
                                  : plan_mma_vk<kVQ4>(pl, p, dev, ov);
-  if (!ok) return why = "tensor-core decode: no block fits the shared memory", false;
+  if (!ok) return refuse(why, "tensor-core decode: no block fits the shared memory");
   set_blocks(pl, p);
   return true;
 #else
@@ -229,9 +235,11 @@ bool plan_decode_mma(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& d
 
 // Decode and split_k stage 1: the tensor-core kernel, else the SIMT kernel, else the tile kernel.
 GpuPlan plan_decode(GpuPlan pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
-  const int forced = ov.kernel;
-  if (forced == int(KernelKind::kPrefillMma)) fail(kOp, "override kernel=mma means the decode tensor-core kernel here");
-  if (forced == int(KernelKind::kTile)) return pl.fallback = "forced", plan_tile(pl, p, dev, ov);
+  const int forced = ov.kernel;  // "mma" parses as kDecodeMma: the route's tensor-core kernel
+  if (forced == int(KernelKind::kTile)) {
+    pl.fallback = "forced";
+    return plan_tile(pl, p, dev, ov);
+  }
   // cp.async wants 16-byte aligned K / V rows and 4-byte aligned scale runs (ORT's buffers always are)
   std::string why;
   if (!aligned(p.k, 16) || !aligned(p.v, 16) || !aligned(p.k_scales, 4) || !aligned(p.v_scales, 4)) {
@@ -242,7 +250,10 @@ GpuPlan plan_decode(GpuPlan pl, const AttentionParams& p, const DeviceFacts& dev
     if (forced == int(KernelKind::kDecodeMma)) fail(kOp, "override kernel=mma cannot run this call: ", why);
     GpuPlan s = pl;
     std::string why_simt;
-    if (plan_decode_simt(s, p, dev, ov, why_simt)) return s.fallback = forced >= 0 ? "forced" : why, s;
+    if (plan_decode_simt(s, p, dev, ov, why_simt)) {
+      s.fallback = forced >= 0 ? "forced" : why;
+      return s;
+    }
     why += why.empty() ? why_simt : "; " + why_simt;
   }
   if (forced >= 0) fail(kOp, "override kernel=", kernel_name(KernelKind(forced)), " cannot run this call: ", why);
@@ -257,7 +268,7 @@ bool plan_prefill_inst(GpuPlan& pl, const AttentionParams& p, const DeviceFacts&
                        bool wgmma_wanted, std::string& why) {
   using Tr = pmma::Traits<VK, D, MT>;
   // The kernel's key indices are int (and the tensor copies' key coordinates int32).
-  if (p.Sk > 0x7fffffffLL - pmma::kKeys) return why = "tensor-core prefill: Sk >= 2^31 - 64", false;
+  if (p.Sk > 0x7fffffffLL - pmma::kKeys) return refuse(why, "tensor-core prefill: Sk >= 2^31 - 64");
   const int limit = dev.max_smem;
   pl.m_tiles = MT;
   pl.min_blocks = MINB;
@@ -281,7 +292,7 @@ bool plan_prefill_inst(GpuPlan& pl, const AttentionParams& p, const DeviceFacts&
     pl.stages = nst;
     pl.smem_bytes = Tr::smem_bytes(nst);
   }
-  if (pl.smem_bytes > limit) return why = "tensor-core prefill: no block fits the shared memory", false;
+  if (pl.smem_bytes > limit) return refuse(why, "tensor-core prefill: no block fits the shared memory");
   constexpr int kRows = Tr::kRows;
   pl.rows_per_block = kRows;
   pl.threads = pmma::kThreads;
@@ -296,7 +307,7 @@ bool plan_prefill_inst(GpuPlan& pl, const AttentionParams& p, const DeviceFacts&
     pl.reverse_chunks = p.causal ? 1 : 0;
   }
   const int64_t blocks = pl.causal_tiles > 0 ? p.B * p.Hkv * p.group() * pl.causal_tiles : p.B * p.Hkv * pl.n_chunks;
-  if (blocks > kMaxBlocks) return why = "tensor-core prefill: more than 2^31 - 1 blocks", false;
+  if (blocks > kMaxBlocks) return refuse(why, "tensor-core prefill: more than 2^31 - 1 blocks");
   pl.kernel = KernelKind::kPrefillMma;
   set_blocks(pl, p);
   return true;
@@ -329,14 +340,14 @@ bool plan_prefill_vk(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& d
 bool plan_prefill_mma(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov,
                       std::string& why) {
 #if defined(D4A_HAS_PREFILL_MMA)
-  if (dev.hip || dev.cc_major < 8) return why = "tensor-core prefill: needs CUDA sm_80+", false;
-  if (p.D != 64 && p.D != 128 && p.D != 256) return why = "tensor-core prefill: D is not 64, 128 or 256", false;
+  if (dev.hip || dev.cc_major < 8) return refuse(why, "tensor-core prefill: needs CUDA sm_80+");
+  if (p.D != 64 && p.D != 128 && p.D != 256) return refuse(why, "tensor-core prefill: D is not 64, 128 or 256");
   // float32 T keeps float32 P.V (the tile kernel): routes must agree to float32 rounding, and f16 P and f16-staged V
   // would put this kernel ~4e-8 (NMSE) from the others. For float16 T that error is below the output's rounding.
-  if (!p.half) return why = "tensor-core prefill: float32 T keeps the tile kernel's float32 P.V", false;
+  if (!p.half) return refuse(why, "tensor-core prefill: float32 T keeps the tile kernel's float32 P.V");
   if (!aligned(p.q, 16) || !aligned(p.k, 16) || !aligned(p.v, 16) || !aligned(p.k_scales, 4) ||
       !aligned(p.v_scales, 4) || !aligned(p.out, 4))
-    return why = "tensor-core prefill: pointers not aligned", false;
+    return refuse(why, "tensor-core prefill: pointers not aligned");
   return pl.vk == kVF16 ? plan_prefill_vk<kVF16>(pl, p, dev, ov, why)
          : pl.vk == kVQ8 ? plan_prefill_vk<kVQ8>(pl, p, dev, ov, why)
                          : plan_prefill_vk<kVQ4>(pl, p, dev, ov, why);
@@ -350,7 +361,10 @@ bool plan_prefill_mma(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& 
 GpuPlan plan_prefill(GpuPlan pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
   const int forced = ov.kernel;
   if (forced == int(KernelKind::kDecodeSimt)) fail(kOp, "override kernel=simt: the prefill route has no SIMT kernel");
-  if (forced == int(KernelKind::kTile)) return pl.fallback = "forced", plan_tile(pl, p, dev, ov);
+  if (forced == int(KernelKind::kTile)) {
+    pl.fallback = "forced";
+    return plan_tile(pl, p, dev, ov);
+  }
   std::string why;
   GpuPlan m = pl;
   if (plan_prefill_mma(m, p, dev, ov, why)) return m;

@@ -13,7 +13,7 @@ import functools
 import numpy as np
 import pytest
 
-from conftest import check_nmse, gaussian_qkv, pack_value
+from conftest import attention_feeds, check_nmse, gaussian_qkv, pack_value
 from dot4attn import onnx_builders as ob
 from dot4attn import reference as R
 import dot4attn
@@ -90,15 +90,6 @@ def gpu_attention(query, k_payload, k_scales, value, v_scales=None, attn_mask=No
     sess = gpu_attention_session(query.dtype.name, v_format, None if attn_mask is None else attn_mask.dtype.name,
                                  causal, route, split_k_min_keys, scale)
     return sess.run(None, attention_feeds(query, k_payload, k_scales, value, v_scales, attn_mask))[0]
-
-
-def attention_feeds(query, k_payload, k_scales, value, v_scales=None, attn_mask=None):
-    feeds = {"query": query, "k_payload": k_payload, "k_scales": k_scales, "value": value}
-    if v_scales is not None:
-        feeds["v_scales"] = v_scales
-    if attn_mask is not None:
-        feeds["attn_mask"] = attn_mask
-    return feeds
 
 
 def gpu_pack(x, op="PackK", fmt=None):

@@ -283,6 +283,7 @@ def test_unknown_isa_override():
     script = (
         "import numpy as np, onnxruntime as ort, dot4attn\n"
         "from dot4attn import onnx_builders as ob\n"
+        "print('cpu_isa=' + dot4attn.build_info()['cpu_isa'])\n"
         "so = ort.SessionOptions(); dot4attn.register(so)\n"
         "sess = ort.InferenceSession(ob.attention_model(np.float32, 'float', None).SerializeToString(), so)\n"
         "q = np.zeros((1, 1, 1, 32), np.float32); kp = np.zeros((1, 1, 1, 32), np.int8)\n"
@@ -291,6 +292,7 @@ def test_unknown_isa_override():
     env = {**os.environ, "DOT4ATTN_CPU_ISA": "sse2"}
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0, r.stdout
+    assert "cpu_isa=invalid DOT4ATTN_CPU_ISA" in r.stdout  # `dot4attn info` reports it instead of crashing
     assert "DOT4ATTN_CPU_ISA: expected scalar, avx2, avx512vnni or auto, got 'sse2'" in r.stderr, r.stderr
 
 
