@@ -68,7 +68,7 @@ BASELINE = "gqa_f32"
 # threads
 
 # How sessions get their intra-op threads. "global": one process-wide ONNX Runtime pool of `threads` threads shared
-# by every session (set once, before the first session); "per-session": each session its own pool, spinning off.
+# by every session (set once, before any session is created); "per-session": each session its own pool, spinning off.
 # Interleaving sessions that each own a spinning pool makes them fight over the cores (measured here: GQA f32
 # decode at Sk=4096 went from 1.9 ms alone to 6 ms interleaved with one other session), so "global" is the default.
 _POOL = {"mode": None, "threads": None, "global_threads": None}
