@@ -1,6 +1,6 @@
 // CPU instruction-set dispatch. The tile kernels (tile_kernels.inl) are compiled once per ISA; cpu_kernels()
-// returns the table for the ISA chosen from CPUID, or forced with DOT4ATTN_CPU_ISA=scalar|avx2|avx512vnni (read once per
-// process; tests switch it with the C entry dot4attn_force_cpu_isa).
+// returns the table for the ISA chosen from CPUID, or forced with DOT4ATTN_CPU_ISA=scalar|avx2|avx512vnni (read
+// once per process; tests switch it with the C entry dot4attn_force_cpu_isa).
 #pragma once
 #include <cstdint>
 #include <string>

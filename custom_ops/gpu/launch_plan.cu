@@ -403,7 +403,8 @@ int to_int(const std::string& key, const std::string& v, int lo, int hi, const c
   return int(x);
 }
 
-int to_choice(const std::string& key, const std::string& v, std::initializer_list<const char*> names, const char* what) {
+int to_choice(const std::string& key, const std::string& v, std::initializer_list<const char*> names,
+              const char* what) {
   int i = 0;
   std::string all;
   for (const char* n : names) {

@@ -246,7 +246,8 @@ SANITIZER_SET = ["gqa4_b3_leftpad", "mha6_bias", "gqa8_sq300", "splitk_sk4099_pa
 
 @pytest.mark.parametrize("name", SANITIZER_SET)
 def test_sanitizer_set(name):
-    """Run under `compute-sanitizer --tool memcheck|racecheck python -m pytest tests/gpu/test_ort_cuda.py -k sanitizer`."""
+    """Run under compute-sanitizer (memcheck | racecheck):
+    `python -m pytest tests/gpu/test_ort_cuda.py -k sanitizer`."""
     c = AC.CASE_BY_NAME[name]
     inputs, ref, _ = AC.case_data(name)
     for route in AC.routes_for(c):

@@ -3,8 +3,9 @@ GroupQueryAttention on the CUDA execution provider, in one process.
 
 * Kernel time by CUDA events on one stream, L2 flushed (a 256 MiB write) before every timed call, median of the
   repeats. Dot4Attention is called through the library's C entry point (dot4attn.native.TorchAttention: device
-  pointers, torch's current stream), so the time is the kernels' alone, and each row records the launch plan; ORT's session time for the same op (io_binding on
-  device buffers, wall clock per run) is reported separately for decode.
+  pointers, torch's current stream), so the time is the kernels' alone, and each row records the launch plan;
+  ORT's session time for the same op (io_binding on device buffers, wall clock per run) is reported separately for
+  decode.
 * Candidates: d4a_f16 / d4a_q8_0 / d4a_q4_0 (query f16, packed int8 K, V float16 / q8_0 / q4_0);
   sdpa_flash, sdpa_cudnn (torch.nn.functional.scaled_dot_product_attention, f16, GQA through enable_gqa);
   ort_gqa_f16 / ort_gqa_int8 (com.microsoft.GroupQueryAttention on the CUDA EP, f16 or ORT's own int8 (per-tensor
