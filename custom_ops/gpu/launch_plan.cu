@@ -68,9 +68,14 @@ int decode_warps_wanted(int64_t keys, bool split, int ws, int max_warps, int for
   return forced > 0 && forced <= max_warps ? forced : std::max(want, 1);
 }
 
+// The plan's grid: one block per (causal row tile, grouped head, batch, KV head), or per (row chunk, split, batch,
+// KV head).
+int64_t block_count(const GpuPlan& pl, const AttentionParams& p) {
+  return pl.causal_tiles > 0 ? p.B * p.Hkv * p.group() * pl.causal_tiles : pl.n_chunks * pl.n_splits * p.B * p.Hkv;
+}
+
 void set_blocks(GpuPlan& pl, const AttentionParams& p) {
-  pl.blocks = pl.causal_tiles > 0 ? p.B * p.Hkv * p.group() * pl.causal_tiles
-                                  : pl.n_chunks * pl.n_splits * p.B * p.Hkv;
+  pl.blocks = block_count(pl, p);
   if (pl.blocks > kMaxBlocks)
     fail(kOp, "the ", kernel_name(pl.kernel), " kernel would need ", pl.blocks, " blocks (more than 2^31 - 1) for B=",
          p.B, ", Hkv=", p.Hkv, ", Sq=", p.Sq);
@@ -306,8 +311,7 @@ bool plan_prefill_inst(GpuPlan& pl, const AttentionParams& p, const DeviceFacts&
     pl.n_chunks = cdiv(p.group() * p.Sq, kRows);
     pl.reverse_chunks = p.causal ? 1 : 0;
   }
-  const int64_t blocks = pl.causal_tiles > 0 ? p.B * p.Hkv * p.group() * pl.causal_tiles : p.B * p.Hkv * pl.n_chunks;
-  if (blocks > kMaxBlocks) return refuse(why, "tensor-core prefill: more than 2^31 - 1 blocks");
+  if (block_count(pl, p) > kMaxBlocks) return refuse(why, "tensor-core prefill: more than 2^31 - 1 blocks");
   pl.kernel = KernelKind::kPrefillMma;
   set_blocks(pl, p);
   return true;

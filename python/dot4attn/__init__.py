@@ -7,7 +7,6 @@
 """
 from __future__ import annotations
 
-import ctypes
 import os
 from pathlib import Path
 
@@ -44,7 +43,7 @@ def register(session_options) -> None:
 
 def build_info() -> dict[str, str]:
     """Facts the library reports about itself: version, chosen CPU ISA, supported ISAs, GPU backend."""
-    lib = ctypes.CDLL(get_library_path())
-    lib.dot4attn_build_info.restype = ctypes.c_char_p
-    raw = lib.dot4attn_build_info().decode()
+    from .native import _lib
+
+    raw = _lib().dot4attn_build_info().decode()
     return dict(kv.split("=", 1) for kv in raw.split(";"))

@@ -1,4 +1,5 @@
-"""The op library's C entries, declared once (ctypes): the CPU ISA switch, and the GPU planner and kernel entry.
+"""The op library's C entries, declared once (ctypes): build facts, the CPU ISA switch, and the GPU planner and
+kernel entry.
 
 The GPU entries bypass ONNX Runtime: device pointers and a stream the caller owns, so the benchmark can time the
 kernels alone and the GPU tests can force any launch plan (overrides such as ``"kernel=simt,warps=4"``; the keys
@@ -40,6 +41,7 @@ class NativeError(RuntimeError):
 @functools.lru_cache(maxsize=None)
 def _lib() -> ctypes.CDLL:
     lib = ctypes.CDLL(get_library_path())  # the same handle ORT's register_custom_ops_library loaded
+    lib.dot4attn_build_info.restype = ctypes.c_char_p
     lib.dot4attn_force_cpu_isa.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
     lib.dot4attn_force_cpu_isa.restype = ctypes.c_int
     if hasattr(lib, "dot4attn_gpu_plan"):
