@@ -1,5 +1,5 @@
 // Everything a Dot4Attention launch needs, for every backend, after validation (attention_op.cc).
-// All tensors are dense row-major [B, H, S, X]; offsets are 64-bit.
+// Tensors are row-major [B, H, S, X] (K/V rows may be strided, see below); offsets are 64-bit.
 #pragma once
 #include <cstdint>
 
@@ -30,10 +30,28 @@ struct AttentionParams {
 
   void* out = nullptr;              // T [B, Hq, Sq, D]
 
+  // K/V row layout. The defaults (0) mean the dense tensors above. The packed cache of Dot4GroupQueryAttention
+  // keeps each token's payload and scales in one row of a [B, Hkv, kv_rows, row_bytes] buffer: K payload at
+  // byte 0 of a row, its scales at byte D; the strides below say how far apart consecutive rows are.
+  int64_t kv_rows = 0;    // rows per (b, kv head) in storage, >= Sk (the valid keys); 0: Sk
+  int64_t k_stride = 0;   // bytes from one K payload row to the next; 0: D
+  int64_t ks_stride = 0;  // halves from one K scale row to the next; 0: D/32
+  int64_t v_stride = 0;   // elements (bytes for q8_0 / q4_0) from one V row to the next; 0: the dense row
+  int64_t vs_stride = 0;  // halves from one V scale row to the next; 0: D/32
+
   Route route = Route::kAuto;       // resolved (never kAuto) when a backend is called
   int64_t n_splits = 1;             // split_k only: key splits per (b, kv head)
 
   int64_t group() const { return Hq / Hkv; }
+  int64_t head_rows() const { return kv_rows ? kv_rows : Sk; }
+  int64_t k_row() const { return k_stride ? k_stride : D; }
+  int64_t ks_row() const { return ks_stride ? ks_stride : D / 32; }
+  int64_t v_dense_row() const { return v_format == VFormat::kQ4_0 ? D / 2 : D; }
+  int64_t v_row() const { return v_stride ? v_stride : v_dense_row(); }
+  int64_t vs_row() const { return vs_stride ? vs_stride : D / 32; }
+  bool dense_kv() const {
+    return head_rows() == Sk && k_row() == D && ks_row() == D / 32 && v_row() == v_dense_row() && vs_row() == D / 32;
+  }
 };
 
 // Picks the route for `auto`: Sq > 8 -> prefill; Sq <= 8 and Sk < split_k_min_keys -> decode; else split_k.
