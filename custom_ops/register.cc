@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attention/attention_op.h"
+#include "cache/cache_op.h"
 #include "common/custom_op.h"
 #include "common/ort_api.h"
 #include "cpu/isa.h"
@@ -37,6 +38,7 @@ const std::vector<OrtCustomOp*>& all_ops() {
   std::call_once(once, [] {
     std::vector<OpSpec> specs = pack_op_specs();
     for (auto& s : attention_op_specs()) specs.push_back(s);
+    for (auto& s : cache_op_specs()) specs.push_back(s);
     for (Ep ep : built_eps())
       for (const auto& s : specs) ops.push_back(make_custom_op(s, ep, ort_api_version()));
   });

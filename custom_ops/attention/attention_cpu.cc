@@ -120,26 +120,19 @@ void store_rows(const AttentionParams& p, const RowBlock& rb) {
 }
 
 AttendKv kv_view(const AttentionParams& p, int64_t b, int64_t hkv) {
-  const int D = p.D, nb = D / kBlock;
-  const int64_t bh = b * p.Hkv + hkv;
+  const int64_t row0 = (b * p.Hkv + hkv) * p.head_rows();  // first storage row of this (b, kv head)
   AttendKv kv;
-  kv.k = p.k + bh * p.Sk * D;
-  kv.ks = p.k_scales + bh * p.Sk * nb;
+  kv.k_stride = p.k_row();
+  kv.ks_stride = p.ks_row();
+  kv.v_stride = p.v_row();
+  kv.vs_stride = p.vs_row();
+  kv.k = p.k + row0 * kv.k_stride;
+  kv.ks = p.k_scales + row0 * kv.ks_stride;
   kv.format = p.v_format;
   kv.v_half = p.half;
-  switch (p.v_format) {
-    case VFormat::kFloat:
-      kv.v = p.half ? static_cast<const void*>(static_cast<const uint16_t*>(p.v) + bh * p.Sk * D)
-                    : static_cast<const void*>(static_cast<const float*>(p.v) + bh * p.Sk * D);
-      break;
-    case VFormat::kQ8_0:
-      kv.v = static_cast<const int8_t*>(p.v) + bh * p.Sk * D;
-      break;
-    case VFormat::kQ4_0:
-      kv.v = static_cast<const uint8_t*>(p.v) + bh * p.Sk * (D / 2);
-      break;
-  }
-  if (p.v_scales) kv.vs = p.v_scales + bh * p.Sk * nb;
+  const int64_t v_elem = p.v_format == VFormat::kFloat ? (p.half ? 2 : 4) : 1;
+  kv.v = static_cast<const char*>(p.v) + row0 * kv.v_stride * v_elem;
+  if (p.v_scales) kv.vs = p.v_scales + row0 * kv.vs_stride;
   return kv;
 }
 

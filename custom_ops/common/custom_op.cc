@@ -90,7 +90,9 @@ OrtCustomOp* make_custom_op(const OpSpec& spec, Ep ep, uint32_t api_version) {
   op.GetOutputCharacteristic = [](const OrtCustomOp* o, size_t i) {
     return self(o).spec.outputs[i].optional ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   };
-  op.GetInputMemoryType = [](const OrtCustomOp*, size_t) { return OrtMemTypeDefault; };
+  op.GetInputMemoryType = [](const OrtCustomOp* o, size_t i) {
+    return self(o).ep != Ep::kCpu && self(o).spec.inputs[i].host ? OrtMemTypeCPUInput : OrtMemTypeDefault;
+  };
   op.GetVariadicInputMinArity = [](const OrtCustomOp*) { return 1; };
   op.GetVariadicInputHomogeneity = [](const OrtCustomOp*) { return 1; };
   op.GetVariadicOutputMinArity = [](const OrtCustomOp*) { return 1; };

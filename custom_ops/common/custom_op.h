@@ -24,6 +24,7 @@ class Kernel {
 struct IoSpec {
   ONNXTensorElementDataType type;  // ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED: any type, checked in compute
   bool optional = false;
+  bool host = false;  // read on the host: on a GPU EP, ORT hands the kernel a CPU copy (OrtMemTypeCPUInput)
 };
 
 struct OpSpec {

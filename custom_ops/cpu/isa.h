@@ -21,12 +21,14 @@ struct AttendRows {
   const int64_t* mask_off = nullptr; // [M]: element offset of row m's mask row (when a mask is given)
 };
 
-// The K/V rows of one (batch, KV head), from key 0.
+// The K/V rows of one (batch, KV head), from key 0. Row j of K is at k + j * k_stride (bytes), its scales at
+// ks + j * ks_stride; V likewise in V elements (bytes for q8_0 / q4_0). Dense tensors: the row widths.
 struct AttendKv {
   const int8_t* k = nullptr;
   const uint16_t* ks = nullptr;
   const void* v = nullptr;
   const uint16_t* vs = nullptr;
+  int64_t k_stride = 0, ks_stride = 0, v_stride = 0, vs_stride = 0;
   VFormat format = VFormat::kFloat;
   bool v_half = false;  // float V stored as float16
 };

@@ -98,6 +98,12 @@ static inline void halves_to_floats(const uint16_t* src, float* dst, int64_t n) 
   for (; i < n; ++i) dst[i] = half_to_float(src[i]);
 }
 
+// The float16 scales of n rows, `stride` halves apart, nb per row -> dst[n][nb] (one run when the rows are dense).
+static inline void scales_to_floats(const uint16_t* src, int64_t stride, int nb, int n, float* dst) {
+  if (stride == nb) return halves_to_floats(src, dst, int64_t(n) * nb);
+  for (int j = 0; j < n; ++j) halves_to_floats(src + j * stride, dst + j * nb, nb);
+}
+
 // float32 -> float16 bits, round to nearest even (vcvtps2ph with imm 0 rounds exactly like float_to_half).
 static inline void floats_to_halves(const float* src, uint16_t* dst, int64_t n) {
   int64_t i = 0;
@@ -183,7 +189,7 @@ static inline void pf_step(PrefetchQueue& pfq) {
 // maddubs multiplies unsigned by signed bytes too: use |q| and k * sign(q). |q|, |k| <= 127, so the pairwise
 // int16 sums (<= 2 * 127 * 127) never saturate.
 static inline int64_t qk_prefetch_steps(int, int nk) { return nk; }  // one per key of the first row
-static void qk_tile(const AttendRows& r, const int8_t* k, const float* ksf, int nk, float* logits,
+static void qk_tile(const AttendRows& r, const int8_t* k, int64_t krow, const float* ksf, int nk, float* logits,
                     PrefetchQueue& pfq) {
   const int D = r.D, nb = D / kBlock;
   const __m256i ones = _mm256_set1_epi16(1);
@@ -198,7 +204,7 @@ static void qk_tile(const AttendRows& r, const int8_t* k, const float* ksf, int 
     float* out = logits + int64_t(m) * NK;
     for (int j = 0; j < nk; ++j) {
       if (m == 0) pf_step(pfq);
-      const int8_t* kj = k + int64_t(j) * D;
+      const int8_t* kj = k + int64_t(j) * krow;
       __m256 acc = _mm256_setzero_ps();
       for (int b = 0; b < nb; ++b) {
         const __m256i kv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(kj + b * kBlock));
@@ -214,7 +220,7 @@ static void qk_tile(const AttendRows& r, const int8_t* k, const float* ksf, int 
 }
 #else
 static inline int64_t qk_prefetch_steps(int, int nk) { return nk; }  // one per key of the first row
-static void qk_tile(const AttendRows& r, const int8_t* k, const float* ksf, int nk, float* logits,
+static void qk_tile(const AttendRows& r, const int8_t* k, int64_t krow, const float* ksf, int nk, float* logits,
                     PrefetchQueue& pfq) {
   const int D = r.D, nb = D / kBlock;
   for (int m = 0; m < r.M; ++m) {
@@ -222,7 +228,7 @@ static void qk_tile(const AttendRows& r, const int8_t* k, const float* ksf, int 
     const float* qsm = r.qs + int64_t(m) * nb;
     for (int j = 0; j < nk; ++j) {
       if (m == 0) pf_step(pfq);
-      const int8_t* kj = k + int64_t(j) * D;
+      const int8_t* kj = k + int64_t(j) * krow;
       float s = 0.f;
       for (int b = 0; b < nb; ++b) {
         int32_t dot = 0;
@@ -242,13 +248,13 @@ enum VKind { kVF32, kVF16, kVQ8, kVQ4 };
 
 // One vector of V row j at dims d0.. (q4_0 only on the portable path: the SIMD paths decode whole blocks).
 template <int KIND>
-static inline vf load_v(const void* v, const float* vsf, int64_t j, int d0, int D) {
-  if constexpr (KIND == kVF32) return vload(static_cast<const float*>(v) + j * D + d0);
-  if constexpr (KIND == kVF16) return vload_h(static_cast<const uint16_t*>(v) + j * D + d0);
+static inline vf load_v(const void* v, const float* vsf, int64_t j, int d0, int D, int64_t vrow) {
+  if constexpr (KIND == kVF32) return vload(static_cast<const float*>(v) + j * vrow + d0);
+  if constexpr (KIND == kVF16) return vload_h(static_cast<const uint16_t*>(v) + j * vrow + d0);
   const float s = vsf[j * (D / kBlock) + d0 / kBlock];
-  if constexpr (KIND == kVQ8) return vmul(vload_i8(static_cast<const int8_t*>(v) + j * D + d0), vset1(s));
+  if constexpr (KIND == kVQ8) return vmul(vload_i8(static_cast<const int8_t*>(v) + j * vrow + d0), vset1(s));
 #if !defined(__AVX512F__) && !defined(__AVX2__)
-  if constexpr (KIND == kVQ4) return vmul(vload_q4(static_cast<const uint8_t*>(v) + j * (D / 2) + d0 / 2), vset1(s));
+  if constexpr (KIND == kVQ4) return vmul(vload_q4(static_cast<const uint8_t*>(v) + j * vrow + d0 / 2), vset1(s));
 #endif
   return vzero();  // not reached: every KIND that calls this is handled above
 }
@@ -265,12 +271,12 @@ constexpr int PV_MR = 2;
 // A whole 32-dim block of V row j (PV_CH vectors). q4_0 decodes its 16 bytes at once: nibbles split and
 // interleaved back into element order with one unpack pair; (u - 8) * s = fma(u, s, -8 s) is exact.
 template <int KIND>
-static inline void load_v_block(const void* v, const float* vsf, int64_t j, int d0, int D, vf* x) {
+static inline void load_v_block(const void* v, const float* vsf, int64_t j, int d0, int D, int64_t vrow, vf* x) {
 #if defined(__AVX2__) && !defined(__AVX512F__)  // AVX-512 decodes q4_0 in pv_tile_q (vnni_tiles.inl)
   if constexpr (KIND == kVQ4) {
     const float s = vsf[j * (D / kBlock) + d0 / kBlock];
     const __m128i b =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(v) + j * (D / 2) + d0 / 2));
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(v) + j * vrow + d0 / 2));
     const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0f));
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0f));
     const __m128i e0 = _mm_unpacklo_epi8(lo, hi);  // elements 0..15
@@ -283,13 +289,13 @@ static inline void load_v_block(const void* v, const float* vsf, int64_t j, int 
   } else
 #endif
   {
-    for (int c = 0; c < PV_CH; ++c) x[c] = load_v<KIND>(v, vsf, j, d0 + c * W, D);
+    for (int c = 0; c < PV_CH; ++c) x[c] = load_v<KIND>(v, vsf, j, d0 + c * W, D, vrow);
   }
 }
 
 template <int KIND, int MR>
-static inline void pv_rows(const float* p, int m0, const void* v, const float* vsf, int nk, int D, float* acc,
-                           PrefetchQueue& pfq) {
+static inline void pv_rows(const float* p, int m0, const void* v, const float* vsf, int nk, int D, int64_t vrow,
+                           float* acc, PrefetchQueue& pfq) {
   for (int d0 = 0; d0 < D; d0 += kBlock) {
     vf a[MR][PV_CH];
     for (int r = 0; r < MR; ++r)
@@ -297,7 +303,7 @@ static inline void pv_rows(const float* p, int m0, const void* v, const float* v
     for (int j = 0; j < nk; ++j) {
       if ((j & 3) == 0) pf_step(pfq);
       vf x[PV_CH];
-      load_v_block<KIND>(v, vsf, j, d0, D, x);
+      load_v_block<KIND>(v, vsf, j, d0, D, vrow, x);
       for (int r = 0; r < MR; ++r) {
         const vf pb = vset1(p[int64_t(m0 + r) * NK + j]);
         for (int c = 0; c < PV_CH; ++c) a[r][c] = vfma(pb, x[c], a[r][c]);
@@ -311,19 +317,19 @@ static inline void pv_rows(const float* p, int m0, const void* v, const float* v
 // Remainder rows (fewer than PV_MR): picks pv_rows<KIND, rest> at compile time.
 template <int KIND, int MR>
 static inline void pv_rest(int rest, const float* p, int m0, const void* v, const float* vsf, int nk, int D,
-                           float* acc, PrefetchQueue& pfq) {
+                           int64_t vrow, float* acc, PrefetchQueue& pfq) {
   if constexpr (MR > 0) {
-    if (rest == MR) pv_rows<KIND, MR>(p, m0, v, vsf, nk, D, acc, pfq);
-    else pv_rest<KIND, MR - 1>(rest, p, m0, v, vsf, nk, D, acc, pfq);
+    if (rest == MR) pv_rows<KIND, MR>(p, m0, v, vsf, nk, D, vrow, acc, pfq);
+    else pv_rest<KIND, MR - 1>(rest, p, m0, v, vsf, nk, D, vrow, acc, pfq);
   }
 }
 
 template <int KIND>
-static void pv_tile(const float* p, int M, const void* v, const float* vsf, int nk, int D, float* acc,
+static void pv_tile(const float* p, int M, const void* v, const float* vsf, int nk, int D, int64_t vrow, float* acc,
                     PrefetchQueue& pfq) {
   int m0 = 0;
-  for (; m0 + PV_MR <= M; m0 += PV_MR) pv_rows<KIND, PV_MR>(p, m0, v, vsf, nk, D, acc, pfq);
-  pv_rest<KIND, PV_MR - 1>(M - m0, p, m0, v, vsf, nk, D, acc, pfq);
+  for (; m0 + PV_MR <= M; m0 += PV_MR) pv_rows<KIND, PV_MR>(p, m0, v, vsf, nk, D, vrow, acc, pfq);
+  pv_rest<KIND, PV_MR - 1>(M - m0, p, m0, v, vsf, nk, D, vrow, acc, pfq);
 }
 
 #if defined(__AVX512VNNI__)
@@ -403,12 +409,12 @@ static void softmax_tile(int M, int D, int nk, float* logits, AttendState& st) {
 
 // q8_0 / q4_0 P·V: the VNNI build's scale-folded kernel (vnni_tiles.inl), the generic one elsewhere.
 template <int KIND>
-static inline void pv_tile_quant(const float* p, int M, const void* v, const float* vsf, int nk, int D, float* acc,
-                                 PrefetchQueue& pfq) {
+static inline void pv_tile_quant(const float* p, int M, const void* v, const float* vsf, int nk, int D, int64_t vrow,
+                                 float* acc, PrefetchQueue& pfq) {
 #if defined(__AVX512VNNI__)
-  pv_tile_q<KIND>(p, M, v, vsf, nk, D, acc, pfq);
+  pv_tile_q<KIND>(p, M, v, vsf, nk, D, vrow, acc, pfq);
 #else
-  pv_tile<KIND>(p, M, v, vsf, nk, D, acc, pfq);
+  pv_tile<KIND>(p, M, v, vsf, nk, D, vrow, acc, pfq);
 #endif
 }
 
@@ -433,23 +439,26 @@ static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& ma
   }
   const bool has_mask = mask.kind != MaskKind::kNone;
   const int kind = kv.format == VFormat::kQ8_0 ? kVQ8 : kv.format == VFormat::kQ4_0 ? kVQ4 : kv.v_half ? kVF16 : kVF32;
-  const int64_t v_row_bytes = kind == kVF32 ? 4 * D : kind == kVF16 ? 2 * D : kind == kVQ8 ? D : D / 2;
+  // Rows may be strided (the packed cache): kv.v_stride elements of V, kv.k_stride bytes of K, kv.*s_stride halves.
+  const int64_t v_elem = kind == kVF32 ? 4 : kind == kVF16 ? 2 : 1;
+  const int64_t v_row_bytes = kv.v_stride * v_elem;
+  const int64_t v_dense_bytes = kind == kVF32 ? 4 * D : kind == kVF16 ? 2 * D : kind == kVQ8 ? D : D / 2;
   PrefetchQueue pfq;
   // A float V tile (16 KB at D = 128 in f16) plus the next K tile crowd a 32 KB L1: prefetch those into L2
   // (single thread, 16k keys from DRAM: ~10 % less time per key and KV head than into L1); q8_0 / q4_0 go to L1.
-  pfq.to_l1 = v_row_bytes <= D;
+  pfq.to_l1 = v_dense_bytes <= D;
   for (int64_t k0 = k_begin; k0 < k_end; k0 += NK) {
     const int nk = int(std::min<int64_t>(NK, k_end - k0));
     // Q·K phase: this tile's V and V scales.
     pfq.clear();
     pfq.add(static_cast<const char*>(kv.v) + k0 * v_row_bytes, nk * v_row_bytes);
-    if (kv.vs) pfq.add(kv.vs + k0 * nb, int64_t(nk) * nb * 2);
+    if (kv.vs && kv.vs_stride == nb) pfq.add(kv.vs + k0 * nb, int64_t(nk) * nb * 2);  // else inside the V rows
     pfq.spread_over(qk_prefetch_steps(nb, nk));
-    halves_to_floats(kv.ks + k0 * nb, ksf, nk * nb);
+    scales_to_floats(kv.ks + k0 * kv.ks_stride, kv.ks_stride, nb, nk, ksf);
 #if defined(__AVX512VNNI__)
-    qk_tile_t(r, qcorr.data(), kv.k + k0 * D, ksf, nk, logits, pfq);
+    qk_tile_t(r, qcorr.data(), kv.k + k0 * kv.k_stride, kv.k_stride, ksf, nk, logits, pfq);
 #else
-    qk_tile(r, kv.k + k0 * D, ksf, nk, logits, pfq);
+    qk_tile(r, kv.k + k0 * kv.k_stride, kv.k_stride, ksf, nk, logits, pfq);
 #endif
     if (has_mask || k0 + nk > clean_end) mask_tile(r, mask, k0, nk, logits);
     softmax_tile(M, D, nk, logits, st);
@@ -458,21 +467,21 @@ static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& ma
     if (k0 + NK < k_end) {
       const int64_t k1 = k0 + NK;
       const int nk1 = int(std::min<int64_t>(NK, k_end - k1));
-      pfq.add(kv.k + k1 * D, int64_t(nk1) * D);
-      pfq.add(kv.ks + k1 * nb, int64_t(nk1) * nb * 2);
+      pfq.add(kv.k + k1 * kv.k_stride, int64_t(nk1) * kv.k_stride);
+      if (kv.ks_stride == nb) pfq.add(kv.ks + k1 * nb, int64_t(nk1) * nb * 2);  // else inside the K rows
     }
     pfq.spread_over(int64_t(nb) * ((nk + 3) / 4));
     const void* vt = static_cast<const char*>(kv.v) + k0 * v_row_bytes;
     switch (kind) {
-      case kVF32: pv_tile<kVF32>(logits, M, vt, nullptr, nk, D, st.acc, pfq); break;
-      case kVF16: pv_tile<kVF16>(logits, M, vt, nullptr, nk, D, st.acc, pfq); break;
+      case kVF32: pv_tile<kVF32>(logits, M, vt, nullptr, nk, D, kv.v_stride, st.acc, pfq); break;
+      case kVF16: pv_tile<kVF16>(logits, M, vt, nullptr, nk, D, kv.v_stride, st.acc, pfq); break;
       case kVQ8:
-        halves_to_floats(kv.vs + k0 * nb, vsf, nk * nb);
-        pv_tile_quant<kVQ8>(logits, M, vt, vsf, nk, D, st.acc, pfq);
+        scales_to_floats(kv.vs + k0 * kv.vs_stride, kv.vs_stride, nb, nk, vsf);
+        pv_tile_quant<kVQ8>(logits, M, vt, vsf, nk, D, kv.v_stride, st.acc, pfq);
         break;
       default:
-        halves_to_floats(kv.vs + k0 * nb, vsf, nk * nb);
-        pv_tile_quant<kVQ4>(logits, M, vt, vsf, nk, D, st.acc, pfq);
+        scales_to_floats(kv.vs + k0 * kv.vs_stride, kv.vs_stride, nb, nk, vsf);
+        pv_tile_quant<kVQ4>(logits, M, vt, vsf, nk, D, kv.v_stride, st.acc, pfq);
         break;
     }
   }

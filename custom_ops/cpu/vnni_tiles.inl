@@ -44,14 +44,14 @@ static inline void transpose16x16(__m512i* r) {
 }
 
 // kt[c * 16 + j] = dword c of key j (k + 128 per byte) for the keys j < n of a group; missing keys are zeros.
-static void transpose_keys(const int8_t* k, int D, int n, uint32_t* kt) {
+static void transpose_keys(const int8_t* k, int64_t krow, int D, int n, uint32_t* kt) {
   const int nc = D / 4;
   const __m512i c128 = _mm512_set1_epi8(char(0x80));
   for (int c0 = 0; c0 < nc; c0 += 16) {
     const bool half = nc - c0 < 16;  // the trailing 32 bytes when D % 64 == 32
     __m512i r[16];
     for (int j = 0; j < 16; ++j) {
-      const int8_t* src = k + int64_t(j) * D + c0 * 4;
+      const int8_t* src = k + int64_t(j) * krow + c0 * 4;
       __m512i x = _mm512_setzero_si512();
       if (j < n) x = half ? _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)))
                           : _mm512_loadu_si512(src);
@@ -154,15 +154,15 @@ static void q_corrections(const AttendRows& r, std::vector<int32_t>& qcorr) {
 }
 
 // logits[m * NK + j] for the tile's nk keys (lanes up to the next multiple of 16 hold junk the softmax never reads).
-static void qk_tile_t(const AttendRows& r, const int32_t* qcorr, const int8_t* k, const float* ksf, int nk,
-                      float* logits, PrefetchQueue& pfq) {
+static void qk_tile_t(const AttendRows& r, const int32_t* qcorr, const int8_t* k, int64_t krow, const float* ksf,
+                      int nk, float* logits, PrefetchQueue& pfq) {
   constexpr int RMAX = 8;
   const int D = r.D, nb = D / kBlock;
   alignas(64) uint32_t kt[kMaxHeadDim / 4 * kKeyGroup];
   alignas(64) float ksT[kMaxHeadDim / kBlock * NK];
   transpose_scales(ksf, nb, nk, ksT);
   for (int j0 = 0; j0 < nk; j0 += kKeyGroup) {
-    transpose_keys(k + int64_t(j0) * D, D, std::min(kKeyGroup, nk - j0), kt);
+    transpose_keys(k + int64_t(j0) * krow, krow, D, std::min(kKeyGroup, nk - j0), kt);
     int m0 = 0;
     for (; m0 + RMAX <= r.M; m0 += RMAX)
       qk_group<RMAX>(r.q + int64_t(m0) * D, r.qs + m0 * nb, qcorr + m0 * nb, D, kt, ksT + j0,
@@ -189,8 +189,8 @@ static inline void interleave32(__m512 ev, __m512 od, float* dst) {
 }
 
 template <int KIND, int MR>
-static inline void pv_rows_q(const float* p, int m0, const void* v, const float* vsT, int nk, int D, float* acc,
-                             PrefetchQueue& pfq) {
+static inline void pv_rows_q(const float* p, int m0, const void* v, const float* vsT, int nk, int D, int64_t vrow,
+                             float* acc, PrefetchQueue& pfq) {
   alignas(64) float ps[MR][NK];
   const __m512 table = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
   const int nkv = (nk + 15) & ~15;
@@ -210,11 +210,11 @@ static inline void pv_rows_q(const float* p, int m0, const void* v, const float*
       __m512 x0, x1;
       if constexpr (KIND == kVQ4) {
         const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128(
-            reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(v) + int64_t(j) * (D / 2) + d0 / 2)));
+            reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(v) + int64_t(j) * vrow + d0 / 2)));
         x0 = _mm512_permutexvar_ps(w, table);                         // low nibbles: elements 0, 2, ..
         x1 = _mm512_permutexvar_ps(_mm512_srli_epi32(w, 4), table);  // high nibbles: elements 1, 3, ..
       } else {
-        const int8_t* vj = static_cast<const int8_t*>(v) + int64_t(j) * D + d0;
+        const int8_t* vj = static_cast<const int8_t*>(v) + int64_t(j) * vrow + d0;
         x0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vj))));
         x1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vj + 16))));
       }
@@ -234,20 +234,20 @@ static inline void pv_rows_q(const float* p, int m0, const void* v, const float*
 
 template <int KIND, int MR>
 static inline void pv_rest_q(int rest, const float* p, int m0, const void* v, const float* vsT, int nk, int D,
-                             float* acc, PrefetchQueue& pfq) {
+                             int64_t vrow, float* acc, PrefetchQueue& pfq) {
   if constexpr (MR > 0) {
-    if (rest == MR) pv_rows_q<KIND, MR>(p, m0, v, vsT, nk, D, acc, pfq);
-    else pv_rest_q<KIND, MR - 1>(rest, p, m0, v, vsT, nk, D, acc, pfq);
+    if (rest == MR) pv_rows_q<KIND, MR>(p, m0, v, vsT, nk, D, vrow, acc, pfq);
+    else pv_rest_q<KIND, MR - 1>(rest, p, m0, v, vsT, nk, D, vrow, acc, pfq);
   }
 }
 
 // vsf: the tile's V scales as floats [nk][nb].
 template <int KIND>
-static void pv_tile_q(const float* p, int M, const void* v, const float* vsf, int nk, int D, float* acc,
-                      PrefetchQueue& pfq) {
+static void pv_tile_q(const float* p, int M, const void* v, const float* vsf, int nk, int D, int64_t vrow,
+                      float* acc, PrefetchQueue& pfq) {
   alignas(64) float vsT[kMaxHeadDim / kBlock * NK];
   transpose_scales(vsf, D / kBlock, nk, vsT);
   int m0 = 0;
-  for (; m0 + PV_MR <= M; m0 += PV_MR) pv_rows_q<KIND, PV_MR>(p, m0, v, vsT, nk, D, acc, pfq);
-  pv_rest_q<KIND, PV_MR - 1>(M - m0, p, m0, v, vsT, nk, D, acc, pfq);
+  for (; m0 + PV_MR <= M; m0 += PV_MR) pv_rows_q<KIND, PV_MR>(p, m0, v, vsT, nk, D, vrow, acc, pfq);
+  pv_rest_q<KIND, PV_MR - 1>(M - m0, p, m0, v, vsT, nk, D, vrow, acc, pfq);
 }

@@ -105,6 +105,44 @@ def gqa_model(hq: int, hkv: int, dtype, int8_cache: bool = False) -> onnx.ModelP
     return model
 
 
+CACHE_INPUTS = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
+                "cos_cache", "sin_cache", "q_norm_weight", "k_norm_weight")
+
+
+def cache_attention_model(dtype, *, num_heads: int, kv_num_heads: int, packed_qkv: bool = False,
+                          rotary: bool = False, interleaved: bool = False, qk_norm: bool = False,
+                          v_format: str = "q8_0", scale: float | None = None) -> onnx.ModelProto:
+    """One Dot4GroupQueryAttention node: graph inputs named as the op's inputs (key/value absent for packed QKV,
+    cos/sin with rotary, the norm weights with qk_norm), outputs output, present_key, present_value."""
+    present = {"query", "past_key", "past_value", "seqlens_k", "total_sequence_length"}
+    if not packed_qkv:
+        present |= {"key", "value"}
+    if rotary:
+        present |= {"cos_cache", "sin_cache"}
+    if qk_norm:
+        present |= {"q_norm_weight", "k_norm_weight"}
+    names = [n if n in present else "" for n in CACHE_INPUTS]
+    while names[-1] == "":
+        names.pop()
+    ranks = {"query": 3, "key": 3, "value": 3, "past_key": 4, "past_value": 4, "seqlens_k": 1,
+             "total_sequence_length": 0, "cos_cache": 2, "sin_cache": 2, "q_norm_weight": 1, "k_norm_weight": 1}
+    types = {"past_key": np.uint8, "past_value": np.uint8, "seqlens_k": np.int32, "total_sequence_length": np.int32}
+    inputs = []
+    for n in names:
+        if n:
+            t = TensorProto.INT32 if n in ("seqlens_k", "total_sequence_length") else onnx_dtype(types.get(n, dtype))
+            inputs.append(helper.make_tensor_value_info(n, t, [f"{n}_{i}" for i in range(ranks[n])]))
+    attrs = dict(num_heads=num_heads, kv_num_heads=kv_num_heads, do_rotary=int(rotary),
+                 rotary_interleaved=int(interleaved), v_format=v_format)
+    if scale is not None:
+        attrs["scale"] = float(scale)
+    node = helper.make_node("Dot4GroupQueryAttention", names, ["output", "present_key", "present_value"],
+                            domain=DOMAIN, **attrs)
+    outputs = [_vi("output", dtype, 3, "o"), _vi("present_key", np.uint8, 4, "pk"),
+               _vi("present_value", np.uint8, 4, "pv")]
+    return _model([node], inputs, outputs)
+
+
 def session(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutionProvider",), threads: int = 0):
     """An InferenceSession with the dot4attn ops registered."""
     import onnxruntime as ort

@@ -156,3 +156,113 @@ def nmse(x: np.ndarray, ref: np.ndarray) -> float:
     den = float((ref**2).sum())
     num = float(((x - ref) ** 2).sum())
     return num / den if den else num
+
+
+# ---- Dot4GroupQueryAttention: the packed KV cache (docs/ops.md, "Packed cache") ---------------------------------
+
+def cache_payload_bytes(d: int, fmt: str = "q8_0") -> int:
+    """Bytes of a cache row's payload: D (q8_0) or D/2 (q4_0); its float16 scales follow."""
+    return d // 2 if fmt == "q4_0" else d
+
+
+def cache_row_bytes(d: int, fmt: str = "q8_0") -> int:
+    """Bytes of one packed cache row: payload + D/32 float16 scales, rounded up to 16."""
+    return -(-(cache_payload_bytes(d, fmt) + 2 * (d // BLOCK)) // 16) * 16
+
+
+def pack_cache_rows(x: np.ndarray, fmt: str = "q8_0") -> np.ndarray:
+    """uint8 rows [..., row_bytes] of x [..., D]: payload (PackK / PackV), float16 scales, zero padding."""
+    d = x.shape[-1]
+    payload, scales = pack_v(x, fmt)
+    rows = np.zeros((*x.shape[:-1], cache_row_bytes(d, fmt)), np.uint8)
+    pb = cache_payload_bytes(d, fmt)
+    rows[..., :pb] = payload.view(np.uint8)
+    rows[..., pb:pb + 2 * (d // BLOCK)] = np.ascontiguousarray(scales.astype(np.float16)).view(np.uint8)
+    return rows
+
+
+def unpack_cache_rows(rows: np.ndarray, d: int, fmt: str = "q8_0") -> tuple[np.ndarray, np.ndarray]:
+    """(payload, float16 scales) of packed cache rows: int8 [..., D] (q8_0) or uint8 [..., D/2] (q4_0)."""
+    pb = cache_payload_bytes(d, fmt)
+    payload = np.ascontiguousarray(rows[..., :pb])
+    scales = np.ascontiguousarray(rows[..., pb:pb + 2 * (d // BLOCK)]).view(np.float16)
+    return (payload.view(np.int8) if fmt == "q8_0" else payload), scales
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x * w / sqrt(mean(x^2) + eps) over the last axis, float32 (Qwen3's q_norm / k_norm)."""
+    x = x.astype(np.float32)
+    ms = (x.astype(np.float64) ** 2).mean(axis=-1, keepdims=True).astype(np.float32)
+    return x * (np.float32(1) / np.sqrt(ms + np.float32(eps))) * w.astype(np.float32)
+
+
+def rotary(x: np.ndarray, pos: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool = False):
+    """GroupQueryAttention's rotary embedding of x [..., D] at positions pos (x.shape[:-1]), float32."""
+    x = x.astype(np.float32).copy()
+    r = cos.shape[1]
+    c = cos.astype(np.float32)[pos]
+    s = sin.astype(np.float32)[pos]
+    i0 = np.arange(r) * 2 if interleaved else np.arange(r)
+    i1 = i0 + 1 if interleaved else i0 + r
+    a, b = x[..., i0].copy(), x[..., i1].copy()
+    x[..., i0] = a * c - b * s
+    x[..., i1] = b * c + a * s
+    return x
+
+
+def group_query_attention_packed(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
+                                 cos_cache=None, sin_cache=None, q_norm=None, k_norm=None, *, num_heads,
+                                 kv_num_heads, scale=0.0, do_rotary=0, rotary_interleaved=0, v_format="q8_0",
+                                 qk_norm_epsilon=1e-6):
+    """Dot4GroupQueryAttention: (output [B, S, Hq*D], present_key, present_value).
+
+    GroupQueryAttention's semantics (com.microsoft) over packed caches: batch row b holds seqlens_k[b] + 1 valid
+    keys after the call; a first prompt (S == total_sequence_length) starts at position 0 and may be right-padded
+    (its padding rows output zeros), otherwise the S new tokens take positions total - S .. total - 1. The new
+    rows are packed into present (past copied when present is a new buffer)."""
+    B, S = query.shape[:2]
+    hq, hkv = num_heads, kv_num_heads
+    packed = key is None
+    d = query.shape[2] // (hq + 2 * hkv if packed else hq)
+    dtype = query.dtype
+    if packed:
+        qkv = query.reshape(B, S, hq + 2 * hkv, d)
+        q, k, v = qkv[:, :, :hq], qkv[:, :, hq:hq + hkv], qkv[:, :, hq + hkv:]
+    else:
+        q, k, v = query.reshape(B, S, hq, d), key.reshape(B, S, hkv, d), value.reshape(B, S, hkv, d)
+    total_len = int(np.asarray(total_sequence_length).reshape(-1)[0])
+    first = S == total_len
+    total = np.asarray(seqlens_k).astype(np.int64) + 1
+    past = np.zeros(B, np.int64) if first else total - S
+    rows = max(past_key.shape[2], total_len)
+    present_k = np.zeros((B, hkv, rows, past_key.shape[3]), np.uint8)
+    present_v = np.zeros((B, hkv, rows, past_value.shape[3]), np.uint8)
+    present_k[:, :, :past_key.shape[2]] = past_key
+    present_v[:, :, :past_value.shape[2]] = past_value
+    pos = past[:, None] + np.arange(S)[None, :]  # [B, S]
+    qf, kf = q.astype(np.float32), k.astype(np.float32)
+    if q_norm is not None:
+        qf = rms_norm(qf, q_norm, qk_norm_epsilon)
+    if k_norm is not None:
+        kf = rms_norm(kf, k_norm, qk_norm_epsilon)
+    if do_rotary:
+        p3 = np.broadcast_to(pos[:, :, None], qf.shape[:3])
+        qf = rotary(qf, p3, cos_cache, sin_cache, bool(rotary_interleaved))
+        kf = rotary(kf, np.broadcast_to(pos[:, :, None], kf.shape[:3]), cos_cache, sin_cache,
+                    bool(rotary_interleaved))
+    k_rows = pack_cache_rows(kf.transpose(0, 2, 1, 3), "q8_0")  # [B, Hkv, S, row]
+    v_rows = pack_cache_rows(v.astype(np.float32).transpose(0, 2, 1, 3), v_format)
+    for b in range(B):
+        present_k[b, :, past[b]:past[b] + S] = k_rows[b]
+        present_v[b, :, past[b]:past[b] + S] = v_rows[b]
+    out = np.zeros((B, S, hq, d), dtype)
+    sc = None if not scale else scale
+    for b in range(B):
+        sq = min(S, int(total[b])) if first else S
+        sk = int(total[b])
+        kp, ks = unpack_cache_rows(present_k[b:b + 1, :, :sk], d, "q8_0")
+        vp, vs = unpack_cache_rows(present_v[b:b + 1, :, :sk], d, v_format)
+        qb = qf[b:b + 1, :sq].transpose(0, 2, 1, 3).astype(dtype)
+        o = attention(qb, kp, ks, vp, vs, scale=sc, causal=1, v_format=v_format)
+        out[b, :sq] = o[0].transpose(1, 0, 2)
+    return out.reshape(B, S, hq * d), present_k, present_v

@@ -1,0 +1,38 @@
+// The attention half of Dot4GroupQueryAttention, shared by the CPU and GPU backends: batch row b attends with its
+// own valid length (never the buffer's), its query rows bottom-right aligned to its keys, straight from the packed
+// rows of the cache (strided AttentionParams: no copy of K or V).
+#pragma once
+#include "attention/attention_params.h"
+#include "cache/cache_layout.h"
+#include "cache/cache_params.h"
+
+namespace dot4attn {
+
+// Query / output scratch of batch row b: [Hq, q_rows(b), D] of T, at element b * Hq * S * D of a [B, Hq, S, D]
+// buffer (rows past q_rows(b) unused).
+inline AttentionParams cache_attention_params(const CacheParams& c, int64_t b, const void* q_rows, void* out_rows) {
+  AttentionParams p;
+  p.B = 1; p.Hq = c.Hq; p.Hkv = c.Hkv; p.Sq = c.q_rows(b); p.Sk = c.total[b]; p.D = c.D;
+  p.scale = c.scale;
+  p.causal = true;
+  p.half = c.half;
+  p.v_format = c.v_format;
+  const size_t elem = c.half ? 2 : 4;
+  const int64_t q_off = b * c.Hq * c.S * c.D;
+  p.q = static_cast<const char*>(q_rows) + q_off * elem;
+  p.out = static_cast<char*>(out_rows) + q_off * elem;
+  const uint8_t* kb = c.present_k + b * c.Hkv * c.L * c.k_row;
+  const uint8_t* vb = c.present_v + b * c.Hkv * c.L * c.v_row;
+  p.k = reinterpret_cast<const int8_t*>(kb);
+  p.k_scales = reinterpret_cast<const uint16_t*>(kb + c.D);
+  p.v = vb;
+  p.v_scales = reinterpret_cast<const uint16_t*>(vb + cache_payload_bytes(c.D, c.v_format));
+  p.kv_rows = c.L;
+  p.k_stride = c.k_row;
+  p.ks_stride = c.k_row / 2;
+  p.v_stride = c.v_row;
+  p.vs_stride = c.v_row / 2;
+  return p;
+}
+
+}  // namespace dot4attn

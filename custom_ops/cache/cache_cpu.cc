@@ -1,0 +1,138 @@
+// CPU backend of Dot4GroupQueryAttention: copy the past rows when the buffers are not shared, norm / rotate /
+// pack the new tokens into their cache rows and lay Q out per head, attend per batch row over the packed rows
+// (strided, through the Dot4Attention CPU routes), and lay the output back out as [B, S, Hq * D].
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "attention/attention_backends.h"
+#include "cache/cache_attention.h"
+#include "cache/cache_backends.h"
+#include "common/fp16.h"
+#include "common/kernel_io.h"
+#include "cpu/isa.h"
+#include "pack/quantize.h"
+
+namespace dot4attn {
+namespace {
+
+// Element offset of head h of token (b, s) in the query (which 0), key (1) or value (2) input.
+int64_t head_offset(const CacheParams& c, int which, int64_t b, int64_t s, int64_t h) {
+  if (c.packed_qkv) {
+    const int64_t first = which == 0 ? 0 : which == 1 ? c.Hq : c.Hq + c.Hkv;
+    return ((b * c.S + s) * (c.Hq + 2 * c.Hkv) + first + h) * c.D;
+  }
+  return ((b * c.S + s) * (which == 0 ? c.Hq : c.Hkv) + h) * c.D;
+}
+
+void load_floats(const void* src, bool half, int64_t off, int n, float* dst) {
+  if (half) cpu_kernels().halves_to_floats(static_cast<const uint16_t*>(src) + off, dst, n);
+  else std::memcpy(dst, static_cast<const float*>(src) + off, sizeof(float) * n);
+}
+
+// RMS norm over the head (Qwen3's q_norm / k_norm): x * w / sqrt(mean(x^2) + eps).
+void rms_norm(const CacheParams& c, const void* w, float* x) {
+  if (!w) return;
+  float wf[kMaxHeadDim];
+  load_floats(w, c.half, 0, c.D, wf);
+  double ss = 0;
+  for (int d = 0; d < c.D; ++d) ss += double(x[d]) * x[d];
+  const float inv = 1.f / std::sqrt(float(ss / c.D) + c.norm_eps);
+  for (int d = 0; d < c.D; ++d) x[d] = x[d] * inv * wf[d];
+}
+
+// GroupQueryAttention's rotary embedding at position pos over the first 2 * rot_half dims: halves
+// (x_i, x_{i + rot_half}) or, interleaved, pairs (x_{2i}, x_{2i+1}).
+void rotate(const CacheParams& c, int64_t pos, float* x) {
+  if (!c.rotary) return;
+  const int64_t R = c.rot_half;
+  float cs[kMaxHeadDim / 2], sn[kMaxHeadDim / 2];
+  load_floats(c.cos, c.half, pos * R, int(R), cs);
+  load_floats(c.sin, c.half, pos * R, int(R), sn);
+  for (int64_t i = 0; i < R; ++i) {
+    const int64_t i0 = c.interleaved ? 2 * i : i, i1 = c.interleaved ? 2 * i + 1 : i + R;
+    const float a = x[i0], b = x[i1];
+    x[i0] = a * cs[i] - b * sn[i];
+    x[i1] = b * cs[i] + a * sn[i];
+  }
+}
+
+// One cache row: payload, then the float16 scales, then zeros up to row_bytes.
+void pack_row(const float* x, int D, VFormat f, int64_t row_bytes, uint8_t* row) {
+  const int64_t payload = cache_payload_bytes(D, f);
+  uint16_t scales[kMaxHeadDim / kBlock];
+  for (int blk = 0; blk < D / kBlock; ++blk)
+    scales[blk] = f == VFormat::kQ4_0 ? quantize_q4_block(x + blk * kBlock, row + blk * kBlock / 2)
+                                      : quantize_q8_block(x + blk * kBlock, reinterpret_cast<int8_t*>(row) + blk * kBlock);
+  std::memcpy(row + payload, scales, 2 * (D / kBlock));
+  std::memset(row + payload + 2 * (D / kBlock), 0, size_t(row_bytes - payload - 2 * (D / kBlock)));
+}
+
+void store_floats(const float* src, bool half, void* dst, int64_t off, int n) {
+  if (half) cpu_kernels().floats_to_halves(src, static_cast<uint16_t*>(dst) + off, n);
+  else std::memcpy(static_cast<float*>(dst) + off, src, sizeof(float) * n);
+}
+
+}  // namespace
+
+void cache_attention_cpu(const CacheParams& c, OrtKernelContext* ctx) {
+  const int D = c.D;
+  const size_t elem = c.half ? 2 : 4;
+  // 1. Not shared: the present caches start as the past rows, the rest zeros.
+  if (!c.shared()) {
+    parallel_for(ctx, size_t(c.B * c.Hkv), [&](size_t bh) {
+      for (int t = 0; t < 2; ++t) {
+        const int64_t row = t == 0 ? c.k_row : c.v_row;
+        const uint8_t* src = (t == 0 ? c.past_k : c.past_v) + int64_t(bh) * c.past_rows * row;
+        uint8_t* dst = (t == 0 ? c.present_k : c.present_v) + int64_t(bh) * c.L * row;
+        std::memcpy(dst, src, size_t(c.past_rows * row));
+        std::memset(dst + c.past_rows * row, 0, size_t((c.L - c.past_rows) * row));
+      }
+    });
+  }
+  // 2. New tokens: K and V rows into the caches, Q (normed, rotated) into q_rows [B][Hq][q_rows(b)][D].
+  std::vector<uint8_t> q_rows(size_t(c.B * c.Hq * c.S * D) * elem), out_rows(q_rows.size());
+  parallel_for(ctx, size_t(c.B * c.S), [&](size_t item) {
+    const int64_t b = int64_t(item) / c.S, s = int64_t(item) % c.S;
+    const int64_t pos = c.past[b] + s;
+    float x[kMaxHeadDim];
+    for (int64_t h = 0; h < c.Hkv; ++h) {
+      load_floats(c.packed_qkv ? c.q : c.k, c.half, head_offset(c, 1, b, s, h), D, x);
+      rms_norm(c, c.k_norm, x);
+      rotate(c, pos, x);
+      pack_row(x, D, VFormat::kQ8_0, c.k_row, c.present_k + ((b * c.Hkv + h) * c.L + pos) * c.k_row);
+      load_floats(c.packed_qkv ? c.q : c.v, c.half, head_offset(c, 2, b, s, h), D, x);
+      pack_row(x, D, c.v_format, c.v_row, c.present_v + ((b * c.Hkv + h) * c.L + pos) * c.v_row);
+    }
+    if (s >= c.q_rows(b)) return;  // right padding of a first prompt: no query row
+    for (int64_t h = 0; h < c.Hq; ++h) {
+      load_floats(c.q, c.half, head_offset(c, 0, b, s, h), D, x);
+      rms_norm(c, c.q_norm, x);
+      rotate(c, pos, x);
+      store_floats(x, c.half, q_rows.data(), b * c.Hq * c.S * D + (h * c.q_rows(b) + s) * D, D);
+    }
+  });
+  // 3. Attention per batch row, over its own valid keys.
+  for (int64_t b = 0; b < c.B; ++b) {
+    AttentionParams p = cache_attention_params(c, b, q_rows.data(), out_rows.data());
+    p.route = choose_route(p, c.split_k_min_keys);
+    if (p.route == Route::kSplitK)
+      p.n_splits = choose_splits(p.Hkv, p.Sk, cpu_parallel_units(), /*waves=*/2, /*min keys=*/256);
+    attention_cpu(p, ctx);
+  }
+  // 4. [B][Hq][q_rows][D] -> [B, S, Hq * D]; padding rows of a first prompt are zeros.
+  parallel_for(ctx, size_t(c.B * c.S), [&](size_t item) {
+    const int64_t b = int64_t(item) / c.S, s = int64_t(item) % c.S;
+    char* dst = static_cast<char*>(c.out) + (b * c.S + s) * c.Hq * D * elem;
+    if (s >= c.q_rows(b)) {
+      std::memset(dst, 0, size_t(c.Hq * D) * elem);
+      return;
+    }
+    for (int64_t h = 0; h < c.Hq; ++h)
+      std::memcpy(dst + h * D * elem, out_rows.data() + (b * c.Hq * c.S * D + (h * c.q_rows(b) + s) * D) * elem,
+                  D * elem);
+  });
+}
+
+}  // namespace dot4attn

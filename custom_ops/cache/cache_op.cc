@@ -1,0 +1,248 @@
+// Dot4GroupQueryAttention: the op struct. It takes com.microsoft.GroupQueryAttention's inputs as
+// onnxruntime-genai's model builder emits them, with the float caches replaced by packed ones
+// (cache_layout.h), validates them, and hands CacheParams to a backend.
+#include "cache/cache_op.h"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "cache/cache_backends.h"
+#include "cache/cache_layout.h"
+#include "common/errors.h"
+#include "common/kernel_io.h"
+#include "common/ort_api.h"
+
+namespace dot4attn {
+namespace {
+
+constexpr const char* kOp = "Dot4GroupQueryAttention";
+constexpr auto F32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+constexpr auto F16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+constexpr auto U8 = ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+constexpr auto I32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+constexpr auto ANY = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+
+enum Input { kQuery, kKey, kValue, kPastK, kPastV, kSeqlens, kTotal, kCos, kSin, kQNorm, kKNorm, kNumInputs };
+const char* const kInputNames[] = {"query", "key", "value", "past_key", "past_value", "seqlens_k",
+                                   "total_sequence_length", "cos_cache", "sin_cache", "q_norm_weight",
+                                   "k_norm_weight"};
+
+struct Attrs {
+  int64_t num_heads = 0, kv_num_heads = 0;
+  float scale = 0.f;  // 0: 1/sqrt(D), as GroupQueryAttention
+  bool rotary = false, interleaved = false;
+  VFormat v_format = VFormat::kQ8_0;
+  float norm_eps = 1e-6f;
+  int64_t split_k_min_keys = 2048;
+};
+
+template <class... A>
+[[noreturn]] void bad_input(int i, const A&... a) {
+  fail(kOp, "input '", kInputNames[i], "' (", i, "): ", a...);
+}
+
+void expect_dtype(int i, const TensorIn& t, ONNXTensorElementDataType want) {
+  if (t.type != want) bad_input(i, "expected dtype ", dtype_name(want), ", got ", dtype_name(t.type));
+}
+
+class CacheKernel : public Kernel {
+ public:
+  CacheKernel(const Attrs& a, Ep ep) : a_(a), ep_(ep) {}
+
+  void compute(OrtKernelContext* ctx) override {
+    TensorIn in[kNumInputs];
+    const size_t n = input_count(ctx);
+    for (size_t i = 0; i < kNumInputs && i < n; ++i) in[i] = get_input(ctx, i);
+    CacheParams c;
+    validate(in, &c);
+    const std::vector<int64_t> cache_shape{c.B, c.Hkv, c.L, c.k_row};
+    c.out = get_output(ctx, 0, {c.B, c.S, c.Hq * c.D});
+    c.present_k = static_cast<uint8_t*>(get_output(ctx, 1, cache_shape));
+    [[maybe_unused]] OrtValue* pv = nullptr;
+    c.present_v = static_cast<uint8_t*>(get_output(ctx, 2, {c.B, c.Hkv, c.L, c.v_row}, &pv));
+    if ((c.present_k == c.past_k) != (c.present_v == c.past_v))
+      fail(kOp, "outputs 'present_key' and 'present_value': either both share their past input's buffer or "
+                "neither does");
+    if (c.B == 0 || c.S == 0) return;
+    if (ep_ == Ep::kCpu) {
+      cache_attention_cpu(c, ctx);
+      return;
+    }
+#if defined(DOT4ATTN_WITH_GPU)
+    run_gpu(ctx, c, pv);
+#else
+    fail(kOp, "this build of dot4attn has no GPU kernels");
+#endif
+  }
+
+ private:
+  void validate(const TensorIn* in, CacheParams* c) const {
+    for (int i : {kQuery, kPastK, kPastV, kSeqlens, kTotal})
+      if (!in[i].present) bad_input(i, "is required but missing");
+    const TensorIn &q = in[kQuery], &k = in[kKey], &v = in[kValue];
+    if (q.type != F32 && q.type != F16) bad_input(kQuery, "expected dtype float32 or float16, got ", dtype_name(q.type));
+    if (q.shape.size() != 3) bad_input(kQuery, "expected rank 3 [B, S, hidden], got shape ", shape_str(q.shape));
+    const int64_t Hq = a_.num_heads, Hkv = a_.kv_num_heads;
+    const int64_t B = q.shape[0], S = q.shape[1];
+    c->packed_qkv = !k.present;
+    if (k.present != v.present)
+      fail(kOp, "inputs 'key' (1) and 'value' (2): give both (separate Q, K, V) or neither (packed QKV in query)");
+    const int64_t heads = c->packed_qkv ? Hq + 2 * Hkv : Hq;
+    if (q.shape[2] % heads != 0)
+      bad_input(kQuery, "last dim ", q.shape[2], " is not a multiple of ", heads,
+                c->packed_qkv ? " heads (num_heads + 2 * kv_num_heads, packed QKV)" : " heads (num_heads)");
+    const int64_t D = q.shape[2] / heads;
+    if (!head_dim_ok(D)) bad_input(kQuery, "head dim D = ", D, " must be a multiple of 32 in [32, 256]");
+    if (!c->packed_qkv) {
+      for (int i : {kKey, kValue}) {
+        expect_dtype(i, in[i], q.type);
+        if (in[i].shape != std::vector<int64_t>{B, S, Hkv * D})
+          bad_input(i, "expected shape [B, S, kv_num_heads * D] = ", shape_str({B, S, Hkv * D}), ", got ",
+                    shape_str(in[i].shape));
+      }
+    }
+    c->B = B; c->S = S; c->Hq = Hq; c->Hkv = Hkv; c->D = int(D);
+    c->half = q.type == F16;
+    c->v_format = a_.v_format;
+    c->scale = a_.scale > 0.f ? a_.scale : 1.f / std::sqrt(float(D));
+    c->q = q.data;
+    c->k = k.present ? k.data : nullptr;
+    c->v = v.present ? v.data : nullptr;
+    c->k_row = cache_row_bytes(D, VFormat::kQ8_0);
+    c->v_row = cache_row_bytes(D, a_.v_format);
+
+    const TensorIn &pk = in[kPastK], &pv = in[kPastV];
+    expect_dtype(kPastK, pk, U8);
+    expect_dtype(kPastV, pv, U8);
+    if (pk.shape.size() != 4 || pk.shape[0] != B || pk.shape[1] != Hkv || pk.shape[3] != c->k_row)
+      bad_input(kPastK, "expected shape [B, kv_num_heads, rows, ", c->k_row, "] with B = ", B, ", kv_num_heads = ",
+                Hkv, " (packed K rows of D = ", D, "), got ", shape_str(pk.shape));
+    if (pv.shape != std::vector<int64_t>{B, Hkv, pk.shape[2], c->v_row})
+      bad_input(kPastV, "expected shape ", shape_str({B, Hkv, pk.shape[2], c->v_row}), " (packed ",
+                a_.v_format == VFormat::kQ4_0 ? "q4_0" : "q8_0", " V rows of D = ", D, "), got ",
+                shape_str(pv.shape));
+    c->past_k = static_cast<const uint8_t*>(pk.data);
+    c->past_v = static_cast<const uint8_t*>(pv.data);
+    c->past_rows = pk.shape[2];
+
+    const TensorIn &sl = in[kSeqlens], &tl = in[kTotal];
+    expect_dtype(kSeqlens, sl, I32);
+    if (sl.shape != std::vector<int64_t>{B}) bad_input(kSeqlens, "expected shape [B] = [", B, "], got ", shape_str(sl.shape));
+    expect_dtype(kTotal, tl, I32);
+    if (tl.numel() != 1) bad_input(kTotal, "expected one value, got shape ", shape_str(tl.shape));
+    const int64_t total_len = *static_cast<const int32_t*>(tl.data);
+    c->first_prompt = S == total_len;
+    c->L = std::max(c->past_rows, total_len);
+    c->total.resize(B);
+    c->past.resize(B);
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t t = int64_t(static_cast<const int32_t*>(sl.data)[b]) + 1;
+      if (t < 1 || t > total_len || (!c->first_prompt && t < S))
+        bad_input(kSeqlens, "seqlens_k[", b, "] + 1 = ", t, " must lie in [", c->first_prompt ? 1 : S, ", ",
+                  total_len, "] (total_sequence_length ", total_len, ", ", S, " new tokens)");
+      c->total[b] = t;
+      c->past[b] = c->first_prompt ? 0 : t - S;  // so past[b] + S <= total_len <= L: every new row fits
+    }
+
+    c->rotary = a_.rotary;
+    c->interleaved = a_.interleaved;
+    if (a_.rotary) {
+      for (int i : {kCos, kSin}) {
+        if (!in[i].present) bad_input(i, "is required when do_rotary = 1");
+        expect_dtype(i, in[i], q.type);
+        if (in[i].shape.size() != 2 || in[i].shape != in[kCos].shape || in[i].shape[1] < 1 ||
+            2 * in[i].shape[1] > D)
+          bad_input(i, "expected shape [max_position, rotary_dim / 2] with rotary_dim <= D = ", D,
+                    " (and cos, sin alike), got ", shape_str(in[i].shape));
+      }
+      c->cos = in[kCos].data;
+      c->sin = in[kSin].data;
+      c->max_pos = in[kCos].shape[0];
+      c->rot_half = in[kCos].shape[1];
+      int64_t last = 0;
+      for (int64_t b = 0; b < B; ++b) last = std::max(last, c->past[b] + S - 1);
+      if (last >= c->max_pos)
+        bad_input(kCos, "position ", last, " needs more rows than its ", c->max_pos, " (the model's maximum length)");
+    }
+    for (int i : {kQNorm, kKNorm}) {
+      if (!in[i].present) continue;
+      expect_dtype(i, in[i], q.type);
+      if (in[i].shape != std::vector<int64_t>{D}) bad_input(i, "expected shape [D] = [", D, "], got ", shape_str(in[i].shape));
+    }
+    c->q_norm = in[kQNorm].present ? in[kQNorm].data : nullptr;
+    c->k_norm = in[kKNorm].present ? in[kKNorm].data : nullptr;
+    c->norm_eps = a_.norm_eps;
+    c->split_k_min_keys = a_.split_k_min_keys;
+  }
+
+#if defined(DOT4ATTN_WITH_GPU)
+  void run_gpu(OrtKernelContext* ctx, const CacheParams& c, const OrtValue* out) const {
+    const size_t bytes = cache_gpu_scratch_bytes(c);
+    const OrtMemoryInfo* mem = nullptr;
+    check_status(ort().GetTensorMemoryInfo(out, &mem));
+    OrtAllocator* alloc = nullptr;
+    check_status(ort().KernelContext_GetAllocator(ctx, mem, &alloc));
+    void* scratch = alloc->Alloc(alloc, bytes);
+    try {
+      cache_attention_gpu(c, scratch, gpu_stream(ctx));
+    } catch (...) {
+      alloc->Free(alloc, scratch);
+      ort().ReleaseAllocator(alloc);
+      throw;
+    }
+    alloc->Free(alloc, scratch);  // stream-ordered: ORT's GPU allocators reuse it only after this stream's work
+    ort().ReleaseAllocator(alloc);
+  }
+#endif
+
+  Attrs a_;
+  Ep ep_;
+};
+
+Kernel* create_cache_kernel(const OrtKernelInfo* info, Ep ep) {
+  Attrs a;
+  a.num_heads = attr_int(info, "num_heads", 0);
+  a.kv_num_heads = attr_int(info, "kv_num_heads", 0);
+  if (a.num_heads < 1 || a.kv_num_heads < 1 || a.num_heads % a.kv_num_heads != 0)
+    fail(kOp, "attributes 'num_heads' and 'kv_num_heads': expected positive with num_heads a multiple of "
+              "kv_num_heads, got ", a.num_heads, " and ", a.kv_num_heads);
+  a.scale = attr_float(info, "scale", 0.f);
+  if (!(std::isfinite(a.scale) && a.scale >= 0.f))
+    fail(kOp, "attribute 'scale': expected a finite float >= 0 (0: 1/sqrt(D)), got ", a.scale);
+  const int64_t rot = attr_int(info, "do_rotary", 0), inter = attr_int(info, "rotary_interleaved", 0);
+  if ((rot != 0 && rot != 1) || (inter != 0 && inter != 1))
+    fail(kOp, "attributes 'do_rotary' / 'rotary_interleaved': expected 0 or 1, got ", rot, " / ", inter);
+  a.rotary = rot == 1;
+  a.interleaved = inter == 1;
+  const std::string vf = attr_string(info, "v_format", "q8_0");
+  if (vf == "q8_0") a.v_format = VFormat::kQ8_0;
+  else if (vf == "q4_0") a.v_format = VFormat::kQ4_0;
+  else fail(kOp, "attribute 'v_format': expected 'q8_0' or 'q4_0', got '", vf, "'");
+  a.norm_eps = attr_float(info, "qk_norm_epsilon", 1e-6f);
+  if (!(std::isfinite(a.norm_eps) && a.norm_eps >= 0.f))
+    fail(kOp, "attribute 'qk_norm_epsilon': expected a finite float >= 0, got ", a.norm_eps);
+  a.split_k_min_keys = attr_int(info, "split_k_min_keys", 2048);
+  if (a.split_k_min_keys < 1) fail(kOp, "attribute 'split_k_min_keys': expected >= 1, got ", a.split_k_min_keys);
+  return new CacheKernel(a, ep);
+}
+
+}  // namespace
+
+std::vector<OpSpec> cache_op_specs() {
+  std::vector<OpSpec> specs;
+  for (auto t : {F32, F16}) {
+    // query selects T; everything else is checked in compute (our messages, not a bare schema mismatch).
+    // seqlens_k and total_sequence_length are read on the host: on a GPU EP, ORT copies them (a few bytes).
+    OpSpec s{kOp,
+             {{t}, {ANY, true}, {ANY, true}, {ANY}, {ANY}, {ANY, false, true}, {ANY, false, true}, {ANY, true},
+              {ANY, true}, {ANY, true}, {ANY, true}},
+             {{t}, {U8}, {U8}},
+             create_cache_kernel,
+             nullptr};
+    specs.push_back(s);
+  }
+  return specs;
+}
+
+}  // namespace dot4attn

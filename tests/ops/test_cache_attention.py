@@ -1,0 +1,207 @@
+"""Dot4GroupQueryAttention on the CPU EP against the reference: GroupQueryAttention's semantics over the packed,
+in-place KV cache (docs/ops.md, "Packed cache")."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from dot4attn import reference as ref
+from dot4attn.onnx_builders import cache_attention_model, session
+
+RNG = np.random.default_rng(7)
+
+
+def _inputs(B, S, hq, hkv, d, *, dtype=np.float32, packed=False, rotary=False, rot_half=None, qk_norm=False,
+            past_rows=0, v_format="q8_0", seed=0, max_pos=4096):
+    rng = np.random.default_rng(seed)
+    hidden = (hq + 2 * hkv) * d if packed else hq * d
+    f = {"query": rng.standard_normal((B, S, hidden)).astype(dtype)}
+    if not packed:
+        f["key"] = rng.standard_normal((B, S, hkv * d)).astype(dtype)
+        f["value"] = rng.standard_normal((B, S, hkv * d)).astype(dtype)
+    f["past_key"] = np.zeros((B, hkv, past_rows, ref.cache_row_bytes(d)), np.uint8)
+    f["past_value"] = np.zeros((B, hkv, past_rows, ref.cache_row_bytes(d, v_format)), np.uint8)
+    if rotary:
+        r = rot_half or d // 2
+        ang = rng.uniform(0, 6.3, (max_pos, r))
+        f["cos_cache"], f["sin_cache"] = np.cos(ang).astype(dtype), np.sin(ang).astype(dtype)
+    if qk_norm:
+        f["q_norm_weight"] = rng.uniform(0.5, 1.5, d).astype(dtype)
+        f["k_norm_weight"] = rng.uniform(0.5, 1.5, d).astype(dtype)
+    return f
+
+
+def _run(sess, feeds, seqlens, total):
+    f = dict(feeds, seqlens_k=np.asarray(seqlens, np.int32), total_sequence_length=np.asarray(total, np.int32))
+    return sess.run(None, f), f
+
+
+def _expect(feeds, attrs, out, atol):
+    kw = {k: feeds.get(k) for k in ("cos_cache", "sin_cache")}
+    want = ref.group_query_attention_packed(
+        feeds["query"], feeds.get("key"), feeds.get("value"), feeds["past_key"], feeds["past_value"],
+        feeds["seqlens_k"], feeds["total_sequence_length"], q_norm=feeds.get("q_norm_weight"),
+        k_norm=feeds.get("k_norm_weight"), **kw, **attrs)
+    np.testing.assert_allclose(out[0].astype(np.float32), want[0].astype(np.float32), atol=atol, rtol=0)
+    # The cache rows: bit-exact but for rare 1-step rounding ties of float32 math done in another order.
+    for got, exp in zip(out[1:], want[1:]):
+        assert got.shape == exp.shape
+        assert np.mean(got != exp) < 1e-3
+    return want
+
+
+CASES = [
+    # (B, hq, hkv, d, dtype, packed, rotary, interleaved, qk_norm, v_format)
+    (1, 4, 2, 32, np.float32, True, True, False, False, "q8_0"),
+    (2, 7, 1, 64, np.float32, True, True, False, False, "q8_0"),
+    (2, 4, 2, 128, np.float32, False, True, False, True, "q8_0"),
+    (1, 8, 8, 64, np.float16, False, True, True, False, "q4_0"),
+    (2, 6, 2, 256, np.float16, True, False, False, False, "q8_0"),
+    (3, 4, 1, 96, np.float32, False, True, False, True, "q4_0"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}-{c[1]}x{c[2]}-d{c[3]}-{np.dtype(c[4]).name}-"
+                         f"{'qkv' if c[5] else 'sep'}-{'rot' if c[6] else 'norot'}{'i' if c[7] else ''}-"
+                         f"{'norm' if c[8] else ''}-{c[9]}")
+def test_prompt_then_decode_matches_reference(case):
+    """A right-padded batch prompt, then decode steps with past != present (the buffers grow), every step against
+    the reference fed the op's own previous caches."""
+    B, hq, hkv, d, dtype, packed, rotary, inter, norm, vf = case
+    attrs = dict(num_heads=hq, kv_num_heads=hkv, do_rotary=int(rotary), rotary_interleaved=int(inter), v_format=vf)
+    sess = session(cache_attention_model(dtype, num_heads=hq, kv_num_heads=hkv, packed_qkv=packed, rotary=rotary,
+                                         interleaved=inter, qk_norm=norm, v_format=vf))
+    atol = 2e-3 if dtype == np.float16 else 1e-4
+    S = 9
+    lens = [S - 3 * b for b in range(B)]  # right padding: row b holds lens[b] real tokens
+    feeds = _inputs(B, S, hq, hkv, d, dtype=dtype, packed=packed, rotary=rotary, qk_norm=norm, v_format=vf)
+    out, f = _run(sess, feeds, [n - 1 for n in lens], S)
+    _expect(f, attrs, out, atol)
+    assert not np.any(out[0].reshape(B, S, -1)[1, lens[1]:]) if B > 1 else True  # padding rows are zeros
+    past_k, past_v = out[1], out[2]
+    for step in range(3):
+        total = [n + 1 + step for n in lens]
+        step_feeds = _inputs(B, 1, hq, hkv, d, dtype=dtype, packed=packed, rotary=rotary, qk_norm=norm,
+                             v_format=vf, seed=step + 1)
+        step_feeds.update(past_key=past_k, past_value=past_v)
+        if rotary:
+            step_feeds.update(cos_cache=feeds["cos_cache"], sin_cache=feeds["sin_cache"])
+        if norm:
+            step_feeds.update(q_norm_weight=feeds["q_norm_weight"], k_norm_weight=feeds["k_norm_weight"])
+        out, f = _run(sess, step_feeds, [t - 1 for t in total], max(total))
+        _expect(f, attrs, out, atol)
+        assert out[1].shape[2] == max(past_k.shape[2], max(total))
+        past_k, past_v = out[1], out[2]
+
+
+def test_split_k_route_over_a_long_cache():
+    """Decode over 5000 keys (the split_k route) of a cache with more rows than valid keys."""
+    B, hq, hkv, d = 2, 8, 2, 128
+    sess = session(cache_attention_model(np.float32, num_heads=hq, kv_num_heads=hkv, rotary=True))
+    feeds = _inputs(B, 1, hq, hkv, d, rotary=True, past_rows=6000, seed=3, max_pos=6000)
+    rng = np.random.default_rng(4)
+    for name in ("past_key", "past_value"):
+        x = rng.standard_normal((B, hkv, 6000, d)).astype(np.float32)
+        feeds[name] = ref.pack_cache_rows(x)
+    out, f = _run(sess, feeds, [4999, 3000], 5000)
+    _expect(f, dict(num_heads=hq, kv_num_heads=hkv, do_rotary=1), out, 1e-4)
+
+
+def _bound_run(sess, feeds, seqlens, total, rows_k, rows_v):
+    """Runs with present_* bound to the same OrtValues as past_* (onnxruntime-genai's shared buffer)."""
+    io = sess.io_binding()
+    pk = ort.OrtValue.ortvalue_from_numpy(rows_k)
+    pv = ort.OrtValue.ortvalue_from_numpy(rows_v)
+    f = dict(feeds, seqlens_k=np.asarray(seqlens, np.int32), total_sequence_length=np.asarray(total, np.int32))
+    for k, v in f.items():
+        if k in ("past_key", "past_value"):
+            continue
+        io.bind_cpu_input(k, v)
+    io.bind_ortvalue_input("past_key", pk)
+    io.bind_ortvalue_input("past_value", pv)
+    io.bind_output("output")
+    io.bind_ortvalue_output("present_key", pk)
+    io.bind_ortvalue_output("present_value", pv)
+    sess.run_with_iobinding(io)
+    return io.copy_outputs_to_cpu()[0], pk.numpy(), pv.numpy()
+
+
+def test_a_shared_buffer_too_small_for_the_new_rows_is_an_error():
+    """genai's buffer holds max_length rows; a step past it is refused by ONNX Runtime's shape check of the bound
+    output (present would need more rows), before the op writes anything."""
+    B, hq, hkv, d = 1, 4, 2, 64
+    sess = session(cache_attention_model(np.float32, num_heads=hq, kv_num_heads=hkv))
+    feeds = _inputs(B, 1, hq, hkv, d, past_rows=16)
+    k0 = feeds["past_key"].copy()
+    with pytest.raises(Exception, match="computed output shape"):
+        _bound_run(sess, feeds, [16], 17, feeds["past_key"], feeds["past_value"])
+    assert np.array_equal(feeds["past_key"], k0)
+
+
+def test_shared_buffer_appends_in_place_and_never_reads_past_the_valid_length():
+    """present bound to past's memory: only the new rows change; garbage in the rows after each batch row's
+    valid length (huge values, which would dominate the output if read) leaves the output equal to the
+    reference's over the valid rows."""
+    B, hq, hkv, d, L = 2, 4, 2, 64, 64
+    sess = session(cache_attention_model(np.float32, num_heads=hq, kv_num_heads=hkv, rotary=True))
+    rng = np.random.default_rng(5)
+    valid = [20, 33]
+    rows_k = ref.pack_cache_rows(rng.standard_normal((B, hkv, L, d)).astype(np.float32))
+    rows_v = ref.pack_cache_rows(rng.standard_normal((B, hkv, L, d)).astype(np.float32))
+    garbage = ref.pack_cache_rows(np.full((d,), 6e4, np.float32))
+    for b, n in enumerate(valid):
+        rows_k[b, :, n:] = garbage
+        rows_v[b, :, n:] = garbage
+    feeds = _inputs(B, 1, hq, hkv, d, rotary=True, past_rows=L, seed=6)
+    feeds.update(past_key=rows_k, past_value=rows_v)
+    before_k, before_v = rows_k.copy(), rows_v.copy()
+    out, pk, pv = _bound_run(sess, feeds, valid, max(valid) + 1, rows_k, rows_v)
+    f = dict(feeds, seqlens_k=np.asarray(valid, np.int32), total_sequence_length=np.asarray(max(valid) + 1, np.int32))
+    want = _expect(f, dict(num_heads=hq, kv_num_heads=hkv, do_rotary=1), (out, pk, pv), 1e-4)
+    changed = np.any(pk != before_k, axis=-1) | np.any(pv != before_v, axis=-1)
+    expected = np.zeros_like(changed)
+    for b, n in enumerate(valid):
+        expected[b, :, n] = True
+    assert np.array_equal(changed, expected), "only row valid[b] of each (b, head) may change"
+    assert np.array_equal(pk, want[1]) or np.mean(pk != want[1]) < 1e-3
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("rows", "input 'past_key' (3): expected shape [B, kv_num_heads, rows, 80]"),
+    ("seqlens", "input 'seqlens_k' (5): seqlens_k[0] + 1 = 40 must lie in"),
+    ("cos", "input 'cos_cache' (7): is required when do_rotary = 1"),
+    ("dtype", "input 'past_value' (4): expected dtype uint8, got float32"),
+])
+def test_bad_inputs_are_clear_errors(bad, message):
+    B, hq, hkv, d = 1, 4, 2, 64
+    sess = session(cache_attention_model(np.float32, num_heads=hq, kv_num_heads=hkv, rotary=True))
+    feeds = _inputs(B, 1, hq, hkv, d, rotary=True, past_rows=16)
+    seqlens, total = [8], 9
+    if bad == "rows":
+        feeds["past_key"] = np.zeros((B, hkv, 16, 72), np.uint8)
+    elif bad == "seqlens":
+        seqlens, total = [39], 9
+    elif bad == "cos":
+        sess = _with_rotary_attr_but_no_cos(hq, hkv)
+        del feeds["cos_cache"], feeds["sin_cache"]
+    elif bad == "dtype":
+        m = cache_attention_model(np.float32, num_heads=hq, kv_num_heads=hkv, rotary=True)
+        next(i for i in m.graph.input if i.name == "past_value").type.tensor_type.elem_type = 1  # float
+        sess = session(m)
+        feeds["past_value"] = np.zeros((B, hkv, 16, 80), np.float32)
+    with pytest.raises(Exception, match=r"Dot4GroupQueryAttention: " + _re(message)):
+        _run(sess, feeds, seqlens, total)
+
+
+def _re(s):
+    import re
+    return re.escape(s)
+
+
+def _with_rotary_attr_but_no_cos(hq, hkv):
+    m = cache_attention_model(np.float32, num_heads=hq, kv_num_heads=hkv, rotary=False)
+    for a in m.graph.node[0].attribute:
+        if a.name == "do_rotary":
+            a.i = 1
+    return session(m)
