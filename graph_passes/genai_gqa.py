@@ -1,0 +1,179 @@
+"""onnxruntime-genai model-builder decoders: com.microsoft.GroupQueryAttention -> dot4attn.Dot4GroupQueryAttention.
+
+The builder emits one GroupQueryAttention per layer that owns the cache: past_key_values.N.key/value in,
+present.N.key/value out, [batch, kv_heads, seq, head_size] float, appended in place when genai shares the past and
+present buffers. The rewrite keeps every input of the node (query or packed QKV, key, value, seqlens_k,
+total_sequence_length, cos/sin caches) and turns the two cache tensors of each layer into packed uint8 rows
+[batch, kv_heads, seq, row_bytes] (docs/ops.md, "Packed cache"): K q8_0, V q8_0 (genai gives K and V one dtype and
+one last dim) or q4_0 for runtimes that allow V its own width. The names stay, so genai still finds them.
+
+What the op does not implement is refused with the reason: sliding windows, softcap, smooth softmax (attention
+sinks), ORT's quantized caches, position_ids / attention_bias inputs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx_ir as ir
+
+from .. import DOMAIN
+from ..model_io import PAST_RE
+
+GQA = ("com.microsoft", "GroupQueryAttention")
+OP = "Dot4GroupQueryAttention"
+# GroupQueryAttention inputs the op takes, by position (the rest must be absent).
+KEPT_INPUTS = 9  # query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache, sin_cache
+INPUT_NAMES = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
+               "cos_cache", "sin_cache", "position_ids", "attention_bias", "head_sink"]
+
+
+class GenaiRewriteError(Exception):
+    """A builder model the pass refuses; the message names the node and why."""
+
+
+def row_bytes(d: int, fmt: str) -> int:
+    payload = d // 2 if fmt == "q4_0" else d
+    return -(-(payload + 2 * (d // 32)) // 16) * 16
+
+
+@dataclass
+class GqaLayer:
+    index: int
+    node: ir.Node
+    head_size: int
+    kv_heads: int
+
+
+def _attr(node: ir.Node, name: str, default):
+    a = node.attributes.get(name)
+    return default if a is None else a.value
+
+
+def _static(d):
+    return d if isinstance(d, int) else None
+
+
+def check_node(node: ir.Node) -> None:
+    """Raises GenaiRewriteError when the node uses something Dot4GroupQueryAttention does not implement."""
+    what = f"GroupQueryAttention node {node.name!r}"
+    lw = _attr(node, "local_window_size", -1)
+    if lw != -1:
+        raise GenaiRewriteError(f"{what}: local_window_size={lw} (sliding-window attention) is not supported")
+    sc = _attr(node, "softcap", 0.0)
+    if sc != 0.0:
+        raise GenaiRewriteError(f"{what}: softcap={sc} is not supported")
+    if _attr(node, "smooth_softmax", 0) != 0:
+        raise GenaiRewriteError(f"{what}: smooth_softmax=1 (attention sinks) is not supported")
+    for q in ("k_quant_type", "v_quant_type"):
+        v = _attr(node, q, "NONE")
+        if v not in ("NONE", "", b"NONE"):
+            raise GenaiRewriteError(f"{what}: {q}={v} (ORT's quantized KV cache) is not supported: rewrite the "
+                                    "float-cache model instead")
+    known = {"num_heads", "kv_num_heads", "scale", "local_window_size", "softcap", "do_rotary", "rotary_interleaved",
+             "smooth_softmax", "k_quant_type", "v_quant_type", "kv_cache_bit_width", "qk_output"}
+    extra = sorted(set(node.attributes) - known)
+    if extra:
+        raise GenaiRewriteError(f"{what}: attributes {extra} are not supported")
+    if _attr(node, "qk_output", 0) != 0:
+        raise GenaiRewriteError(f"{what}: qk_output is not supported")
+    for i, v in enumerate(node.inputs):
+        if i >= KEPT_INPUTS and v is not None:
+            name = INPUT_NAMES[i] if i < len(INPUT_NAMES) else f"#{i}"
+            raise GenaiRewriteError(f"{what}: input {i} ({name}) is not supported (only the first {KEPT_INPUTS} "
+                                    "inputs: query, key, value, caches, seqlens_k, total_sequence_length, cos/sin)")
+    if len(node.outputs) > 3 and any(o.uses() or o.is_graph_output() for o in node.outputs[3:]):
+        raise GenaiRewriteError(f"{what}: output 3 (attention scores) is used; not supported")
+
+
+def find_layers(graph: ir.Graph, head_size: int | None = None) -> list[GqaLayer]:
+    layers = []
+    for node in graph:
+        if (node.domain or "", node.op_type) != GQA:
+            continue
+        check_node(node)
+        past_k = node.inputs[3] if len(node.inputs) > 3 else None
+        past_v = node.inputs[4] if len(node.inputs) > 4 else None
+        if past_k is None or past_v is None or not past_k.is_graph_input() or not past_v.is_graph_input():
+            raise GenaiRewriteError(f"GroupQueryAttention node {node.name!r}: past_key / past_value must be graph "
+                                    "inputs (the builder's past_key_values.N.key / .value)")
+        m = PAST_RE.match(past_k.name or "")
+        if not m or m.group(2) != "key" or past_v.name != f"past_key_values.{m.group(1)}.value":
+            raise GenaiRewriteError(f"GroupQueryAttention node {node.name!r}: cache inputs {past_k.name!r} / "
+                                    f"{past_v.name!r} are not past_key_values.N.key / .value")
+        idx = int(m.group(1))
+        for o, part in ((node.outputs[1], "key"), (node.outputs[2], "value")):
+            if not o.is_graph_output() or o.name != f"present.{idx}.{part}":
+                raise GenaiRewriteError(f"GroupQueryAttention node {node.name!r}: output {o.name!r} must be the graph "
+                                        f"output present.{idx}.{part}")
+        if past_k.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+            raise GenaiRewriteError(f"{past_k.name}: a float or float16 cache was expected, got {past_k.dtype} "
+                                    "(ORT-quantized caches are not supported)")
+        sh = past_k.shape
+        d = _static(sh[3]) if sh is not None and len(sh) == 4 else None
+        d = d or head_size  # the builder leaves it symbolic (kv_cache_dim); genai_config has head_size
+        h = _static(sh[1]) if sh is not None and len(sh) == 4 else None
+        h = h or _attr(node, "kv_num_heads", None)
+        if d is None or h is None:
+            raise GenaiRewriteError(f"{past_k.name}: needs static kv_heads and head_size (or head_size from "
+                                    f"genai_config.json), got shape {sh}")
+        if d % 32 or not 32 <= d <= 256:
+            raise GenaiRewriteError(f"{past_k.name}: head_size must be a multiple of 32 in [32, 256], got {d}")
+        layers.append(GqaLayer(idx, node, d, h))
+    return layers
+
+
+def _packed_value(v: ir.Value, kv_heads: int, last: int) -> None:
+    sh = v.shape
+    v.dtype = ir.DataType.UINT8
+    v.shape = ir.Shape([sh[0], kv_heads, sh[2], last])
+
+
+def rewrite_gqa(model: ir.Model, v_format: str = "q8_0", head_size: int | None = None) -> list[GqaLayer]:
+    """Rewrites every GroupQueryAttention in place; returns the layers. Raises GenaiRewriteError, leaving the model
+    in an undefined state (discard it)."""
+    if v_format not in ("q8_0", "q4_0"):
+        raise GenaiRewriteError(f"v_format must be q8_0 or q4_0 for a genai model, got {v_format!r}")
+    graph = model.graph
+    if any(n.domain == DOMAIN for n in graph):
+        raise GenaiRewriteError("the model is already rewritten (it has dot4attn ops)")
+    layers = find_layers(graph, head_size)
+    if not layers:
+        raise GenaiRewriteError("no com.microsoft.GroupQueryAttention node: not an onnxruntime-genai model-builder "
+                                "decoder (use `dot4attn rewrite IN.onnx OUT.onnx` for exported models)")
+    for L in layers:
+        node = L.node
+        for cache in (node.inputs[3], node.inputs[4], node.outputs[1], node.outputs[2]):
+            for user, _ in cache.uses():
+                if user is not node:
+                    raise GenaiRewriteError(f"{cache.name} is also used by {user.op_type} node {user.name!r}")
+        attrs = {"num_heads": _attr(node, "num_heads", 0), "kv_num_heads": _attr(node, "kv_num_heads", 0),
+                 "scale": float(_attr(node, "scale", 0.0)), "do_rotary": _attr(node, "do_rotary", 0),
+                 "rotary_interleaved": _attr(node, "rotary_interleaved", 0), "v_format": v_format}
+        inputs = list(node.inputs[:KEPT_INPUTS])
+        while inputs and inputs[-1] is None:
+            inputs.pop()
+        new = ir.node(OP, inputs, attributes=attrs, domain=DOMAIN, num_outputs=3, name=node.name)
+        graph.insert_before(node, new)
+        out, pk, pv = node.outputs[0], node.outputs[1], node.outputs[2]
+        new.outputs[0].dtype, new.outputs[0].shape = out.dtype, out.shape
+        out.replace_all_uses_with(new.outputs[0])
+        for old, nv, fmt in ((pk, new.outputs[1], "q8_0"), (pv, new.outputs[2], v_format)):
+            nv.dtype, nv.shape = old.dtype, old.shape
+            _packed_value(nv, L.kv_heads, row_bytes(L.head_size, fmt))
+        name0 = out.name
+        outs = list(graph.outputs)
+        for old, nv in ((pk, new.outputs[1]), (pv, new.outputs[2])):
+            outs[outs.index(old)] = nv
+        graph.outputs.clear()
+        graph.outputs.extend(outs)
+        for old, nv in ((pk, new.outputs[1]), (pv, new.outputs[2])):
+            name = old.name
+            old.name = name + ".__removed"
+            nv.name = name
+        new.outputs[0].name = name0
+        out.name = name0 + ".__removed"
+        graph.remove(node, safe=True)
+        _packed_value(new.inputs[3], L.kv_heads, row_bytes(L.head_size, "q8_0"))
+        _packed_value(new.inputs[4], L.kv_heads, row_bytes(L.head_size, v_format))
+    model.opset_imports[DOMAIN] = 1
+    return layers
