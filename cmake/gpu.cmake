@@ -19,6 +19,7 @@ set(_d4a_gpu_sources
   custom_ops/decode/decode_gpu.cu
   custom_ops/split_k/split_k_gpu.cu
   custom_ops/prefill/prefill_gpu.cu
+  custom_ops/cache/cache_gpu.cu
 )
 
 set(_d4a_use_cuda OFF)

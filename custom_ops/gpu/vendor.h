@@ -31,6 +31,9 @@ using gpuError_t = hipError_t;
 #define gpuDevAttrWarpSize hipDeviceAttributeWarpSize
 #define gpuDevAttrMaxSharedMemoryPerBlockOptin hipDeviceAttributeSharedMemPerBlockOptin
 #define gpuMemsetAsync hipMemsetAsync
+#define gpuMemset2DAsync hipMemset2DAsync
+#define gpuMemcpy2DAsync hipMemcpy2DAsync
+#define gpuMemcpyDeviceToDevice hipMemcpyDeviceToDevice
 #define gpuFuncSetAttribute(f, attr, v) hipFuncSetAttribute(reinterpret_cast<const void*>(f), attr, v)
 #define gpuFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
 #else
@@ -46,6 +49,9 @@ using gpuError_t = cudaError_t;
 #define gpuDevAttrWarpSize cudaDevAttrWarpSize
 #define gpuDevAttrMaxSharedMemoryPerBlockOptin cudaDevAttrMaxSharedMemoryPerBlockOptin
 #define gpuMemsetAsync cudaMemsetAsync
+#define gpuMemset2DAsync cudaMemset2DAsync
+#define gpuMemcpy2DAsync cudaMemcpy2DAsync
+#define gpuMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
 #define gpuFuncSetAttribute(f, attr, v) cudaFuncSetAttribute(f, attr, v)
 #define gpuFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 #endif

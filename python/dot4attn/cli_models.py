@@ -10,7 +10,8 @@ import sys
 
 # pyproject.toml's [project.optional-dependencies] by import name, smallest extra first (tests/cli/test_cli.py
 # checks them against pyproject.toml).
-EXTRAS = {"passes": ("onnxscript", "onnx_ir"), "models": ("onnxscript", "onnx_ir", "torch", "transformers")}
+EXTRAS = {"passes": ("onnxscript", "onnx_ir"), "genai": ("onnxruntime_genai",),
+          "models": ("onnxscript", "onnx_ir", "torch", "transformers")}
 # The extra a command is meant to run with: rewrite needs the passes; export and demo export models; generate needs
 # transformers for --tokenizer only.
 COMMAND_EXTRA = {"rewrite": "passes", "export": "models", "demo": "models", "generate": "models"}

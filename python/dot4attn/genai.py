@@ -155,7 +155,7 @@ def _kv_bytes(model, head_size: int | None) -> int:
             h, d = v.shape[1], v.shape[3]
             d = d if isinstance(d, int) else head_size
             if isinstance(h, int) and isinstance(d, int):
-                total += h * d * v.dtype.itemsize
+                total += int(h * d * v.dtype.itemsize)
     return total
 
 

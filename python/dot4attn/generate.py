@@ -44,7 +44,8 @@ def generate(model: str, token_ids: list[int], max_new_tokens: int, device: str 
 
 
 def add_arguments(p) -> None:
-    p.add_argument("model", metavar="MODEL", help="decoder ONNX model (original or rewritten)")
+    p.add_argument("model", metavar="MODEL", help="decoder ONNX model (original or rewritten), or an onnxruntime-genai "
+                   "folder (run through onnxruntime-genai; its genai_config.json picks the device)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="text prompt (needs --tokenizer)")
     src.add_argument("--token-ids", type=lambda s: [int(x) for x in s.replace(",", " ").split()],
@@ -56,6 +57,10 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from . import genai
+
+    if genai.is_genai_folder(args.model):
+        return _run_genai(args)
     tok = None
     if args.prompt is not None:
         if not args.tokenizer:
@@ -89,4 +94,35 @@ def run(args) -> int:
         print("text:", tok.decode(r["tokens"]))
     print(f"prefill {len(ids)} tokens: {r['prefill_tok_s']:.1f} tok/s; decode: {r['decode_tok_s']:.1f} tok/s")
     print(f"KV cache: {r['cache_bytes']} bytes for {r['context']} tokens ({r['cache_bytes_per_token']} bytes/token)")
+    return 0
+
+
+def _run_genai(args) -> int:
+    """A genai folder under og.Generator (greedy); --prompt goes through the folder's own tokenizer."""
+    from .genai import GenaiError, generate as og_generate, import_og
+
+    try:
+        og = import_og()
+        tokenizer = None
+        if args.prompt is not None:
+            tokenizer = og.Tokenizer(og.Model(args.model))
+            ids = [int(t) for t in tokenizer.encode(args.prompt)]
+        else:
+            ids = args.token_ids
+        if not ids:
+            print("dot4attn generate: empty prompt", file=sys.stderr)
+            return 2
+        t0 = time.perf_counter()
+        out = og_generate(args.model, [ids], args.max_new_tokens)[0]
+        dt = time.perf_counter() - t0
+    except GenaiError as e:
+        print(f"dot4attn generate: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # og load/run errors: say which folder
+        print(f"dot4attn generate: {args.model}: {e}", file=sys.stderr)
+        return 1
+    print("tokens:", " ".join(map(str, out)))
+    if tokenizer is not None:
+        print("text:", tokenizer.decode(out))
+    print(f"{len(ids)} prompt + {len(out)} new tokens in {dt:.3f} s (onnxruntime-genai, greedy)")
     return 0

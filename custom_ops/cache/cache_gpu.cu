@@ -1,0 +1,260 @@
+// GPU backend of Dot4GroupQueryAttention (CUDA or HIP through gpu/vendor.h). Everything is enqueued on the
+// stream; the host only knows the per-batch lengths (seqlens_k and total_sequence_length are host inputs).
+//   1. Not shared: the past rows are copied into present (one 2D copy per cache), the rest zeroed.
+//   2. prologue_kernel: one group of 32 lanes per row of a new token -- K and V heads are normed / rotated and
+//      packed straight into their cache rows (the contract's math: float32, exact division, half-even), Q heads
+//      are normed / rotated into the per-batch query scratch [Hq][q_rows(b)][D] of T.
+//   3. Attention per batch row over its own valid keys, from the strided cache rows (launch plan per call).
+//   4. out_kernel: [B][Hq][q_rows][D] -> [B, S, Hq * D] (decode writes its output in place: S = 1 is the same
+//      layout), zeros for the padding rows of a first prompt.
+#include <algorithm>
+#include <vector>
+
+#include "attention/attention_backends.h"
+#include "cache/cache_attention.h"
+#include "cache/cache_backends.h"
+#include "gpu/vendor.h"
+
+namespace dot4attn {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kGroups = kThreads / 32;  // rows per block
+constexpr int kMaxBatch = 128;          // batch rows per prologue launch (their lengths travel as kernel arguments)
+
+struct Prologue {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* cos;
+  const void* sin;
+  const void* q_norm;
+  const void* k_norm;
+  void* q_rows;
+  uint8_t* k_cache;
+  uint8_t* v_cache;
+  int64_t S, Hq, Hkv, L, k_row, v_row, rot_half, b0, nb;
+  int D;
+  float eps;
+  int half, packed, rotary, interleaved, q4;
+  int past[kMaxBatch], q_rows_of[kMaxBatch];
+};
+
+__device__ __forceinline__ float load_t(const void* p, int half, int64_t i) {
+  return half ? gpu::h2f(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+
+__device__ __forceinline__ float group32_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += gpu::shfl_xor(v, o);
+  return v;
+}
+
+__global__ void __launch_bounds__(kThreads) prologue_kernel(Prologue a) {
+  __shared__ float rows[kGroups][kMaxHeadDim];
+  const int grp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t per_token = a.Hq + 2 * a.Hkv;
+  const int64_t item = int64_t(blockIdx.x) * kGroups + grp;
+  const int64_t n_items = a.nb * a.S * per_token;
+  const int nb = a.D / 32;
+  // Every thread reaches the block barriers below; groups past the end (or a padding row's Q) only skip the work.
+  const bool live = item < n_items;
+  const int64_t token = live ? item / per_token : 0, slot = live ? item % per_token : 0;
+  const int64_t bl = token / a.S, s = token % a.S, b = a.b0 + bl;
+  const int kind = slot < a.Hkv ? 1 : slot < 2 * a.Hkv ? 2 : 0;  // 1 K, 2 V, 0 Q
+  const int64_t h = kind == 1 ? slot : kind == 2 ? slot - a.Hkv : slot - 2 * a.Hkv;
+  const bool work = live && (kind != 0 || s < a.q_rows_of[bl]);
+  const int64_t pos = a.past[bl] + s;
+
+  float x[kMaxHeadDim / 32];
+  if (work) {
+    const void* src = kind == 0 || a.packed ? a.q : kind == 1 ? a.k : a.v;
+    int64_t off;
+    if (a.packed) {
+      const int64_t first = kind == 0 ? 0 : kind == 1 ? a.Hq : a.Hq + a.Hkv;
+      off = ((b * a.S + s) * per_token + first + h) * a.D;
+    } else {
+      off = ((b * a.S + s) * (kind == 0 ? a.Hq : a.Hkv) + h) * a.D;
+    }
+    for (int j = 0; j < nb; ++j) x[j] = load_t(src, a.half, off + 32 * j + lane);
+    const void* w = kind == 0 ? a.q_norm : kind == 1 ? a.k_norm : nullptr;
+    if (w) {
+      float ss = 0.f;
+      for (int j = 0; j < nb; ++j) ss += x[j] * x[j];
+      ss = group32_sum(ss);
+      const float inv = 1.f / sqrtf(gpu::div_rn(ss, float(a.D)) + a.eps);
+      for (int j = 0; j < nb; ++j) x[j] = __fmul_rn(__fmul_rn(x[j], inv), load_t(w, a.half, 32 * j + lane));
+    }
+  }
+  if (a.rotary) {  // a block-uniform branch: the barriers are reached by every thread
+    const bool rot = work && kind != 2;
+    if (rot)
+      for (int j = 0; j < nb; ++j) rows[grp][32 * j + lane] = x[j];
+    __syncthreads();
+    if (rot) {
+      const int64_t R = a.rot_half;
+      for (int j = 0; j < nb; ++j) {
+        const int64_t i = 32 * j + lane;
+        if (i >= 2 * R) continue;
+        int64_t k, partner;
+        bool first;
+        if (a.interleaved) { k = i >> 1; first = (i & 1) == 0; partner = i ^ 1; }
+        else { k = i < R ? i : i - R; first = i < R; partner = first ? i + R : i - R; }
+        const float c = load_t(a.cos, a.half, pos * R + k), sn = load_t(a.sin, a.half, pos * R + k);
+        const float other = rows[grp][partner];
+        // first: a*c - b*s; second: b*c + a*s (a = the first of the pair), as the CPU evaluates it
+        x[j] = first ? __fsub_rn(__fmul_rn(x[j], c), __fmul_rn(other, sn))
+                     : __fadd_rn(__fmul_rn(x[j], c), __fmul_rn(other, sn));
+      }
+    }
+  }
+  if (!work) return;  // no barrier below
+  if (kind == 0) {
+    const int64_t qr = a.q_rows_of[bl];
+    const int64_t base = b * a.Hq * a.S * a.D + (h * qr + s) * a.D;
+    for (int j = 0; j < nb; ++j) {
+      if (a.half) static_cast<uint16_t*>(a.q_rows)[base + 32 * j + lane] = gpu::f2h(x[j]);
+      else static_cast<float*>(a.q_rows)[base + 32 * j + lane] = x[j];
+    }
+    return;
+  }
+  const bool q4 = kind == 2 && a.q4;
+  const int64_t row_bytes = kind == 1 ? a.k_row : a.v_row;
+  uint8_t* row = (kind == 1 ? a.k_cache : a.v_cache) + ((b * a.Hkv + h) * a.L + pos) * row_bytes;
+  const int payload = q4 ? a.D / 2 : a.D;
+  for (int j = 0; j < nb; ++j) {
+    const float amax = gpu::group32_max(fmaxf(0.f, fabsf(x[j])));
+    const uint16_t sh = gpu::f2h(gpu::div_rn(amax, q4 ? 7.f : 127.f));
+    const float sc = gpu::h2f(sh);
+    float q = sc == 0.f ? 0.f : rintf(gpu::div_rn(x[j], sc));
+    q = fminf(fmaxf(q, q4 ? -8.f : -127.f), q4 ? 7.f : 127.f);
+    if (q4) {
+      const int u = int(q) + 8;
+      const int hi = gpu::shfl_xor(u, 1);
+      if ((lane & 1) == 0) row[16 * j + (lane >> 1)] = uint8_t(u | (hi << 4));
+    } else {
+      row[32 * j + lane] = uint8_t(int8_t(int(q)));
+    }
+    if (lane == 0) {
+      row[payload + 2 * j] = uint8_t(sh & 0xff);
+      row[payload + 2 * j + 1] = uint8_t(sh >> 8);
+    }
+  }
+  for (int64_t i = payload + 2 * nb + lane; i < row_bytes; i += 32) row[i] = 0;
+}
+
+// out[b, s, h * D + d] = rows[b][h][s][d] for s < q_rows(b), else 0. One thread per element.
+struct OutArgs {
+  const void* rows;
+  void* out;
+  int64_t S, Hq, D, b0, nb, elem;
+  int q_rows_of[kMaxBatch];
+};
+
+__global__ void __launch_bounds__(kThreads) out_kernel(OutArgs a) {
+  const int64_t n = a.nb * a.S * a.Hq * a.D;
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kThreads) {
+    const int64_t d = i % a.D, h = (i / a.D) % a.Hq, s = (i / (a.D * a.Hq)) % a.S, bl = i / (a.D * a.Hq * a.S);
+    const int64_t b = a.b0 + bl, qr = a.q_rows_of[bl];
+    const int64_t dst = ((b * a.S + s) * a.Hq + h) * a.D + d;
+    const int64_t src = b * a.Hq * a.S * a.D + (h * qr + s) * a.D + d;
+    if (a.elem == 2) {
+      static_cast<uint16_t*>(a.out)[dst] = s < qr ? static_cast<const uint16_t*>(a.rows)[src] : uint16_t(0);
+    } else {
+      static_cast<float*>(a.out)[dst] = s < qr ? static_cast<const float*>(a.rows)[src] : 0.f;
+    }
+  }
+}
+
+unsigned grid_for(int64_t n, int64_t per_block) {
+  const int64_t g = (n + per_block - 1) / per_block;
+  return unsigned(std::max<int64_t>(1, std::min<int64_t>(g, 1 << 20)));
+}
+
+size_t round_up(size_t n) { return (n + 255) / 256 * 256; }
+
+struct Layout {
+  size_t q_bytes = 0, out_bytes = 0, split_bytes = 0;
+};
+
+Layout layout_of(const CacheParams& c, std::vector<gpu::GpuPlan>* plans) {
+  Layout l;
+  const size_t elem = c.half ? 2 : 4;
+  l.q_bytes = round_up(size_t(c.B * c.Hq * c.S * c.D) * elem);
+  l.out_bytes = c.S == 1 ? 0 : l.q_bytes;  // decode writes the op's output directly
+  for (int64_t b = 0; b < c.B; ++b) {
+    AttentionParams p = cache_attention_params(c, b, nullptr, nullptr);
+    p.route = choose_route(p, c.split_k_min_keys);
+    const gpu::GpuPlan plan = attention_gpu_plan(p);
+    l.split_bytes = std::max(l.split_bytes, round_up(plan.scratch_bytes));
+    if (plans) plans->push_back(plan);
+  }
+  return l;
+}
+
+}  // namespace
+
+size_t cache_gpu_scratch_bytes(const CacheParams& c) {
+  const Layout l = layout_of(c, nullptr);
+  return l.q_bytes + l.out_bytes + l.split_bytes;
+}
+
+void cache_attention_gpu(const CacheParams& c, void* scratch, void* stream) {
+  auto s = static_cast<gpuStream_t>(stream);
+  std::vector<gpu::GpuPlan> plans;
+  const Layout l = layout_of(c, &plans);
+  char* base = static_cast<char*>(scratch);
+  void* q_rows = base;
+  void* out_rows = c.S == 1 ? c.out : base + l.q_bytes;
+  void* split = base + l.q_bytes + l.out_bytes;
+
+  if (!c.shared()) {
+    const int64_t rows = c.B * c.Hkv;
+    for (int t = 0; t < 2; ++t) {
+      const int64_t rb = t == 0 ? c.k_row : c.v_row;
+      uint8_t* dst = t == 0 ? c.present_k : c.present_v;
+      const uint8_t* src = t == 0 ? c.past_k : c.past_v;
+      if (c.past_rows > 0)
+        D4A_GPU_CHECK(gpuMemcpy2DAsync(dst, size_t(c.L * rb), src, size_t(c.past_rows * rb), size_t(c.past_rows * rb),
+                                       size_t(rows), gpuMemcpyDeviceToDevice, s));
+      if (c.L > c.past_rows)
+        D4A_GPU_CHECK(gpuMemset2DAsync(dst + c.past_rows * rb, size_t(c.L * rb), 0, size_t((c.L - c.past_rows) * rb),
+                                       size_t(rows), s));
+    }
+  }
+
+  for (int64_t b0 = 0; b0 < c.B; b0 += kMaxBatch) {
+    Prologue a{};
+    a.q = c.q; a.k = c.k; a.v = c.v; a.cos = c.cos; a.sin = c.sin; a.q_norm = c.q_norm; a.k_norm = c.k_norm;
+    a.q_rows = q_rows; a.k_cache = c.present_k; a.v_cache = c.present_v;
+    a.S = c.S; a.Hq = c.Hq; a.Hkv = c.Hkv; a.L = c.L; a.k_row = c.k_row; a.v_row = c.v_row; a.rot_half = c.rot_half;
+    a.b0 = b0; a.nb = std::min<int64_t>(kMaxBatch, c.B - b0); a.D = c.D; a.eps = c.norm_eps;
+    a.half = c.half; a.packed = c.packed_qkv; a.rotary = c.rotary; a.interleaved = c.interleaved;
+    a.q4 = c.v_format == VFormat::kQ4_0;
+    for (int64_t i = 0; i < a.nb; ++i) {
+      a.past[i] = int(c.past[b0 + i]);
+      a.q_rows_of[i] = int(c.q_rows(b0 + i));
+    }
+    const int64_t items = a.nb * c.S * (c.Hq + 2 * c.Hkv);
+    prologue_kernel<<<grid_for(items, kGroups), kThreads, 0, s>>>(a);
+    D4A_GPU_CHECK(gpuGetLastError());
+  }
+
+  for (int64_t b = 0; b < c.B; ++b) {
+    AttentionParams p = cache_attention_params(c, b, q_rows, out_rows);
+    p.route = choose_route(p, c.split_k_min_keys);
+    attention_gpu(p, plans[size_t(b)], split, stream);
+  }
+
+  if (c.S == 1) return;
+  for (int64_t b0 = 0; b0 < c.B; b0 += kMaxBatch) {
+    OutArgs o{};
+    o.rows = out_rows; o.out = c.out; o.S = c.S; o.Hq = c.Hq; o.D = c.D; o.b0 = b0;
+    o.nb = std::min<int64_t>(kMaxBatch, c.B - b0); o.elem = c.half ? 2 : 4;
+    for (int64_t i = 0; i < o.nb; ++i) o.q_rows_of[i] = int(c.q_rows(b0 + i));
+    out_kernel<<<grid_for(o.nb * c.S * c.Hq * c.D, kThreads), kThreads, 0, s>>>(o);
+    D4A_GPU_CHECK(gpuGetLastError());
+  }
+}
+
+}  // namespace dot4attn

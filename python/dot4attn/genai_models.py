@@ -1,0 +1,77 @@
+"""Random-weight onnxruntime-genai model folders for tests and benchmarks, made offline: a Hugging Face Qwen2 /
+Qwen3 model saved with transformers (weights from a seed; the speed and the agreement checks need real shapes, not
+real weights), a word-level tokenizer, then onnxruntime-genai's model builder.
+
+    hf = make_hf_model("qwen3-d128", tmp / "hf")
+    folder = build_genai(hf, tmp / "fp32-cpu", precision="fp32", ep="cpu")
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+VOCAB = 257  # 256 word tokens t0..t255 and <|endoftext|> (also the pad token)
+PAD = 256
+
+# name -> (architecture, config fields). Small enough to build in seconds; the head shapes are the point.
+SHAPES = {
+    # Qwen2 (q/k/v biases), 4 query / 2 KV heads of D = 32
+    "qwen2-bias": ("qwen2", dict(hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                                 num_key_value_heads=2)),
+    # Qwen3 (q_norm / k_norm), D = 128
+    "qwen3-d128": ("qwen3", dict(hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                                 num_key_value_heads=2, head_dim=128)),
+    # 7 query heads per KV head, D = 64 (Qwen2.5-0.5B's head layout)
+    "gqa7-d64": ("qwen2", dict(hidden_size=448, intermediate_size=512, num_attention_heads=7,
+                               num_key_value_heads=1)),
+    # Real model shapes for the end-to-end benchmark (random weights).
+    "qwen2.5-0.5b": ("qwen2", dict(hidden_size=896, intermediate_size=4864, num_attention_heads=14,
+                                   num_key_value_heads=2, num_hidden_layers=24, vocab_size=151936)),
+    "qwen2.5-7b": ("qwen2", dict(hidden_size=3584, intermediate_size=18944, num_attention_heads=28,
+                                 num_key_value_heads=4, num_hidden_layers=28, vocab_size=152064)),
+}
+
+
+def make_hf_model(shape: str, out: str | os.PathLike, *, layers: int = 2, seed: int = 0,
+                  max_positions: int = 4096, init_range: float = 0.02) -> Path:
+    """Saves a random-weight Hugging Face model of SHAPES[shape] and a word-level tokenizer into `out`."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import (PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                              Qwen3ForCausalLM)
+
+    arch, fields = SHAPES[shape]
+    fields = dict(fields)
+    fields.setdefault("num_hidden_layers", layers)
+    fields.setdefault("vocab_size", VOCAB)
+    config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if arch == "qwen2" else (Qwen3Config, Qwen3ForCausalLM)
+    cfg = config_cls(**fields, max_position_embeddings=max_positions, eos_token_id=PAD, bos_token_id=PAD,
+                     tie_word_embeddings=False, initializer_range=init_range)
+    torch.manual_seed(seed)
+    model = model_cls(cfg).eval()
+    out = Path(out)
+    model.save_pretrained(out)
+    vocab = {f"t{i}": i for i in range(256)}
+    vocab["<|endoftext|>"] = PAD
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", unk_token="<|endoftext|>",
+                            pad_token="<|endoftext|>").save_pretrained(out)
+    return out
+
+
+def build_genai(hf_dir: str | os.PathLike, out: str | os.PathLike, precision: str = "fp32", ep: str = "cpu",
+                extra: dict[str, str] | None = None, python: str | None = None) -> Path:
+    """Runs onnxruntime-genai's model builder on `hf_dir` (offline); returns the genai folder."""
+    out = Path(out)
+    cmd = [python or sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", str(hf_dir), "-i", str(hf_dir),
+           "-o", str(out), "-p", precision, "-e", ep, "-c", str(out) + ".cache"]
+    if extra:
+        cmd += ["--extra_options"] + [f"{k}={v}" for k, v in extra.items()]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode != 0 or not (out / "genai_config.json").is_file():
+        raise RuntimeError(f"model builder failed ({' '.join(cmd)}):\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
+    return out

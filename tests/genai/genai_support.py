@@ -1,0 +1,97 @@
+"""Builder-made genai folders for the tests, cached under $DOT4ATTN_MODEL_CACHE/genai (built once per shape,
+precision, EP and package versions), and onnxruntime-genai runs that return logits."""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+def og():
+    return pytest.importorskip("onnxruntime_genai", reason="pip install '.[genai]' (CI installs it)")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DOT4ATTN_MODEL_CACHE", Path.home() / ".cache" / "dot4attn" / "models")) / "genai"
+
+
+def genai_model(shape: str, precision: str = "fp32", ep: str = "cpu") -> Path:
+    """The builder's folder for SHAPES[shape] (2 layers, seed 0), built on first use."""
+    og()
+    pytest.importorskip("transformers")
+    from importlib.metadata import version
+
+    from dot4attn.genai_models import build_genai, make_hf_model
+
+    key = hashlib.sha1(f"{version('onnxruntime-genai')}-{version('transformers')}-{version('torch')}".encode())
+    out = cache_root() / f"{shape}-{precision}-{ep}-{key.hexdigest()[:10]}"
+    if (out / "genai_config.json").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        hf = make_hf_model(shape, tmp / "hf")
+        build_genai(hf, tmp / "model", precision, ep)
+        os.replace(tmp / "model", out) if not out.exists() else None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def teacher_forced_logits(folder, tokens: list[int], mode: str) -> np.ndarray:
+    """[len(tokens), vocab] logits: the whole prompt at once ("prompt") or one token per step ("steps")."""
+    g_ = og()
+    model = g_.Model(str(folder))
+    params = g_.GeneratorParams(model)
+    params.set_search_options(max_length=len(tokens) + 4, do_sample=False)
+    gen = g_.Generator(model, params)
+    if mode == "prompt":
+        gen.append_tokens([tokens])
+        return np.asarray(gen.get_output("logits"))[0].astype(np.float64)
+    rows = []
+    for t in tokens:
+        gen.append_tokens([[t]])
+        rows.append(np.asarray(gen.get_output("logits"))[0, -1].astype(np.float64))
+    return np.stack(rows)
+
+
+def batch_logits(folder, prompts: list[list[int]], new_tokens: int, share: bool, pad: int = 256) -> tuple:
+    """Greedy batch run (left-padded prompts): (tokens [B][new], last-position logits [B, new + 1, vocab])."""
+    g_ = og()
+    model = g_.Model(str(folder))
+    params = g_.GeneratorParams(model)
+    n = max(len(p) for p in prompts)
+    params.set_search_options(max_length=n + new_tokens, do_sample=False, batch_size=len(prompts),
+                              past_present_share_buffer=share)
+    gen = g_.Generator(model, params)
+    gen.append_tokens(np.array([[pad] * (n - len(p)) + p for p in prompts], np.int32))
+    logits = [np.asarray(gen.get_output("logits"))[:, -1].astype(np.float64)]
+    toks = [[] for _ in prompts]
+    for _ in range(new_tokens):
+        gen.generate_next_token()
+        for b, t in enumerate(gen.get_next_tokens()):
+            toks[b].append(int(t))
+        logits.append(np.asarray(gen.get_output("logits"))[:, -1].astype(np.float64))
+    return toks, np.stack(logits, 1)
+
+
+def agreement(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """(top-1 agreement, mean KL(a || b)) over the rows of two logit arrays [..., vocab]."""
+    a = a.reshape(-1, a.shape[-1])
+    b = b.reshape(-1, b.shape[-1])
+    la = a - a.max(-1, keepdims=True)
+    la -= np.log(np.exp(la).sum(-1, keepdims=True))
+    lb = b - b.max(-1, keepdims=True)
+    lb -= np.log(np.exp(lb).sum(-1, keepdims=True))
+    kl = float((np.exp(la) * (la - lb)).sum(-1).mean())
+    return float((a.argmax(-1) == b.argmax(-1)).mean()), kl
+
+
+def tree_digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}

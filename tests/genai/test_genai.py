@@ -1,0 +1,189 @@
+"""onnxruntime-genai runs rewritten builder models: `dot4attn rewrite GENAI_DIR OUT_DIR`, then og.Generator on
+the packed cache (CPU EP; the same models built for CUDA run in tests/gpu/test_genai_cuda.py)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from genai_support import agreement, batch_logits, genai_model, og, teacher_forced_logits, tree_digest
+
+from dot4attn import reference as ref
+from dot4attn.cli import main as cli
+
+MODELS = [("qwen2-bias", "fp32"), ("qwen3-d128", "fp32"), ("gqa7-d64", "fp32"),
+          ("qwen2-bias", "int4"), ("qwen3-d128", "int4"), ("gqa7-d64", "int4")]
+
+
+@pytest.fixture(scope="module")
+def rewritten(tmp_path_factory):
+    made = {}
+
+    def get(shape, precision, v_format="q8_0"):
+        key = (shape, precision, v_format)
+        if key not in made:
+            src = genai_model(shape, precision)
+            out = tmp_path_factory.mktemp("genai") / f"{shape}-{precision}-{v_format}"
+            before = tree_digest(src)
+            assert cli(["rewrite", str(src), str(out), "--v-format", v_format]) == 0
+            assert tree_digest(src) == before, "IN must stay untouched"
+            made[key] = (src, out)
+        return made[key]
+
+    return get
+
+
+@pytest.mark.parametrize("shape, precision", MODELS)
+def test_teacher_forced_logits_agree(rewritten, shape, precision):
+    """64 positions as one prompt and as 64 decode steps on the shared in-place buffer: top-1 >= 95 %, KL <= 1e-3."""
+    src, out = rewritten(shape, precision)
+    tokens = [int(t) for t in np.random.default_rng(1).integers(0, 256, 64)]
+    for mode in ("prompt", "steps"):
+        top1, kl = agreement(teacher_forced_logits(src, tokens, mode), teacher_forced_logits(out, tokens, mode))
+        assert top1 >= 0.95 and kl <= 1e-3, f"{mode}: top-1 {top1:.3f}, KL {kl:.2e}"
+
+
+@pytest.mark.parametrize("shape, precision", MODELS[:3])
+def test_the_cache_is_packed_and_genai_config_loads_the_library(rewritten, shape, precision):
+    src, out = rewritten(shape, precision)
+    m = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    ops = {(n.domain, n.op_type) for n in m.graph.node}
+    assert ("com.microsoft", "GroupQueryAttention") not in ops
+    assert ("dot4attn", "Dot4GroupQueryAttention") in ops
+    caches = [v for v in list(m.graph.input) + list(m.graph.output)
+              if v.name.startswith(("past_key_values.", "present."))]
+    assert caches and all(v.type.tensor_type.elem_type == onnx.TensorProto.UINT8 for v in caches)
+    facts = json.loads((out / "dot4attn.json").read_text())
+    d, layers, heads = facts["head_size"], facts["layers"], facts["kv_heads"]
+    assert facts["k_row_bytes"] == facts["v_row_bytes"] == ref.cache_row_bytes(d)
+    assert facts["kv_bytes_per_token_before"] == layers * heads * 2 * d * 4  # fp32 K and V
+    assert facts["kv_bytes_per_token_after"] == layers * heads * 2 * ref.cache_row_bytes(d)
+    cfg = json.loads((out / "genai_config.json").read_text())
+    assert cfg["model"]["decoder"]["session_options"]["custom_ops_library"] == "libdot4attn_ops.so"
+    assert (out / "libdot4attn_ops.so").is_file() and (out / "tokenizer.json").is_file()
+
+
+@pytest.mark.parametrize("shape, precision", MODELS[:3])
+def test_greedy_generation_under_og(rewritten, shape, precision, capsys):
+    """dot4attn generate on the folder: 32 new tokens through og.Generator."""
+    _, out = rewritten(shape, precision)
+    assert cli(["generate", str(out), "--token-ids", "5,6,7,8", "--max-new-tokens", "32"]) == 0
+    toks = capsys.readouterr().out.splitlines()[0].split()[1:]
+    assert len(toks) == 32 and all(0 <= int(t) < 257 for t in toks)
+
+
+@pytest.mark.parametrize("share", [True, False], ids=["shared-buffer", "new-buffer-per-step"])
+@pytest.mark.parametrize("shape", ["qwen2-bias", "gqa7-d64"])
+def test_batch_of_different_prompt_lengths(rewritten, shape, share):
+    """Batch 2 with prompts of 9 and 4 tokens (genai pads), 8 greedy steps: the logits of every step agree with
+    the original model run the same way, with genai sharing past and present buffers or not."""
+    src, out = rewritten(shape, "fp32")
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [20, 21, 22, 23]]
+    t_src, l_src = batch_logits(src, prompts, 8, share)
+    t_out, l_out = batch_logits(out, prompts, 8, share)
+    top1, kl = agreement(l_src, l_out)
+    assert top1 >= 0.95 and kl <= 1e-3, f"top-1 {top1:.3f}, KL {kl:.2e}"
+
+
+def test_q4_0_values_under_genai_are_refused_by_shape_or_run(rewritten):
+    """K and V caches of different widths (V q4_0): genai allocates V like K, so the folder is only for runtimes
+    that give V its own layout; the rewrite still produces a valid model whose V rows are q4_0."""
+    src, out = rewritten("qwen3-d128", "fp32", "q4_0")
+    facts = json.loads((out / "dot4attn.json").read_text())
+    assert facts["v_row_bytes"] < facts["k_row_bytes"]
+
+
+# ---- bad input: one clear error each, nothing written, IN untouched ------------------------------------------
+
+def _rewrite_fails(src, out, capsys, match, out_before=None):
+    before = tree_digest(src)
+    assert cli(["rewrite", str(src), str(out)]) == 1
+    err = capsys.readouterr().err
+    assert match in err and "no output written" in err, err
+    assert (tree_digest(Path(out)) if Path(out).exists() else None) == out_before
+    assert not [p for p in Path(out).parent.iterdir() if p.name.startswith(f".{Path(out).name}.")]
+    assert tree_digest(src) == before
+
+
+def _copy(src, tmp_path, name="in"):
+    dst = tmp_path / name
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _edit_gqa(folder: Path, **attrs):
+    m = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    for n in m.graph.node:
+        if n.op_type == "GroupQueryAttention":
+            for k, v in attrs.items():
+                n.attribute.append(onnx.helper.make_attribute(k, v))
+    onnx.save(m, str(folder / "model.onnx"))
+
+
+def test_already_rewritten(rewritten, tmp_path, capsys):
+    _, out = rewritten("qwen2-bias", "fp32")
+    _rewrite_fails(_copy(out, tmp_path), tmp_path / "out", capsys, "already rewritten")
+
+
+@pytest.mark.parametrize("attr, value, match", [("local_window_size", 128, "sliding-window"),
+                                                ("softcap", 30.0, "softcap=30.0")])
+def test_unsupported_attention_is_refused(tmp_path, capsys, attr, value, match):
+    src = _copy(genai_model("qwen2-bias", "fp32"), tmp_path)
+    m = onnx.load(str(src / "model.onnx"), load_external_data=False)
+    for n in m.graph.node:
+        if n.op_type == "GroupQueryAttention":
+            for a in n.attribute:
+                if a.name == attr:
+                    n.attribute.remove(a)
+                    break
+            n.attribute.append(onnx.helper.make_attribute(attr, value))
+    onnx.save(m, str(src / "model.onnx"))
+    _rewrite_fails(src, tmp_path / "out", capsys, match)
+
+
+def test_missing_genai_config(tmp_path, capsys):
+    src = _copy(genai_model("qwen2-bias", "fp32"), tmp_path)
+    (src / "genai_config.json").unlink()
+    _rewrite_fails(src, tmp_path / "out", capsys, "genai_config.json")
+
+
+def test_missing_or_short_external_data(tmp_path, capsys):
+    src = _copy(genai_model("qwen2-bias", "int4"), tmp_path)
+    data = next(p for p in src.iterdir() if p.name.endswith(".data"))
+    with open(data, "r+b") as f:
+        f.truncate(data.stat().st_size // 2)
+    _rewrite_fails(src, tmp_path / "out", capsys, "truncated")
+    data.unlink()
+    _rewrite_fails(src, tmp_path / "out2", capsys, "missing")
+
+
+def test_unwritable_out(tmp_path, capsys):
+    src = genai_model("qwen2-bias", "fp32")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    before = tree_digest(src)
+    assert cli(["rewrite", str(src), str(blocker / "out")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    if os.geteuid() != 0:  # root writes anywhere: the read-only folder case needs an ordinary user
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        try:
+            assert cli(["rewrite", str(src), str(ro / "out")]) == 1
+            assert "not writable" in capsys.readouterr().err
+        finally:
+            ro.chmod(0o700)
+    assert tree_digest(src) == before
+
+
+def test_out_must_be_new(rewritten, tmp_path, capsys):
+    src = genai_model("qwen2-bias", "fp32")
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    _rewrite_fails(src, out, capsys, "not an empty folder", out_before=tree_digest(out))
+    assert (out / "keep.txt").read_text() == "mine"
