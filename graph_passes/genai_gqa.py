@@ -24,7 +24,9 @@ OP = "Dot4GroupQueryAttention"
 # GroupQueryAttention inputs the op takes, by position (the rest must be absent).
 KEPT_INPUTS = 9  # query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache, sin_cache
 INPUT_NAMES = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
-               "cos_cache", "sin_cache", "position_ids", "attention_bias", "head_sink"]
+               "cos_cache", "sin_cache", "position_ids", "attention_bias", "head_sink", "k_scale", "v_scale",
+               "q_norm_weight", "k_norm_weight"]
+QK_NORM_INPUTS = (14, 15)  # Qwen3 on CUDA: the builder fuses q_norm / k_norm into the node (-> the op's 9, 10)
 
 
 class GenaiRewriteError(Exception):
@@ -70,17 +72,20 @@ def check_node(node: ir.Node) -> None:
             raise GenaiRewriteError(f"{what}: {q}={v} (ORT's quantized KV cache) is not supported: rewrite the "
                                     "float-cache model instead")
     known = {"num_heads", "kv_num_heads", "scale", "local_window_size", "softcap", "do_rotary", "rotary_interleaved",
-             "smooth_softmax", "k_quant_type", "v_quant_type", "kv_cache_bit_width", "qk_output"}
+             "smooth_softmax", "k_quant_type", "v_quant_type", "kv_cache_bit_width", "qk_output", "qk_norm_epsilon"}
     extra = sorted(set(node.attributes) - known)
     if extra:
         raise GenaiRewriteError(f"{what}: attributes {extra} are not supported")
     if _attr(node, "qk_output", 0) != 0:
         raise GenaiRewriteError(f"{what}: qk_output is not supported")
     for i, v in enumerate(node.inputs):
-        if i >= KEPT_INPUTS and v is not None:
+        if i >= KEPT_INPUTS and i not in QK_NORM_INPUTS and v is not None:
             name = INPUT_NAMES[i] if i < len(INPUT_NAMES) else f"#{i}"
-            raise GenaiRewriteError(f"{what}: input {i} ({name}) is not supported (only the first {KEPT_INPUTS} "
-                                    "inputs: query, key, value, caches, seqlens_k, total_sequence_length, cos/sin)")
+            raise GenaiRewriteError(f"{what}: input {i} ({name}) is not supported (only query, key, value, the "
+                                    "caches, seqlens_k, total_sequence_length, cos/sin and the q/k norm weights)")
+    norms = [i < len(node.inputs) and node.inputs[i] is not None for i in QK_NORM_INPUTS]
+    if norms[0] != norms[1]:
+        raise GenaiRewriteError(f"{what}: q_norm and k_norm weights come together (inputs 14, 15); got only one")
     if len(node.outputs) > 3 and any(o.uses() or o.is_graph_output() for o in node.outputs[3:]):
         raise GenaiRewriteError(f"{what}: output 3 (attention scores) is used; not supported")
 
@@ -149,7 +154,10 @@ def rewrite_gqa(model: ir.Model, v_format: str = "q8_0", head_size: int | None =
         attrs = {"num_heads": _attr(node, "num_heads", 0), "kv_num_heads": _attr(node, "kv_num_heads", 0),
                  "scale": float(_attr(node, "scale", 0.0)), "do_rotary": _attr(node, "do_rotary", 0),
                  "rotary_interleaved": _attr(node, "rotary_interleaved", 0), "v_format": v_format}
-        inputs = list(node.inputs[:KEPT_INPUTS])
+        inputs = list(node.inputs[:KEPT_INPUTS]) + [None] * (KEPT_INPUTS - min(KEPT_INPUTS, len(node.inputs)))
+        if len(node.inputs) > QK_NORM_INPUTS[1] and node.inputs[QK_NORM_INPUTS[0]] is not None:
+            inputs += [node.inputs[i] for i in QK_NORM_INPUTS]
+            attrs["qk_norm_epsilon"] = float(_attr(node, "qk_norm_epsilon", 1e-6))
         while inputs and inputs[-1] is None:
             inputs.pop()
         new = ir.node(OP, inputs, attributes=attrs, domain=DOMAIN, num_outputs=3, name=node.name)

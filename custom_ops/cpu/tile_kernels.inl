@@ -99,9 +99,16 @@ static inline void halves_to_floats(const uint16_t* src, float* dst, int64_t n) 
 }
 
 // The float16 scales of n rows, `stride` halves apart, nb per row -> dst[n][nb] (one run when the rows are dense).
+// Strided rows are gathered first (nb halves = 2..16 bytes each), so the conversion still runs on whole vectors.
 static inline void scales_to_floats(const uint16_t* src, int64_t stride, int nb, int n, float* dst) {
   if (stride == nb) return halves_to_floats(src, dst, int64_t(n) * nb);
-  for (int j = 0; j < n; ++j) halves_to_floats(src + j * stride, dst + j * nb, nb);
+  uint16_t packed[NK * kMaxHeadDim / kBlock];
+  if (nb == 4) {
+    for (int j = 0; j < n; ++j) std::memcpy(packed + 4 * j, src + j * stride, 8);
+  } else {
+    for (int j = 0; j < n; ++j) std::memcpy(packed + j * nb, src + j * stride, size_t(nb) * 2);
+  }
+  halves_to_floats(packed, dst, int64_t(n) * nb);
 }
 
 // float32 -> float16 bits, round to nearest even (vcvtps2ph with imm 0 rounds exactly like float_to_half).
