@@ -89,9 +89,29 @@ def test_batch_of_different_prompt_lengths(rewritten, shape, share):
     assert top1 >= 0.95 and kl <= 1e-3, f"top-1 {top1:.3f}, KL {kl:.2e}"
 
 
-def test_q4_0_values_under_genai_are_refused_by_shape_or_run(rewritten):
-    """K and V caches of different widths (V q4_0): genai allocates V like K, so the folder is only for runtimes
-    that give V its own layout; the rewrite still produces a valid model whose V rows are q4_0."""
+def test_fused_qk_norm_of_a_cuda_build_runs_on_the_cpu_ep(tmp_path):
+    """For CUDA the builder fuses Qwen3's q/k norms into GroupQueryAttention (inputs 14, 15), which ORT's CPU GQA
+    cannot run. Rewritten, the fp16 CUDA folder runs on the CPU EP (the op takes the norm weights) and agrees
+    with the fp32 CPU build of the same weights."""
+    cuda = _copy(genai_model("qwen3-d128", "fp16", "cuda"), tmp_path, "cuda-fp16")
+    cfg_path = cuda / "genai_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["model"]["decoder"]["session_options"]["provider_options"] = []
+    cfg_path.write_text(json.dumps(cfg))
+    out = tmp_path / "out"
+    assert cli(["rewrite", str(cuda), str(out)]) == 0
+    m = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    node = next(n for n in m.graph.node if n.op_type == "Dot4GroupQueryAttention")
+    assert len(node.input) == 11 and node.input[9] and node.input[10]  # q_norm, k_norm weights
+    fp32 = genai_model("qwen3-d128", "fp32")
+    tokens = [int(t) for t in np.random.default_rng(1).integers(0, 256, 64)]
+    top1, kl = agreement(teacher_forced_logits(fp32, tokens, "steps"), teacher_forced_logits(out, tokens, "steps"))
+    assert top1 >= 0.95 and kl <= 1e-3, f"top-1 {top1:.3f}, KL {kl:.2e}"
+
+
+def test_q4_0_values_make_a_narrower_v_cache(rewritten):
+    """--v-format q4_0: V rows narrower than K's (for runtimes that size V on its own; genai 0.18 gives V the K
+    tensor's width, docs/genai.md)."""
     src, out = rewritten("qwen3-d128", "fp32", "q4_0")
     facts = json.loads((out / "dot4attn.json").read_text())
     assert facts["v_row_bytes"] < facts["k_row_bytes"]

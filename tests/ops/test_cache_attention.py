@@ -3,68 +3,13 @@ in-place KV cache (docs/ops.md, "Packed cache")."""
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
+from cache_cases import CASES, bound_run as _bound_run, case_id, expect as _expect, make_inputs as _inputs, run as _run
 from dot4attn import reference as ref
 from dot4attn.onnx_builders import cache_attention_model, session
 
-RNG = np.random.default_rng(7)
-
-
-def _inputs(B, S, hq, hkv, d, *, dtype=np.float32, packed=False, rotary=False, rot_half=None, qk_norm=False,
-            past_rows=0, v_format="q8_0", seed=0, max_pos=4096):
-    rng = np.random.default_rng(seed)
-    hidden = (hq + 2 * hkv) * d if packed else hq * d
-    f = {"query": rng.standard_normal((B, S, hidden)).astype(dtype)}
-    if not packed:
-        f["key"] = rng.standard_normal((B, S, hkv * d)).astype(dtype)
-        f["value"] = rng.standard_normal((B, S, hkv * d)).astype(dtype)
-    f["past_key"] = np.zeros((B, hkv, past_rows, ref.cache_row_bytes(d)), np.uint8)
-    f["past_value"] = np.zeros((B, hkv, past_rows, ref.cache_row_bytes(d, v_format)), np.uint8)
-    if rotary:
-        r = rot_half or d // 2
-        ang = rng.uniform(0, 6.3, (max_pos, r))
-        f["cos_cache"], f["sin_cache"] = np.cos(ang).astype(dtype), np.sin(ang).astype(dtype)
-    if qk_norm:
-        f["q_norm_weight"] = rng.uniform(0.5, 1.5, d).astype(dtype)
-        f["k_norm_weight"] = rng.uniform(0.5, 1.5, d).astype(dtype)
-    return f
-
-
-def _run(sess, feeds, seqlens, total):
-    f = dict(feeds, seqlens_k=np.asarray(seqlens, np.int32), total_sequence_length=np.asarray(total, np.int32))
-    return sess.run(None, f), f
-
-
-def _expect(feeds, attrs, out, atol):
-    kw = {k: feeds.get(k) for k in ("cos_cache", "sin_cache")}
-    want = ref.group_query_attention_packed(
-        feeds["query"], feeds.get("key"), feeds.get("value"), feeds["past_key"], feeds["past_value"],
-        feeds["seqlens_k"], feeds["total_sequence_length"], q_norm=feeds.get("q_norm_weight"),
-        k_norm=feeds.get("k_norm_weight"), **kw, **attrs)
-    np.testing.assert_allclose(out[0].astype(np.float32), want[0].astype(np.float32), atol=atol, rtol=0)
-    # The cache rows: bit-exact but for rare 1-step rounding ties of float32 math done in another order.
-    for got, exp in zip(out[1:], want[1:]):
-        assert got.shape == exp.shape
-        assert np.mean(got != exp) < 1e-3
-    return want
-
-
-CASES = [
-    # (B, hq, hkv, d, dtype, packed, rotary, interleaved, qk_norm, v_format)
-    (1, 4, 2, 32, np.float32, True, True, False, False, "q8_0"),
-    (2, 7, 1, 64, np.float32, True, True, False, False, "q8_0"),
-    (2, 4, 2, 128, np.float32, False, True, False, True, "q8_0"),
-    (1, 8, 8, 64, np.float16, False, True, True, False, "q4_0"),
-    (2, 6, 2, 256, np.float16, True, False, False, False, "q8_0"),
-    (3, 4, 1, 96, np.float32, False, True, False, True, "q4_0"),
-]
-
-
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}-{c[1]}x{c[2]}-d{c[3]}-{np.dtype(c[4]).name}-"
-                         f"{'qkv' if c[5] else 'sep'}-{'rot' if c[6] else 'norot'}{'i' if c[7] else ''}-"
-                         f"{'norm' if c[8] else ''}-{c[9]}")
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_prompt_then_decode_matches_reference(case):
     """A right-padded batch prompt, then decode steps with past != present (the buffers grow), every step against
     the reference fed the op's own previous caches."""
@@ -106,25 +51,6 @@ def test_split_k_route_over_a_long_cache():
         feeds[name] = ref.pack_cache_rows(x)
     out, f = _run(sess, feeds, [4999, 3000], 5000)
     _expect(f, dict(num_heads=hq, kv_num_heads=hkv, do_rotary=1), out, 1e-4)
-
-
-def _bound_run(sess, feeds, seqlens, total, rows_k, rows_v):
-    """Runs with present_* bound to the same OrtValues as past_* (onnxruntime-genai's shared buffer)."""
-    io = sess.io_binding()
-    pk = ort.OrtValue.ortvalue_from_numpy(rows_k)
-    pv = ort.OrtValue.ortvalue_from_numpy(rows_v)
-    f = dict(feeds, seqlens_k=np.asarray(seqlens, np.int32), total_sequence_length=np.asarray(total, np.int32))
-    for k, v in f.items():
-        if k in ("past_key", "past_value"):
-            continue
-        io.bind_cpu_input(k, v)
-    io.bind_ortvalue_input("past_key", pk)
-    io.bind_ortvalue_input("past_value", pv)
-    io.bind_output("output")
-    io.bind_ortvalue_output("present_key", pk)
-    io.bind_ortvalue_output("present_value", pv)
-    sess.run_with_iobinding(io)
-    return io.copy_outputs_to_cpu()[0], pk.numpy(), pv.numpy()
 
 
 def test_a_shared_buffer_too_small_for_the_new_rows_is_an_error():

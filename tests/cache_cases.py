@@ -1,0 +1,90 @@
+"""The Dot4GroupQueryAttention case table and helpers shared by the CPU tests (tests/ops/test_cache_attention.py)
+and the CUDA tests (tests/gpu/test_cache_cuda.py): inputs, a run, the reference check, a run on a shared buffer."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+
+from dot4attn import reference as ref
+
+CASES = [
+    # (B, hq, hkv, d, dtype, packed, rotary, interleaved, qk_norm, v_format)
+    (1, 4, 2, 32, np.float32, True, True, False, False, "q8_0"),
+    (2, 7, 1, 64, np.float32, True, True, False, False, "q8_0"),
+    (2, 4, 2, 128, np.float32, False, True, False, True, "q8_0"),
+    (1, 8, 8, 64, np.float16, False, True, True, False, "q4_0"),
+    (2, 6, 2, 256, np.float16, True, False, False, False, "q8_0"),
+    (3, 4, 1, 96, np.float32, False, True, False, True, "q4_0"),
+    (2, 28, 4, 128, np.float16, True, True, False, False, "q8_0"),
+    (2, 8, 2, 128, np.float16, False, True, False, True, "q8_0"),
+]
+
+
+def case_id(c) -> str:
+    return (f"B{c[0]}-{c[1]}x{c[2]}-d{c[3]}-{np.dtype(c[4]).name}-{'qkv' if c[5] else 'sep'}-"
+            f"{'rot' if c[6] else 'norot'}{'i' if c[7] else ''}-{'norm' if c[8] else ''}-{c[9]}")
+
+
+def make_inputs(B, S, hq, hkv, d, *, dtype=np.float32, packed=False, rotary=False, rot_half=None, qk_norm=False,
+            past_rows=0, v_format="q8_0", seed=0, max_pos=4096):
+    rng = np.random.default_rng(seed)
+    hidden = (hq + 2 * hkv) * d if packed else hq * d
+    f = {"query": rng.standard_normal((B, S, hidden)).astype(dtype)}
+    if not packed:
+        f["key"] = rng.standard_normal((B, S, hkv * d)).astype(dtype)
+        f["value"] = rng.standard_normal((B, S, hkv * d)).astype(dtype)
+    f["past_key"] = np.zeros((B, hkv, past_rows, ref.cache_row_bytes(d)), np.uint8)
+    f["past_value"] = np.zeros((B, hkv, past_rows, ref.cache_row_bytes(d, v_format)), np.uint8)
+    if rotary:
+        r = rot_half or d // 2
+        ang = rng.uniform(0, 6.3, (max_pos, r))
+        f["cos_cache"], f["sin_cache"] = np.cos(ang).astype(dtype), np.sin(ang).astype(dtype)
+    if qk_norm:
+        f["q_norm_weight"] = rng.uniform(0.5, 1.5, d).astype(dtype)
+        f["k_norm_weight"] = rng.uniform(0.5, 1.5, d).astype(dtype)
+    return f
+
+
+def run(sess, feeds, seqlens, total):
+    f = dict(feeds, seqlens_k=np.asarray(seqlens, np.int32), total_sequence_length=np.asarray(total, np.int32))
+    return sess.run(None, f), f
+
+
+def expect(feeds, attrs, out, atol):
+    kw = {k: feeds.get(k) for k in ("cos_cache", "sin_cache")}
+    want = ref.group_query_attention_packed(
+        feeds["query"], feeds.get("key"), feeds.get("value"), feeds["past_key"], feeds["past_value"],
+        feeds["seqlens_k"], feeds["total_sequence_length"], q_norm=feeds.get("q_norm_weight"),
+        k_norm=feeds.get("k_norm_weight"), **kw, **attrs)
+    np.testing.assert_allclose(np.asarray(out[0]).astype(np.float32), want[0].astype(np.float32), atol=atol, rtol=0)
+    # The cache rows: bit-exact but for rare 1-step rounding ties of float32 math done in another order.
+    for got, exp in zip(out[1:], want[1:]):
+        assert got.shape == exp.shape
+        assert np.mean(got != exp) < 1e-3
+    return want
+
+
+
+
+def bound_run(sess, feeds, seqlens, total, rows_k, rows_v, device: str = "cpu"):
+    """Runs with present_* bound to the same OrtValues as past_* (onnxruntime-genai's shared buffer)."""
+    io = sess.io_binding()
+    pk = ort.OrtValue.ortvalue_from_numpy(rows_k, device, 0)
+    pv = ort.OrtValue.ortvalue_from_numpy(rows_v, device, 0)
+    f = dict(feeds, seqlens_k=np.asarray(seqlens, np.int32), total_sequence_length=np.asarray(total, np.int32))
+    for k, v in f.items():
+        if k in ("past_key", "past_value"):
+            continue
+        if k in ("seqlens_k", "total_sequence_length"):
+            io.bind_cpu_input(k, v)
+        else:
+            io.bind_ortvalue_input(k, ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v), device, 0))
+    io.bind_ortvalue_input("past_key", pk)
+    io.bind_ortvalue_input("past_value", pv)
+    io.bind_output("output", device)
+    io.bind_ortvalue_output("present_key", pk)
+    io.bind_ortvalue_output("present_value", pv)
+    sess.run_with_iobinding(io)
+    return io.copy_outputs_to_cpu()[0], pk.numpy(), pv.numpy()  # numpy() copies device values to the host
+
+

@@ -1,0 +1,79 @@
+"""Dot4GroupQueryAttention on ONNX Runtime's CUDA EP against the reference: the case table of the CPU tests
+(tests/cache_cases.py), a long split_k cache, and genai's shared in-place device buffer (only the new rows change,
+garbage after each batch row's valid length is never read). Sessions disable the CPU fallback, so the op must run
+on the GPU (ONNX Runtime copies seqlens_k / total_sequence_length to the host for it)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cache_cases import CASES, bound_run, case_id, expect, make_inputs, run
+from dot4attn import reference as ref
+from dot4attn.onnx_builders import cache_attention_model
+from test_ort_cuda import _gpu_unavailable_reason, _session_uncached
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _need_gpu():
+    reason = _gpu_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+def _atol(dtype):
+    return 2e-3 if dtype == np.float16 else 1e-4
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_prompt_then_decode_matches_reference(case):
+    B, hq, hkv, d, dtype, packed, rotary, inter, norm, vf = case
+    attrs = dict(num_heads=hq, kv_num_heads=hkv, do_rotary=int(rotary), rotary_interleaved=int(inter), v_format=vf)
+    sess = _session_uncached(cache_attention_model(dtype, num_heads=hq, kv_num_heads=hkv, packed_qkv=packed,
+                                                   rotary=rotary, interleaved=inter, qk_norm=norm, v_format=vf))
+    S = 9
+    lens = [S - 3 * b for b in range(B)]
+    feeds = make_inputs(B, S, hq, hkv, d, dtype=dtype, packed=packed, rotary=rotary, qk_norm=norm, v_format=vf)
+    out, f = run(sess, feeds, [n - 1 for n in lens], S)
+    expect(f, attrs, out, _atol(dtype))
+    past_k, past_v = out[1], out[2]
+    for step in range(3):
+        total = [n + 1 + step for n in lens]
+        sf = make_inputs(B, 1, hq, hkv, d, dtype=dtype, packed=packed, rotary=rotary, qk_norm=norm, v_format=vf,
+                         seed=step + 1)
+        sf.update(past_key=past_k, past_value=past_v)
+        for name in ("cos_cache", "sin_cache", "q_norm_weight", "k_norm_weight"):
+            if name in feeds:
+                sf[name] = feeds[name]
+        out, f = run(sess, sf, [t - 1 for t in total], max(total))
+        expect(f, attrs, out, _atol(dtype))
+        past_k, past_v = out[1], out[2]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("valid", [[5000, 3000], [131072]], ids=["split_k-B2", "split_k-128k"])
+def test_long_cache_on_a_shared_device_buffer(dtype, valid):
+    """Decode over long caches (split_k) bound in place on the device: garbage after each row's valid length
+    (values that would dominate the output if read) leaves the result equal to the reference."""
+    B, hq, hkv, d = len(valid), 32, 8, 128
+    rows = max(valid) + 128
+    sess = _session_uncached(cache_attention_model(dtype, num_heads=hq, kv_num_heads=hkv, rotary=True))
+    rng = np.random.default_rng(9)
+    ck = ref.pack_cache_rows(rng.standard_normal((B, hkv, rows, d)).astype(np.float32))
+    cv = ref.pack_cache_rows(rng.standard_normal((B, hkv, rows, d)).astype(np.float32))
+    garbage = ref.pack_cache_rows(np.full((d,), 6e4, np.float32))
+    for b, n in enumerate(valid):
+        ck[b, :, n:] = garbage
+        cv[b, :, n:] = garbage
+    feeds = make_inputs(B, 1, hq, hkv, d, dtype=dtype, rotary=True, past_rows=rows, seed=2, max_pos=rows)
+    feeds.update(past_key=ck, past_value=cv)
+    k0, v0 = ck.copy(), cv.copy()
+    out, pk, pv = bound_run(sess, feeds, valid, max(valid) + 1, ck, cv, device="cuda")
+    f = dict(feeds, seqlens_k=np.asarray(valid, np.int32), total_sequence_length=np.asarray(max(valid) + 1, np.int32))
+    expect(f, dict(num_heads=hq, kv_num_heads=hkv, do_rotary=1), (out, pk, pv), _atol(dtype))
+    changed = np.any(pk != k0, axis=-1) | np.any(pv != v0, axis=-1)
+    want = np.zeros_like(changed)
+    for b, n in enumerate(valid):
+        want[b, :, n] = True
+    assert np.array_equal(changed, want), "only row valid[b] of each (b, head) may change"

@@ -1,0 +1,90 @@
+"""onnxruntime-genai-cuda runs rewritten CUDA builder models (fp16): the same agreement as the CPU tests
+(tests/genai), the cache on the device, every Dot4GroupQueryAttention node on the CUDA EP (ORT profile).
+
+Needs onnxruntime-genai-cuda (with onnxruntime-gpu), transformers and torch (the builder runs here), and a CUDA
+build of the library."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "genai"))
+from genai_support import agreement, batch_logits, genai_model, og, teacher_forced_logits  # noqa: E402
+
+import dot4attn  # noqa: E402
+from dot4attn.cli import main as cli  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+SHAPES = ["qwen2-bias", "qwen3-d128", "gqa7-d64"]
+
+
+@pytest.fixture(autouse=True)
+def _need_cuda_genai():
+    from importlib.metadata import PackageNotFoundError, version
+
+    og()
+    try:
+        version("onnxruntime-genai-cuda")
+    except PackageNotFoundError:
+        pytest.skip("onnxruntime-genai without CUDA (install onnxruntime-genai-cuda)")
+    if dot4attn.build_info().get("gpu") != "cuda":
+        pytest.skip("libdot4attn_ops was built without CUDA kernels")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    made = {}
+
+    def get(shape):
+        if shape not in made:
+            src = genai_model(shape, "fp16", "cuda")
+            out = tmp_path_factory.mktemp("genai-cuda") / shape
+            assert cli(["rewrite", str(src), str(out)]) == 0
+            made[shape] = (src, out)
+        return made[shape]
+
+    return get
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_teacher_forced_logits_agree_on_cuda(folders, shape):
+    src, out = folders(shape)
+    tokens = [int(t) for t in np.random.default_rng(1).integers(0, 256, 64)]
+    for mode in ("prompt", "steps"):
+        top1, kl = agreement(teacher_forced_logits(src, tokens, mode), teacher_forced_logits(out, tokens, mode))
+        assert top1 >= 0.95 and kl <= 1e-3, f"{mode}: top-1 {top1:.3f}, KL {kl:.2e}"
+
+
+@pytest.mark.parametrize("share", [True, False], ids=["shared-buffer", "new-buffer-per-step"])
+def test_batch_of_different_prompt_lengths_on_cuda(folders, share):
+    src, out = folders("qwen2-bias")
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [20, 21, 22, 23]]
+    _, l_src = batch_logits(src, prompts, 8, share)
+    _, l_out = batch_logits(out, prompts, 8, share)
+    top1, kl = agreement(l_src, l_out)
+    assert top1 >= 0.95 and kl <= 1e-3, f"top-1 {top1:.3f}, KL {kl:.2e}"
+
+
+def test_every_dot4attn_node_runs_on_the_cuda_ep(folders, tmp_path):
+    """genai_config's session option enable_profiling: the profile's node events name their provider."""
+    _, out = folders("qwen3-d128")
+    prof = tmp_path / "profiled"
+    import shutil
+
+    shutil.copytree(out, prof)
+    cfg_path = prof / "genai_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["model"]["decoder"]["session_options"]["enable_profiling"] = str(tmp_path / "ort_profile")
+    cfg_path.write_text(json.dumps(cfg))
+    teacher_forced_logits(prof, [1, 2, 3, 4], "steps")
+    events = []
+    for p in tmp_path.glob("ort_profile*.json"):
+        events += json.loads(p.read_text())
+    ours = [e for e in events if e.get("cat") == "Node" and e.get("args", {}).get("op_name") == "Dot4GroupQueryAttention"]
+    assert ours, "no Dot4GroupQueryAttention node in the profile"
+    providers = {e["args"].get("provider") for e in ours}
+    assert providers == {"CUDAExecutionProvider"}, providers
