@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import native
+from .. import reference as ref
 from . import report
 
 HEADS = [(32, 8, 128), (24, 4, 256)]
@@ -286,8 +287,11 @@ def _decode_case(run, hq, hkv, d, sk):
     for fmt in ("float", "q8_0", "q4_0"):
         vp, vs = (v, None) if fmt == "float" else _pack(run.torch, v, fmt)
         r = _time_d4a(run, case, q, kp, ks, vp, vs, fmt, ref)
+        if fmt != "float":
+            _time_d4a_cache(run, case, q, kp, ks, vp, vs, fmt, r)
         if fmt == "q4_0" and run.ort is not None and sk in (512, 16384, 131072):
             _time_ort_d4a_session(run, case, q, kp, ks, vp, vs, fmt, r)
+            _time_ort_cache_session(run, case, q, k, v, fmt)
     del q, k, v, kp, ks, ref
     run.torch.cuda.empty_cache()
 
@@ -351,6 +355,81 @@ def _time_d4a(run, case, q, kp, ks, vp, vs, fmt, ref, flops=None):
     return r
 
 
+def _cache_buffers(torch, kp, ks, vp, vs, fmt, extra_rows: int = 128):
+    """The packed cache of onnxruntime-genai folders holding the same K / V: uint8 [B, Hkv, Sk + extra, row] per K
+    and V (payload, fp16 scales, padding; rows past Sk are garbage), and the strided views of its valid rows."""
+    B, H, S, D = kp.shape
+    out = []
+    for pay, sc, f in ((kp, ks, "q8_0"), (vp, vs, fmt)):
+        pb = ref.cache_payload_bytes(D, f)
+        buf = torch.full((B, H, S + extra_rows, ref.cache_row_bytes(D, f)), 0x7F, dtype=torch.uint8, device="cuda")
+        buf[:, :, :S, :pb] = pay.view(torch.uint8)
+        buf[:, :, :S, pb:pb + D // 16] = sc.view(torch.uint8)
+        p_view = buf[:, :, :S, :pb]
+        out += [buf, p_view.view(torch.int8) if f == "q8_0" else p_view, buf[:, :, :S, pb:pb + D // 16].view(torch.float16)]
+    return out
+
+
+def _time_d4a_cache(run, case, q, kp, ks, vp, vs, fmt, dense):
+    """The attention of Dot4GroupQueryAttention: the same call over the packed cache's strided rows (kernel time,
+    the same timer as the dense call; the output must equal the dense call's)."""
+    _, kpv, ksv, _, vpv, vsv = _cache_buffers(run.torch, kp, ks, vp, vs, fmt)
+    r = native.TorchAttention(q, kpv, ksv, vpv, vsv, run.torch.empty_like(q), v_format=fmt)
+    r()
+    same = bool(run.torch.equal(r.out, dense.out))
+    run.record(case, f"d4a_cache_{fmt}", run.timer(r), _kv_bytes(kpv, ksv, vpv, vsv),
+               extra={"equal_to_dense": same, "plan": r.plan, "n_splits": r.plan["n_splits"]})
+
+
+def _time_ort_cache_session(run, case, q, k, v, fmt):
+    """Dot4GroupQueryAttention through an ORT session on the CUDA EP, past/present bound to one device buffer of
+    Sk + 128 rows (genai's shared buffer): the call packs its token into row Sk - 1 and attends over Sk rows (wall
+    clock per run, like ort_d4a_q4_0_session)."""
+    import onnxruntime as ort
+
+    import dot4attn
+
+    from ..onnx_builders import cache_attention_model
+
+    torch = run.torch
+    B, Hq, _, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    try:
+        kp, ks = _pack(torch, k, "q8_0")
+        vp, vs = _pack(torch, v, fmt)
+        bk, _, _, bv, _, _ = _cache_buffers(torch, kp, ks, vp, vs, fmt)
+        so = ort.SessionOptions()
+        dot4attn.register(so)
+        so.log_severity_level = 3
+        model = cache_attention_model(np.float16, num_heads=Hq, kv_num_heads=Hkv, v_format=fmt)
+        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CUDAExecutionProvider"])
+        bsh = lambda x: x.transpose(1, 2).reshape(B, x.shape[2], -1).contiguous()  # noqa: E731
+        vals = {"query": bsh(q), "key": bsh(k[:, :, Sk - 1:]), "value": bsh(v[:, :, Sk - 1:])}
+        out = torch.empty((B, 1, Hq * D), dtype=torch.float16, device="cuda")
+        bind = sess.io_binding()
+        for n, t in vals.items():
+            bind.bind_input(n, "cuda", 0, np.float16, list(t.shape), t.data_ptr())
+        bind.bind_cpu_input("seqlens_k", np.full((B,), Sk - 1, np.int32))
+        bind.bind_cpu_input("total_sequence_length", np.array(Sk, np.int32))
+        for n, t in (("past_key", bk), ("past_value", bv)):
+            bind.bind_input(n, "cuda", 0, np.uint8, list(t.shape), t.data_ptr())
+        bind.bind_output("output", "cuda", 0, np.float16, list(out.shape), out.data_ptr())
+        for n, t in (("present_key", bk), ("present_value", bv)):
+            bind.bind_output(n, "cuda", 0, np.uint8, list(t.shape), t.data_ptr())
+        fn = lambda: sess.run_with_iobinding(bind)  # noqa: E731
+        for _ in range(3):
+            fn()
+        n = 50
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        run.record(case, f"ort_cache_{fmt}_session", (time.perf_counter() - t0) / n * 1e6,
+                   Hkv * Sk * B * (ref.cache_row_bytes(D) + ref.cache_row_bytes(D, fmt)), extra={"wall_clock": True})
+    except Exception as e:  # noqa: BLE001
+        run.record(case, f"ort_cache_{fmt}_session", None, extra={"error": str(e)[:300]})
+
+
 def _time_ort_d4a_session(run, case, q, kp, ks, vp, vs, fmt, r):
     """The same op as `r` through an ORT session on the CUDA EP (wall clock per run, output checked against r)."""
     try:
@@ -388,6 +467,7 @@ GOAL_DECODE_128K_F16 = 0.85   # decode 128k, f16 V: time <= 0.85x cuDNN
 GOAL_DECODE_16K_Q4_0 = 0.7    # decode 16k, q4_0 V: time <= 0.7x cuDNN
 GOAL_DECODE_512_US = 10.0     # decode 512 keys, q4_0 V: kernel time <= 10 us
 GOAL_PREFILL_8K_VS_FA2 = 1.0  # causal prefill 8k, f16 V: speed >= 1.0x FlashAttention-2
+GOAL_CACHE_128K = 1.05        # decode 128k over the packed cache (strided rows; in place, through ORT) <= 1.05x dense
 
 
 def _targets(results):
@@ -409,6 +489,11 @@ def _targets(results):
                     "met": a <= GOAL_DECODE_512_US})
     ratio("prefill", 8192, "d4a_f16", "sdpa_flash", GOAL_PREFILL_8K_VS_FA2, "prefill 8k causal speed vs FA2 (f16 V)",
           True)
+    for fmt in ("q8_0", "q4_0"):
+        ratio("decode", 131072, f"d4a_cache_{fmt}", f"d4a_{fmt}", GOAL_CACHE_128K,
+              f"decode 128k {fmt}: packed-cache rows / dense, kernel time")
+    ratio("decode", 131072, "ort_cache_q4_0_session", "ort_d4a_q4_0_session", GOAL_CACHE_128K,
+          "decode 128k q4_0: Dot4GroupQueryAttention in place / Dot4Attention dense, ORT session wall clock")
     return out
 
 
