@@ -37,6 +37,11 @@ TileArgs make_tile_args(const AttentionParams& p, const GpuPlan& plan) {
   a.nst = plan.stages;
   a.cluster = plan.cluster > 0 ? 1 : 0;
   a.split_chunks = plan.split_chunks;
+  a.kv_rows = p.head_rows();
+  a.k_stride = p.k_row();
+  a.ks_stride = p.ks_row();
+  a.v_stride = v_stride_bytes(p);
+  a.vs_stride = p.vs_row();
   return a;
 }
 

@@ -15,7 +15,9 @@
 extern "C" {
 
 // One call of Dot4Attention. Layouts as the op's inputs (docs/ops.md); mask_strides are element strides for
-// (b, h, i, j), 0 where broadcast.
+// (b, h, i, j), 0 where broadcast. The K / V row layout fields (AttentionParams) come last so that the fields
+// before them keep their offsets; all 0: dense [B, Hkv, Sk, X] tensors. Key j of (b, kv head h) is row
+// (b Hkv + h) kv_rows + j of K, V and their scales.
 struct Dot4AttnGpuCall {
   int64_t B, Hq, Hkv, Sq, Sk;
   int64_t split_k_min_keys;  // the route attribute's threshold (route 0)
@@ -37,6 +39,11 @@ struct Dot4AttnGpuCall {
   int32_t route;           // 0 auto, 1 prefill, 2 decode, 3 split_k
   int32_t mask_kind;       // 0 none, 1 bool, 2 additive T
   float scale;             // <= 0: 1 / sqrt(D)
+  int64_t kv_rows;         // rows per (b, kv head) in storage, >= Sk; 0: Sk
+  int64_t k_stride;        // bytes between K payload rows (a multiple of 16); 0: D
+  int64_t ks_stride;       // halves between K scale rows; 0: D/32
+  int64_t v_stride;        // elements of T (float V) or bytes (q8_0 / q4_0) between V rows; 0: the dense row
+  int64_t vs_stride;       // halves between V scale rows; 0: D/32
 };
 
 }  // extern "C"
@@ -62,6 +69,8 @@ AttentionParams params_of(const Dot4AttnGpuCall& c) {
   p.v_format = c.v_format == 1 ? VFormat::kQ8_0 : c.v_format == 2 ? VFormat::kQ4_0 : VFormat::kFloat;
   p.q = c.q; p.k = static_cast<const int8_t*>(c.k); p.k_scales = static_cast<const uint16_t*>(c.k_scales);
   p.v = c.v; p.v_scales = static_cast<const uint16_t*>(c.v_scales); p.out = c.out;
+  p.kv_rows = c.kv_rows; p.k_stride = c.k_stride; p.ks_stride = c.ks_stride; p.v_stride = c.v_stride;
+  p.vs_stride = c.vs_stride;  // checked by the planner
   if (c.mask_kind != 0 && c.mask != nullptr) {
     p.mask_kind = c.mask_kind == 1 ? MaskKind::kBool : MaskKind::kAdditive;
     p.mask = c.mask;

@@ -95,8 +95,8 @@ bool mma_d(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {
   TmaMaps tm;
   std::memset(static_cast<void*>(&tm), 0, sizeof(tm));
   if (pl.staging == kStageTma) {
-    if (!tma_map_rows(&tm.k, a.k, D, a.Sk, a.B * a.Hkv, kKC) ||
-        !tma_map_rows(&tm.v, a.v, Layout<VK, D>::VROW, a.Sk, a.B * a.Hkv, kKC))
+    if (!tma_map_rows(&tm.k, a.k, D, a.k_stride, a.kv_rows, a.Sk, a.B * a.Hkv, kKC) ||
+        !tma_map_rows(&tm.v, a.v, Layout<VK, D>::VROW, a.v_stride, a.kv_rows, a.Sk, a.B * a.Hkv, kKC))
       throw std::runtime_error("Dot4Attention GPU: the driver refused the K / V tensor maps of a TMA plan");
     launch_planned(decode_mma_kernel<VK, D, kStageTma>, pl, s, a, tm);
     return true;

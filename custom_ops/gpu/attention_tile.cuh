@@ -57,6 +57,13 @@ struct TileArgs {
   int cluster;         // tensor-core decode (sm_90), nonzero: the n_splits key splits of a (row chunk, batch, KV
                        // head) run as one cluster of n_splits blocks and merge through distributed shared memory
   int64_t split_chunks;  // tensor-core decode's split_k: > 0: even splits of these many 32-key chunks (decode_mma)
+  // K / V row layout (AttentionParams; dense: kv_rows = Sk, strides = the row widths). Key j of (b, kv head) bh is
+  // row bh * kv_rows + j of every tensor; only keys < Sk are ever read.
+  int64_t kv_rows;    // rows per (b, kv head)
+  int64_t k_stride;   // bytes between K payload rows (a multiple of 16)
+  int64_t ks_stride;  // halves between K scale rows
+  int64_t v_stride;   // bytes between V rows, every format (a multiple of 16)
+  int64_t vs_stride;  // halves between V scale rows
 };
 
 __host__ __device__ constexpr int v_row_bytes(int vk, int d) {
@@ -222,15 +229,22 @@ __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const TileArgs a) {
   if (kend > kmax_all + 1) kend = kmax_all + 1;
   const int64_t nkt = kend > kbeg ? (kend - kbeg + KT - 1) / KT : 0;
 
-  const int64_t head_row = bh * a.Sk;  // first K/V row of this (b, hkv)
+  const int64_t head_row = bh * a.kv_rows;  // first K/V row of this (b, hkv)
   const int vrow = v_row_bytes(VK, D);
   const int kchunks = D / 16, vchunks = vrow / 16;  // 16-byte pieces per row
+  const int8_t* kh = a.k + head_row * a.k_stride;
+  const uint8_t* vh = static_cast<const uint8_t*>(a.v) + head_row * a.v_stride;
 
-  // fp16 scale rows are nb*2 bytes: a tile's scales are one contiguous run, copied in 4-byte pieces (cp.async
-  // zero-fills what lies past the key range) when that run is 4-byte aligned, else element by element.
-  const bool sc_aligned = ((head_row + kbeg) * nb) % 2 == 0 &&
-                          (reinterpret_cast<uintptr_t>(a.ks) & 3) == 0 &&
-                          (reinterpret_cast<uintptr_t>(a.vs) & 3) == 0;
+  // fp16 scale rows are nb halves, a.ks_stride / a.vs_stride apart. Contiguous rows (dense tensors) make a tile's
+  // scales one run, copied in 4-byte pieces (cp.async zero-fills what lies past the key range) when that run is
+  // 4-byte aligned; rows of even nb at 4-byte aligned starts (strided caches) go row by row in 4-byte pieces;
+  // anything else element by element.
+  constexpr bool kVq = VK == kVQ8 || VK == kVQ4;
+  const bool sc_ptr4 = (reinterpret_cast<uintptr_t>(a.ks) & 3) == 0 && (reinterpret_cast<uintptr_t>(a.vs) & 3) == 0;
+  const bool sc_run = a.ks_stride == nb && (!kVq || a.vs_stride == nb);
+  const int sc_mode = sc_run && sc_ptr4 && ((head_row + kbeg) * nb) % 2 == 0                        ? 0
+                      : nb % 2 == 0 && sc_ptr4 && a.ks_stride % 2 == 0 && (!kVq || a.vs_stride % 2 == 0) ? 1
+                                                                                                         : 2;
   auto issue_tile = [&](int64_t tile) {
     if (tile < nkt) {
       uint8_t* st = stages + int(tile % nst) * L.stage_bytes;
@@ -238,32 +252,41 @@ __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const TileArgs a) {
       for (int c = t; c < KT * kchunks; c += kThreads) {
         const int j = c / kchunks, part = c % kchunks;
         const bool ok = j0 + j < kend;
-        const int8_t* src = a.k + (head_row + (ok ? j0 + j : kbeg)) * D + part * 16;
+        const int8_t* src = kh + (ok ? j0 + j : kbeg) * a.k_stride + part * 16;
         cp_async16(st + j * L.kpad + part * 16, src, ok);
       }
-      const uint8_t* vb = static_cast<const uint8_t*>(a.v);
       for (int c = t; c < KT * vchunks; c += kThreads) {
         const int j = c / vchunks, part = c % vchunks;
         const bool ok = j0 + j < kend;
-        const uint8_t* src = vb + (head_row + (ok ? j0 + j : kbeg)) * vrow + part * 16;
+        const uint8_t* src = vh + (ok ? j0 + j : kbeg) * a.v_stride + part * 16;
         cp_async16(st + L.stage_k + j * vrow + part * 16, src, ok);
       }
-      const int valid = int((kend - j0 < KT ? kend - j0 : KT) * nb);  // scale elements inside the range
-      const int64_t g0 = (head_row + j0) * nb;
+      const int nvalid = int(kend - j0 < KT ? kend - j0 : KT);  // keys inside the range
+      const int valid = nvalid * nb;                             // scale elements inside the range
       uint16_t* kst = reinterpret_cast<uint16_t*>(st + L.stage_k + L.stage_v);
       uint16_t* vst = reinterpret_cast<uint16_t*>(st + L.stage_k + L.stage_v + L.stage_ks);
-      constexpr bool kVq = VK == kVQ8 || VK == kVQ4;
-      if (sc_aligned) {
+      if (sc_mode == 0) {
+        const int64_t g0 = (head_row + j0) * nb;
         for (int c = t; c < KT * nb / 2; c += kThreads) {
           const int e = 2 * c;
           const int bytes = e + 1 < valid ? 4 : e < valid ? 2 : 0;
           cp_async4(kst + e, a.ks + (bytes ? g0 + e : 0), bytes);
           if constexpr (kVq) cp_async4(vst + e, a.vs + (bytes ? g0 + e : 0), bytes);
         }
+      } else if (sc_mode == 1) {
+        for (int c = t; c < KT * nb / 2; c += kThreads) {
+          const int e = 2 * c, j = e / nb, w = e - j * nb;
+          const bool ok = j < nvalid;
+          const int64_t row = head_row + j0 + j;
+          cp_async4(kst + e, a.ks + (ok ? row * a.ks_stride + w : 0), ok ? 4 : 0);
+          if constexpr (kVq) cp_async4(vst + e, a.vs + (ok ? row * a.vs_stride + w : 0), ok ? 4 : 0);
+        }
       } else {
         for (int c = t; c < KT * nb; c += kThreads) {
-          kst[c] = c < valid ? a.ks[g0 + c] : uint16_t(0);
-          if constexpr (kVq) vst[c] = c < valid ? a.vs[g0 + c] : uint16_t(0);
+          const int j = c / nb, w = c - j * nb;
+          const int64_t row = head_row + j0 + j;
+          kst[c] = j < nvalid ? a.ks[row * a.ks_stride + w] : uint16_t(0);
+          if constexpr (kVq) vst[c] = j < nvalid ? a.vs[row * a.vs_stride + w] : uint16_t(0);
         }
       }
     }

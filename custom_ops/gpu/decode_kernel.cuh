@@ -76,6 +76,38 @@ __device__ __forceinline__ void copy_scales(uint8_t* dst, const uint16_t* src, i
   }
 }
 
+// The fp16 scale rows of keys row0 .. row0 + n - 1 of src (rows `stride` halves apart) into dst as [n][NB] halves.
+// mode 0, contiguous rows (stride == NB, dense tensors): one run by copy_scales, dst shifted by the run's half-word
+// shift (4-byte aligned src). 1: each row in NB / 2 4-byte pieces (NB and stride even, 4-byte aligned src). 2: element
+// by element with plain loads (any stride and alignment; odd NB in a strided cache).
+template <int WS, int NB>
+__device__ __forceinline__ void copy_scale_rows(uint8_t* dst, const uint16_t* src, int64_t row0, int64_t stride, int n,
+                                                int mode, int lane) {
+  if (mode == 0) {
+    copy_scales<WS>(dst, src, row0 * NB, n * NB, lane);
+  } else if (mode == 1) {
+    constexpr int PPR = NB / 2 > 0 ? NB / 2 : 1;  // 4-byte pieces per row
+    for (int c = lane; c < n * PPR; c += WS) {
+      const int r = c / PPR, w = c - r * PPR;
+      cp_async4(dst + 4 * c, src + (row0 + r) * stride + 2 * w, 4);
+    }
+  } else {
+    uint16_t* d = reinterpret_cast<uint16_t*>(dst);
+    for (int c = lane; c < n * NB; c += WS) {
+      const int r = c / NB, w = c - r * NB;
+      d[c] = src[(row0 + r) * stride + w];
+    }
+  }
+}
+
+// Scale copy mode of copy_scale_rows for a launch: 0 when every scale row follows the previous one, else 1 where
+// whole 4-byte pieces fit the rows, else 2. (The planner gates the decode kernels on 4-byte aligned scale pointers.)
+template <int NB, bool VQ>
+__device__ __forceinline__ int scale_copy_mode(const TileArgs& a) {
+  if (a.ks_stride == NB && (!VQ || a.vs_stride == NB)) return 0;
+  return NB % 2 == 0 && a.ks_stride % 2 == 0 && (!VQ || a.vs_stride % 2 == 0) ? 1 : 2;
+}
+
 // 8 consecutive V values of one key (columns c0..c0+7, inside one 32-block) as float; quantized formats return
 // the integer levels (the block scale is applied to p by the caller).
 template <int VK, int D>
@@ -258,32 +290,43 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) decode_kernel(const TileArg
   const int64_t nck = kend > kbeg ? (kend - kbeg + KC - 1) / KC : 0;    // chunks of the block
   const int my_n = nck > w ? (int(nck) - w + nw - 1) / nw : 0;           // chunks of this warp
 
-  const int64_t head_row = bh * a.Sk;
-  const int8_t* kg = a.k + head_row * D;
-  const uint8_t* vg = static_cast<const uint8_t*>(a.v) + head_row * VROW;
+  // Key j of the block's (b, kv head) is row head_row + j, rows k_stride / v_stride bytes apart. Lane l's 16-byte
+  // pieces p = l + WS i of a chunk are (row p / NPK, piece p % NPK): where WS is a multiple of NPK (NPV) that is row
+  // l / NPK + i WS / NPK, so a lane keeps one base address and steps by a fixed number of bytes.
+  const int64_t head_row = bh * a.kv_rows;
+  const int64_t kstr = a.k_stride, vstr = a.v_stride;
+  const int8_t* kg = a.k + head_row * kstr;
+  const uint8_t* vg = static_cast<const uint8_t*>(a.v) + head_row * vstr;
+  const int sc_mode = scale_copy_mode<NB, VQ>(a);
 
   auto issue = [&](int it) {
     if (it < my_n) {
       uint8_t* st = wbase + (it % nst) * L.stage;
       const int64_t j0 = kbeg + int64_t(w + int64_t(it) * nw) * KC;
       const int n = int(kend - j0 < KC ? kend - j0 : KC);
-      const int8_t* ksrc = kg + j0 * D;
+      const int8_t* ksrc = kg + j0 * kstr;
 #pragma unroll
       for (int i = 0; i < NPK; ++i) {
         const int p = lane + WS * i;
         const int row = p / NPK;
-        const bool ok = 16 * p < n * D;
-        cp_async16(st + 16 * p + 16 * row, ok ? ksrc + 16 * p : ksrc, ok);
+        const bool ok = row < n;
+        const int8_t* src = WS % NPK == 0 ? ksrc + (lane / NPK) * kstr + 16 * (lane % NPK) + i * (WS / NPK) * kstr
+                                          : ksrc + row * kstr + 16 * (p - row * NPK);
+        cp_async16(st + 16 * p + 16 * row, ok ? src : ksrc, ok);
       }
-      const uint8_t* vsrc = vg + j0 * VROW;
+      const uint8_t* vsrc = vg + j0 * vstr;
 #pragma unroll
       for (int i = 0; i < NPV; ++i) {
         const int p = lane + WS * i;
-        const bool ok = 16 * p < n * VROW;
-        cp_async16(st + L.st_k + L.st_ks + 16 * p, ok ? vsrc + 16 * p : vsrc, ok);
+        const int row = p / NPV;
+        const bool ok = row < n;
+        const uint8_t* src = WS % NPV == 0 ? vsrc + (lane / NPV) * vstr + 16 * (lane % NPV) + i * (WS / NPV) * vstr
+                                           : vsrc + row * vstr + 16 * (p - row * NPV);
+        cp_async16(st + L.st_k + L.st_ks + 16 * p, ok ? src : vsrc, ok);
       }
-      copy_scales<WS>(st + L.st_k, a.ks, (head_row + j0) * NB, n * NB, lane);
-      if constexpr (VQ) copy_scales<WS>(st + L.st_k + L.st_ks + L.st_v, a.vs, (head_row + j0) * NB, n * NB, lane);
+      copy_scale_rows<WS, NB>(st + L.st_k, a.ks, head_row + j0, a.ks_stride, n, sc_mode, lane);
+      if constexpr (VQ)
+        copy_scale_rows<WS, NB>(st + L.st_k + L.st_ks + L.st_v, a.vs, head_row + j0, a.vs_stride, n, sc_mode, lane);
     }
     cp_async_commit();
   };
@@ -314,7 +357,7 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) decode_kernel(const TileArg
     const uint8_t* st = wbase + (it % nst) * L.stage;
     const int64_t j0 = kbeg + int64_t(w + int64_t(it) * nw) * KC;
     const int n = int(kend - j0 < KC ? kend - j0 : KC);
-    const int sh = int(((head_row + j0) * NB) & 1);  // half-word shift of the scale runs (copy_scales)
+    const int sh = sc_mode == 0 ? int(((head_row + j0) * NB) & 1) : 0;  // half-word shift of a scale run (copy_scales)
     const uint16_t* kss = reinterpret_cast<const uint16_t*>(st + L.st_k) + sh;
 
     // ---- logits: lane = key ----

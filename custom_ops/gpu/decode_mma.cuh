@@ -419,22 +419,28 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   const int64_t nck = kend > kbeg ? (kend - kbeg + kKC - 1) / kKC : 0;
   const int my_n = nck > w ? (int(nck) - w + nw - 1) / nw : 0;
 
-  const int64_t head_row = bh * a.Sk;
-  const int8_t* kg = a.k + head_row * D;
-  const uint8_t* vg = static_cast<const uint8_t*>(a.v) + head_row * VROW;
+  // Key j of the block's (b, kv head) is row head_row + j of K, V and their scales, rows a.k_stride / a.v_stride
+  // bytes and a.ks_stride / a.vs_stride halves apart (dense tensors: the row widths).
+  const int64_t head_row = bh * a.kv_rows;
+  const int64_t kstr = a.k_stride, vstr = a.v_stride;
+  const int8_t* kg = a.k + head_row * kstr;
+  const uint8_t* vg = static_cast<const uint8_t*>(a.v) + head_row * vstr;
 
-  // The copies of a chunk: lane l moves 16-byte pieces l, l + 32, ... of the chunk's K and V bytes (rows padded by
-  // 16 bytes in shared memory; 32 pieces always span whole rows, so piece i sits kStepK / kStepV bytes after piece
-  // i - 32 on both sides) and key l's K and V scale rows (2 NB bytes each). A full chunk needs no bounds and no
-  // per-piece address arithmetic; keys past the range of a partial chunk are zero-filled.
+  // The copies of a chunk: lane l moves 16-byte pieces l, l + 32, ... of the chunk's K and V rows (padded by 16
+  // bytes in shared memory; 32 pieces always span whole rows, so piece i is 32 / KPR rows after piece i - 1: kStepK /
+  // kStepV bytes on in shared memory, gStepK / gStepV in global memory) and key l's K and V scale rows (2 NB bytes
+  // each). A full chunk needs no bounds and one base address per lane; keys past the range of a partial chunk are
+  // zero-filled.
   constexpr int KPR = D / 16, VPR = VROW / 16;  // 16-byte pieces per K / V row
   static_assert(32 % KPR == 0 && 32 % VPR == 0, "32 pieces span whole rows");
   constexpr int kStepK = 512 + 16 * (32 / KPR), kStepV = 512 + 16 * (32 / VPR);
-  const int8_t* kl = kg + 16 * lane;
-  const uint8_t* vl = vg + 16 * lane;
+  const int64_t gStepK = (32 / KPR) * kstr, gStepV = (32 / VPR) * vstr;
+  const int8_t* kl = kg + (lane / KPR) * kstr + 16 * (lane % KPR);
+  const uint8_t* vl = vg + (lane / VPR) * vstr + 16 * (lane % VPR);
   const int soff_k = 16 * lane + 16 * (lane / KPR), soff_v = L::OFF_V + 16 * lane + 16 * (lane / VPR);
-  const uint16_t* ksg = a.ks + head_row * NB;
-  const uint16_t* vsg = kVq ? a.vs + head_row * NB : nullptr;
+  const int64_t ksstr = a.ks_stride, vsstr = a.vs_stride;
+  const uint16_t* ksg = a.ks + head_row * ksstr;
+  const uint16_t* vsg = kVq ? a.vs + head_row * vsstr : nullptr;
   // The warp's chunks as key starts (-1: past its last): chunks w, w + nw, ... of its split.
   int st_made = 0;
   auto produce = [&]() -> int64_t {
@@ -446,8 +452,8 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
     uint8_t* st = stages + sidx * L::STAGE;
     if (j0 >= 0) {
       const int n = chunk_n(j0);
-      const int8_t* ks0 = kl + j0 * D;
-      const uint8_t* vs0 = vl + j0 * VROW;
+      const int8_t* ks0 = kl + j0 * kstr;
+      const uint8_t* vs0 = vl + j0 * vstr;
       if constexpr (kTma) {
         if (lane == 0) {  // the stage's last reads were ordered before this by the previous iteration's __syncwarp
           constexpr int WK = tma_slab(D), WV = tma_slab(VROW);
@@ -462,34 +468,33 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
       } else if (n == kKC) {
         if constexpr (!kRegK) {
 #pragma unroll
-          for (int i = 0; i < NPK; ++i) cp_async16(st + soff_k + i * kStepK, ks0 + 512 * i, true);
+          for (int i = 0; i < NPK; ++i) cp_async16(st + soff_k + i * kStepK, ks0 + i * gStepK, true);
         }
         if constexpr (!kRegV) {
 #pragma unroll
-          for (int i = 0; i < NPV; ++i) cp_async16(st + soff_v + i * kStepV, vs0 + 512 * i, true);
+          for (int i = 0; i < NPV; ++i) cp_async16(st + soff_v + i * kStepV, vs0 + i * gStepV, true);
         }
       } else {
         if constexpr (!kRegK) {
 #pragma unroll
           for (int i = 0; i < NPK; ++i) {
             const bool ok = 16 * (lane + 32 * i) < n * D;
-            cp_async16(st + soff_k + i * kStepK, ok ? ks0 + 512 * i : kg, ok);
+            cp_async16(st + soff_k + i * kStepK, ok ? ks0 + i * gStepK : kg, ok);
           }
         }
         if constexpr (!kRegV) {
 #pragma unroll
           for (int i = 0; i < NPV; ++i) {
             const bool ok = 16 * (lane + 32 * i) < n * VROW;
-            cp_async16(st + soff_v + i * kStepV, ok ? vs0 + 512 * i : vg, ok);
+            cp_async16(st + soff_v + i * kStepV, ok ? vs0 + i * gStepV : vg, ok);
           }
         }
       }
       const bool key_ok = lane < n;
       if constexpr (!kRegK)
-        cp_async_n<2 * NB>(st + L::OFF_KS + 2 * NB * lane, key_ok ? ksg + (j0 + lane) * NB : ksg, key_ok);
+        cp_async_n<2 * NB>(st + L::OFF_KS + 2 * NB * lane, key_ok ? ksg + (j0 + lane) * ksstr : ksg, key_ok);
       if constexpr (kVq && !kRegV)
-        cp_async_n<2 * NB>(st + L::OFF_VS + 2 * NB * lane, key_ok ? vsg + (j0 + lane) * NB : vsg,
-                           key_ok);
+        cp_async_n<2 * NB>(st + L::OFF_VS + 2 * NB * lane, key_ok ? vsg + (j0 + lane) * vsstr : vsg, key_ok);
     }
     cp_async_commit();
   };
@@ -502,21 +507,23 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   auto fetch = [&](int it) {
     const int64_t j0 = kbeg + int64_t(w + int64_t(it) * nw) * kKC;
     const int n = int(kend - j0 < kKC ? kend - j0 : kKC);
-    const uint4* k0 = reinterpret_cast<const uint4*>(kl + j0 * D);
-    const uint4* v0 = reinterpret_cast<const uint4*>(vl + j0 * VROW);
+    const int8_t* k0 = kl + j0 * kstr;
+    const uint8_t* v0 = vl + j0 * vstr;
     const bool full = n == kKC, key_ok = lane < n;
     if constexpr (kRegK) {
 #pragma unroll
       for (int i = 0; i < NPK; ++i)
-        kr[i] = full || 16 * (lane + 32 * i) < n * D ? ld_stream(k0 + 32 * i) : zero_of<uint4>();
-      ksr = key_ok ? ld_stream(reinterpret_cast<const SRow*>(ksg + (j0 + lane) * NB)) : zero_of<SRow>();
+        kr[i] = full || 16 * (lane + 32 * i) < n * D ? ld_stream(reinterpret_cast<const uint4*>(k0 + i * gStepK))
+                                                     : zero_of<uint4>();
+      ksr = key_ok ? ld_stream(reinterpret_cast<const SRow*>(ksg + (j0 + lane) * ksstr)) : zero_of<SRow>();
     }
     if constexpr (kRegV) {
 #pragma unroll
       for (int i = 0; i < NPV; ++i)
-        vr[i] = full || 16 * (lane + 32 * i) < n * VROW ? ld_stream(v0 + 32 * i) : zero_of<uint4>();
+        vr[i] = full || 16 * (lane + 32 * i) < n * VROW ? ld_stream(reinterpret_cast<const uint4*>(v0 + i * gStepV))
+                                                        : zero_of<uint4>();
       if constexpr (kVq)
-        vsr = key_ok ? ld_stream(reinterpret_cast<const SRow*>(vsg + (j0 + lane) * NB)) : zero_of<SRow>();
+        vsr = key_ok ? ld_stream(reinterpret_cast<const SRow*>(vsg + (j0 + lane) * vsstr)) : zero_of<SRow>();
     }
   };
   auto put = [&](uint8_t* st) {

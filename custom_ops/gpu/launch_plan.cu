@@ -81,6 +81,17 @@ void set_blocks(GpuPlan& pl, const AttentionParams& p) {
          p.B, ", Hkv=", p.Hkv, ", Sq=", p.Sq);
 }
 
+#if defined(D4A_CUDA)
+// Whether the K rows and the V rows (vrow bytes) fit tensor maps (tma.cuh): the TMA staging / tiles of the
+// tensor-core kernels. Null pointers count as aligned (plans without pointers).
+bool tma_kv_ok(const AttentionParams& p, int vrow) {
+  const int64_t heads = p.B * p.Hkv;
+  return tma_rows_ok(p.k, p.D, p.k_row(), p.head_rows(), p.Sk, heads) &&
+         tma_rows_ok(p.v, vrow, v_stride_bytes(p), p.head_rows(), p.Sk, heads);
+}
+constexpr const char* kTmaRows = "K / V rows do not fit a TMA tensor map (16-byte strides, heads < 2^40 bytes apart)";
+#endif
+
 // ---- the tile kernel (every route's fallback) ----------------------------------------------------------------------
 GpuPlan plan_tile(GpuPlan pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
   pl.kernel = KernelKind::kTile;
@@ -164,10 +175,10 @@ bool plan_mma_cfg(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev,
   if (mode == kStageTma && VK == kVF16 && split && walk >= 24 && ov.warps == 0)
     want = int(std::min<int64_t>(chunks, kMaxThreads / 32));
   if (pl.cluster && mode != kStageCpAsync) return false;  // clusters take cp.async only (short walks)
-  const int64_t heads = p.B * p.Hkv;
-  if (mode == kStageTma && !(tma_dev && tma_rows_ok(p.k, D, p.Sk, heads) &&
-                             tma_rows_ok(p.v, Layout<VK, D>::VROW, p.Sk, heads)))
-    mode = kStageCpAsync;
+  if (mode == kStageTma && !(tma_dev && tma_kv_ok(p, Layout<VK, D>::VROW))) {  // the best staging without TMA
+    if (tma_dev) pl.fallback = std::string("tensor-core decode: ") + kTmaRows + ", " + staging_name(kAuto) + " staging";
+    mode = kAuto;
+  }
   // split_k: splits of equal chunk counts (one chunk apart at most) instead of split_len's multiples of 64 keys,
   // where the last split is short and the others longer than they need be
   pl.split_chunks = split && !pl.cluster ? cdiv(p.Sk, kKC) : 0;
@@ -216,13 +227,17 @@ bool plan_mma_vk(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, 
 bool plan_decode_mma(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov,
                      std::string& why) {
 #if defined(D4A_HAS_DECODE_MMA)
-  // Scale rows move as one 2 NB-byte cp.async per key; Q rows are read as vectors of up to 16 bytes per lane.
+  // Scale rows move as one 2 NB-byte cp.async (or load) per key, so every row must start 2 NB-byte aligned: the
+  // pointers and the row strides (a strided cache's rows are 16-byte multiples); Q rows are read as vectors of up to
+  // 16 bytes per lane.
   const uintptr_t sal = uintptr_t(p.D / 32 * 2);
   if (dev.hip || dev.cc_major < 8) return refuse(why, "tensor-core decode: needs CUDA sm_80+");
   if (!p.half) return refuse(why, "tensor-core decode: float32 T keeps the SIMT kernel's float32 P.V");
   if (p.D != 64 && p.D != 128 && p.D != 256) return refuse(why, "tensor-core decode: D is not 64, 128 or 256");
   if (!aligned(p.k_scales, sal) || !aligned(p.v_scales, sal) || !aligned(p.q, 16))
     return refuse(why, "tensor-core decode: scale rows or the query not aligned");
+  if ((p.ks_row() * 2) % int64_t(sal) != 0 || (p.v_format != VFormat::kFloat && (p.vs_row() * 2) % int64_t(sal) != 0))
+    return refuse(why, "tensor-core decode: scale row strides not multiples of " + std::to_string(sal) + " bytes");
   pl.rows_per_block = dmma::kRB;
   pl.n_chunks = cdiv(p.group() * p.Sq, dmma::kRB);
   const bool ok = pl.vk == kVF16 ? plan_mma_vk<kVF16>(pl, p, dev, ov)
@@ -282,12 +297,14 @@ bool plan_prefill_inst(GpuPlan& pl, const AttentionParams& p, const DeviceFacts&
     pl.stages = 2;
     pl.smem_bytes = Tr::pipe_bytes;
     // sm_90: K / V tiles by tensor copies, when both caches fit the TMA's rules
-    const int64_t heads = p.B * p.Hkv;
-    if (MINB >= 2 && ov.tma != 0 && Tr::tma_bytes <= limit && dev.cc_major >= 9 && dev.tma &&
-        heads <= 0x7fffffffLL && tma_rows_ok(p.k, D, p.Sk, heads) && tma_rows_ok(p.v, Tr::VROW, p.Sk, heads)) {
+    const bool tma_wanted = MINB >= 2 && ov.tma != 0 && Tr::tma_bytes <= limit && dev.cc_major >= 9 && dev.tma &&
+                            p.B * p.Hkv <= 0x7fffffffLL;
+    if (tma_wanted && tma_kv_ok(p, Tr::VROW)) {
       pl.tma = true;
       pl.wgmma = Tr::kWgmma && wgmma_wanted;
       pl.smem_bytes = Tr::tma_bytes;
+    } else if (tma_wanted) {
+      pl.fallback = std::string("tensor-core prefill: ") + kTmaRows + ", cp.async tiles";
     }
   } else {
     // 2 stages, or 1 where 2 would leave a single block per SM (D = 256 with f16 V)
@@ -325,7 +342,7 @@ bool plan_prefill_vk(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& d
   // wgmma P.V (D <= 128, sm_90a, TMA tiles) holds no V fragments and is fastest with 3.
   const int mt = ov.m_tiles == 2 ? 2 : 1;
   const bool wg_wanted = ov.wgmma != 0 && dev.cc_major == 9 && dev.wgmma;
-  const bool wg = (p.D == 64 || p.D == 128) && ov.tma != 0 && wg_wanted;
+  const bool wg = (p.D == 64 || p.D == 128) && ov.tma != 0 && wg_wanted && tma_kv_ok(p, v_row_bytes(VK, p.D));
   const bool cap = (ov.min_blocks > 0 ? ov.min_blocks : wg ? 3 : 2) >= 3;
   switch (p.D) {
     case 64:
@@ -352,6 +369,9 @@ bool plan_prefill_mma(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& 
   if (!aligned(p.q, 16) || !aligned(p.k, 16) || !aligned(p.v, 16) || !aligned(p.k_scales, 4) ||
       !aligned(p.v_scales, 4) || !aligned(p.out, 4))
     return refuse(why, "tensor-core prefill: pointers not aligned");
+  // scale rows move in 4-byte pieces, so every row must start 4-byte aligned
+  if (p.ks_row() % 2 != 0 || (p.v_format != VFormat::kFloat && p.vs_row() % 2 != 0))
+    return refuse(why, "tensor-core prefill: scale row strides not multiples of 4 bytes");
   return pl.vk == kVF16 ? plan_prefill_vk<kVF16>(pl, p, dev, ov, why)
          : pl.vk == kVQ8 ? plan_prefill_vk<kVQ8>(pl, p, dev, ov, why)
                          : plan_prefill_vk<kVQ4>(pl, p, dev, ov, why);
@@ -375,6 +395,24 @@ GpuPlan plan_prefill(GpuPlan pl, const AttentionParams& p, const DeviceFacts& de
   if (forced >= 0) fail(kOp, "override kernel=mma cannot run this call: ", why);
   pl.fallback = why;
   return plan_tile(pl, p, dev, ov);
+}
+
+// The K / V row layout every kernel can address: rows per head cover the keys, a row stride holds at least a dense
+// row, and payload rows are 16-byte multiples apart (every kernel moves them in 16-byte pieces). Scale row strides
+// may be anything from D/32 halves up; kernels that move whole scale rows in wider pieces ask for more themselves.
+void check_layout(const AttentionParams& p) {
+  if (p.kv_rows < 0 || p.k_stride < 0 || p.ks_stride < 0 || p.v_stride < 0 || p.vs_stride < 0)
+    fail(kOp, "negative K / V layout: kv_rows=", p.kv_rows, " k_stride=", p.k_stride, " ks_stride=", p.ks_stride,
+         " v_stride=", p.v_stride, " vs_stride=", p.vs_stride);
+  if (p.head_rows() < p.Sk) fail(kOp, "kv_rows=", p.kv_rows, " is below Sk=", p.Sk, " (rows per head hold the keys)");
+  if (p.k_row() < p.D || p.k_row() % 16 != 0)
+    fail(kOp, "k_stride: expected a multiple of 16 bytes >= D=", p.D, ", got ", p.k_row());
+  if (p.ks_row() < p.D / 32) fail(kOp, "ks_stride: expected at least D/32=", p.D / 32, " halves, got ", p.ks_row());
+  if (p.v_row() < p.v_dense_row() || v_stride_bytes(p) % 16 != 0)
+    fail(kOp, "v_stride: expected at least ", p.v_dense_row(), " and a multiple of 16 bytes (",
+         p.v_format == VFormat::kFloat ? "elements of T" : "bytes", "), got ", p.v_row());
+  if (p.v_format != VFormat::kFloat && p.vs_row() < p.D / 32)
+    fail(kOp, "vs_stride: expected at least D/32=", p.D / 32, " halves, got ", p.vs_row());
 }
 
 int64_t split_len_for(int64_t sk, int64_t n_splits) {
@@ -443,8 +481,10 @@ const char* staging_name(int staging) {
 
 GpuPlan plan_attention(const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
   if (p.route == Route::kAuto) fail(kOp, "unresolved route");
+  check_layout(p);
   GpuPlan pl;
   pl.overrides = ov;
+  pl.strided = !p.dense_kv();
   pl.route = p.route;
   pl.vk = vkind(p);
   pl.D = p.D;
@@ -530,7 +570,8 @@ std::string plan_json(const GpuPlan& pl) {
       << (pl.tma ? "true" : "false") << ", \"wgmma\": " << (pl.wgmma ? "true" : "false");
   o << ", \"smem_bytes\": " << pl.smem_bytes << ", \"n_splits\": " << pl.n_splits << ", \"split_len\": "
     << pl.split_len << ", \"n_chunks\": " << pl.n_chunks << ", \"blocks\": " << pl.blocks
-    << ", \"scratch_bytes\": " << pl.scratch_bytes << ", \"fallback\": \"";
+    << ", \"scratch_bytes\": " << pl.scratch_bytes << ", \"strided\": " << (pl.strided ? "true" : "false")
+    << ", \"fallback\": \"";
   for (char c : pl.fallback) o << (c == '"' || c == '\\' ? '\'' : c);
   o << "\"}";
   return o.str();

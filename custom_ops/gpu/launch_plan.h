@@ -1,9 +1,9 @@
 // Launch plans of Dot4Attention on the GPU: plan, then run (as FlashInfer's plan / run and llama.cpp's one kernel
-// selector). plan_attention is a pure function of (shape, dtypes, V format, pointer alignment, device facts,
-// overrides): it names the kernel and its whole configuration, sizes the split-K scratch, and says why a faster
-// kernel was not taken. The route files only execute a plan (decode/, split_k/, prefill/). The same plan answers
-// "is this supported" (the C entry dot4attn_gpu_plan, `dot4attn info --plan`), and with explicit device facts it
-// can be computed on a machine without a GPU, which is how the planner is tested in CI.
+// selector). plan_attention is a pure function of (shape, dtypes, V format, K / V row layout, pointer alignment,
+// device facts, overrides): it names the kernel and its whole configuration, sizes the split-K scratch, and says why
+// a faster kernel was not taken. The route files only execute a plan (decode/, split_k/, prefill/). The same plan
+// answers "is this supported" (the C entry dot4attn_gpu_plan, `dot4attn info --plan`), and with explicit device facts
+// it can be computed on a machine without a GPU, which is how the planner is tested in CI.
 //
 // Overrides (tuning and tests only) come from one place: a string "key=value,..." passed to the C entries
 // (attention_gpu.cu). Keys:
@@ -75,6 +75,7 @@ struct GpuPlan {
   int64_t causal_tiles = 0;  // tensor-core causal prefill with Sq % rows == 0: row tiles per head (else 0)
   int64_t blocks = 0;
   size_t scratch_bytes = 0;  // split_k partials (device memory the caller provides)
+  bool strided = false;      // K / V rows strided (AttentionParams' row layout is not the dense one)
   std::string fallback;      // why the route's preferred kernel was not taken ("" when it was)
   PlanOverrides overrides;   // what the plan was made with (a refused cluster launch is planned again without)
 };
@@ -92,6 +93,11 @@ DeviceFacts parse_device_facts(const char* s);
 
 // The plan as one line of JSON (for `dot4attn info --plan`, the benchmark's records and the tests).
 std::string plan_json(const GpuPlan& plan);
+
+// Bytes from one V row to the next (AttentionParams::v_row() counts elements of T for float V, bytes otherwise).
+inline int64_t v_stride_bytes(const AttentionParams& p) {
+  return p.v_row() * (p.v_format != VFormat::kFloat ? 1 : p.half ? 2 : 4);
+}
 
 const char* kernel_name(KernelKind k);
 const char* staging_name(int staging);

@@ -261,7 +261,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
   uint8_t* VH = smem + (kPipe ? Tr::P_VH : Tr::OFF_VH);
   uint8_t* stages = smem + Tr::OFF_ST;
 
-  const int64_t head_row = bh * a.Sk;  // first K/V row of this (b, hkv)
+  // Key j of this (b, hkv) is row head_row + j of K, V and their scales; rows a.k_stride / a.v_stride bytes and
+  // a.ks_stride / a.vs_stride halves apart (dense tensors: the row widths).
+  const int64_t head_row = bh * a.kv_rows;
   // (query head, query position) of row-space row rr
   auto row_pos = [&](int64_t rr, int64_t& hq, int64_t& i) {
     hq = hkv * a.g + rr / a.Sq;
@@ -275,33 +277,34 @@ __global__ void __launch_bounds__(kThreads, MINB)
       const int j0 = tile * kKeys;
       const int nv = int(kend - j0 < kKeys ? kend - j0 : kKeys);  // keys of the tile inside the range
       constexpr int kch = D / 16;
-      const int8_t* kg = a.k + (head_row + j0) * D;
+      const int64_t kstr = a.k_stride, vstr = a.v_stride;
+      const int8_t* kg = a.k + (head_row + j0) * kstr;
 #pragma unroll 1
       for (int c = tid; c < kKeys * kch; c += kThreads) {
         const int j = c / kch, part = c % kch;
         const bool ok = j < nv;
-        cp_async16(st + j * Tr::KSTR + part * 16, kg + (ok ? j * D : 0) + part * 16, ok);
+        cp_async16(st + j * Tr::KSTR + part * 16, kg + (ok ? j * kstr : 0) + part * 16, ok);
       }
       constexpr int vrow = v_row_bytes(VK, D), vch = vrow / 16;
-      const uint8_t* vg = static_cast<const uint8_t*>(a.v) + (head_row + j0) * vrow;
+      const uint8_t* vg = static_cast<const uint8_t*>(a.v) + (head_row + j0) * vstr;
 #pragma unroll 1
       for (int c = tid; c < kKeys * vch; c += kThreads) {
         const int j = c / vch, part = c % vch;
         const bool ok = j < nv;
-        cp_async16(st + Tr::ST_K + j * Tr::VRAW + part * 16, vg + (ok ? j * vrow : 0) + part * 16, ok);
+        cp_async16(st + Tr::ST_K + j * Tr::VRAW + part * 16, vg + (ok ? j * vstr : 0) + part * 16, ok);
       }
-      // fp16 scale runs: NB is even, so every 4-byte piece is two scales of one key (both valid or not)
-      const int valid = nv * NB;
-      const uint16_t* ksg = a.ks + (head_row + j0) * NB;
-      const uint16_t* vsg = Tr::kVq ? a.vs + (head_row + j0) * NB : nullptr;
+      // fp16 scale rows into [64][NB] runs: NB is even, so every 4-byte piece is two scales of one key (both valid
+      // or not; the planner asks for 4-byte aligned scale rows)
+      const uint16_t* ksg = a.ks + (head_row + j0) * a.ks_stride;
+      const uint16_t* vsg = Tr::kVq ? a.vs + (head_row + j0) * a.vs_stride : nullptr;
       uint16_t* kst = reinterpret_cast<uint16_t*>(st + Tr::ST_K + Tr::ST_V);
       uint16_t* vst = reinterpret_cast<uint16_t*>(st + Tr::ST_K + Tr::ST_V + Tr::ST_KS);
 #pragma unroll 1
       for (int c = tid; c < kKeys * NB / 2; c += kThreads) {
-        const int e = 2 * c;
-        const bool ok = e < valid;
-        cp_async4(kst + e, ksg + (ok ? e : 0), ok ? 4 : 0);
-        if constexpr (Tr::kVq) cp_async4(vst + e, vsg + (ok ? e : 0), ok ? 4 : 0);
+        const int e = 2 * c, j = e / NB, x = e % NB;
+        const bool ok = j < nv;
+        cp_async4(kst + e, ksg + (ok ? j * a.ks_stride + x : 0), ok ? 4 : 0);
+        if constexpr (Tr::kVq) cp_async4(vst + e, vsg + (ok ? j * a.vs_stride + x : 0), ok ? 4 : 0);
       }
     }
     cp_async_commit();
@@ -322,20 +325,19 @@ __global__ void __launch_bounds__(kThreads, MINB)
     if (tile < nkt) {
       const int j0 = tile * kKeys;
       const int nv = int(kend - j0 < kKeys ? kend - j0 : kKeys);
-      const int valid = nv * NB;
       uint8_t* sc = smem + kSC + int(tile & 1) * Tr::SC;
-      const uint16_t* ksg = a.ks + (head_row + j0) * NB;
-      const uint16_t* vsg = Tr::kVq ? a.vs + (head_row + j0) * NB : nullptr;
-      constexpr int N = kKeys * NB / 2;  // 4-byte pieces
+      const uint16_t* ksg = a.ks + (head_row + j0) * a.ks_stride;
+      const uint16_t* vsg = Tr::kVq ? a.vs + (head_row + j0) * a.vs_stride : nullptr;
+      constexpr int N = kKeys * NB / 2;  // 4-byte pieces, two scales of one key each (NB is even)
 #pragma unroll
       for (int it = 0; it < (N + kThreads - 1) / kThreads; ++it) {
         const int c = tid + it * kThreads;
         if (N % kThreads != 0 && c >= N) break;
-        const int e = 2 * c;
-        const bool ok = e < valid;
-        cp_async4(reinterpret_cast<uint16_t*>(sc) + e, ksg + (ok ? e : 0), ok ? 4 : 0);
+        const int e = 2 * c, j = e / NB, x = e % NB;
+        const bool ok = j < nv;
+        cp_async4(reinterpret_cast<uint16_t*>(sc) + e, ksg + (ok ? j * a.ks_stride + x : 0), ok ? 4 : 0);
         if constexpr (Tr::kVq)
-          cp_async4(reinterpret_cast<uint16_t*>(sc + Tr::ST_KS) + e, vsg + (ok ? e : 0), ok ? 4 : 0);
+          cp_async4(reinterpret_cast<uint16_t*>(sc + Tr::ST_KS) + e, vsg + (ok ? j * a.vs_stride + x : 0), ok ? 4 : 0);
       }
     }
   };
@@ -359,34 +361,35 @@ __global__ void __launch_bounds__(kThreads, MINB)
       const int j0 = tile * kKeys;
       const int nv = int(kend - j0 < kKeys ? kend - j0 : kKeys);
       uint8_t* ring = smem + kRingO + int(tile & 1) * kRingB;
-      const int8_t* kg = a.k + (head_row + j0) * D;
+      const int64_t kstr = a.k_stride, vstr = a.v_stride;
+      const int8_t* kg = a.k + (head_row + j0) * kstr;
       const int jk = tid / kch, pk = tid % kch;
-      const uint8_t* vg = static_cast<const uint8_t*>(a.v) + (head_row + j0) * vrow_b;
+      const uint8_t* vg = static_cast<const uint8_t*>(a.v) + (head_row + j0) * vstr;
       uint8_t* vd = Tr::kConv ? smem + kVR : ring + Tr::ST_K;
       const int jv = tid / vch, pv = tid % vch;
       if (nv == kKeys) {  // whole tile (all but the last): one base address per thread, constant offsets, no checks
-        const int8_t* ks0 = kg + jk * D + pk * 16;
+        const int8_t* ks0 = kg + jk * kstr + pk * 16;
         uint8_t* kd0 = ring + jk * Tr::KSTR + pk * 16;
 #pragma unroll
         for (int i = 0; i < KIT; ++i)
-          cp_async16(kd0 + i * (kThreads / kch) * Tr::KSTR, ks0 + i * (kThreads / kch) * D, true);
-        const uint8_t* vs0 = vg + jv * vrow_b + pv * 16;
+          cp_async16(kd0 + i * (kThreads / kch) * Tr::KSTR, ks0 + i * (kThreads / kch) * kstr, true);
+        const uint8_t* vs0 = vg + jv * vstr + pv * 16;
         uint8_t* vd0 = vd + jv * Tr::VRAW + pv * 16;
 #pragma unroll
         for (int i = 0; i < VIT; ++i)
-          cp_async16(vd0 + i * (kThreads / vch) * Tr::VRAW, vs0 + i * (kThreads / vch) * vrow_b, true);
+          cp_async16(vd0 + i * (kThreads / vch) * Tr::VRAW, vs0 + i * (kThreads / vch) * vstr, true);
       } else {
 #pragma unroll
         for (int i = 0; i < KIT; ++i) {
           const int j = jk + i * (kThreads / kch);
           const bool ok = j < nv;
-          cp_async16(ring + j * Tr::KSTR + pk * 16, kg + (ok ? j * D + pk * 16 : 0), ok);
+          cp_async16(ring + j * Tr::KSTR + pk * 16, kg + (ok ? j * kstr + pk * 16 : 0), ok);
         }
 #pragma unroll
         for (int i = 0; i < VIT; ++i) {
           const int j = jv + i * (kThreads / vch);
           const bool ok = j < nv;
-          cp_async16(vd + j * Tr::VRAW + pv * 16, vg + (ok ? j * vrow_b + pv * 16 : 0), ok);
+          cp_async16(vd + j * Tr::VRAW + pv * 16, vg + (ok ? j * vstr + pv * 16 : 0), ok);
         }
       }
     }

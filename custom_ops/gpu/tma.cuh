@@ -52,23 +52,29 @@ __device__ __forceinline__ unsigned smem_pad1024(const uint8_t* raw) {
 // Slab width of rows of `row_bytes` bytes: a TMA box is `keys` rows x W bytes, W = min(row, 128) (the widest swizzle).
 __host__ __device__ constexpr int tma_slab(int row_bytes) { return row_bytes < 128 ? row_bytes : 128; }
 
-// Whether rows of `row_bytes` bytes at `base` fit the TMA's rules: 32 / 64 / 128-byte slab multiples, a 16-byte
-// aligned base (null counts as aligned: a plan made without pointers), at most 2^32 keys and heads.
-inline bool tma_rows_ok(const void* base, int64_t row_bytes, int64_t sk, int64_t heads) {
+// Whether rows of `row_bytes` bytes at `base`, `row_stride` bytes apart, `head_rows` rows per head of which the first
+// sk are read, fit the TMA's rules: 32 / 64 / 128-byte slab multiples, a 16-byte aligned base (null counts as
+// aligned: a plan made without pointers) and row stride, at most 2^32 keys and heads, global strides below 2^40.
+inline bool tma_rows_ok(const void* base, int64_t row_bytes, int64_t row_stride, int64_t head_rows, int64_t sk,
+                        int64_t heads) {
   const int64_t w = row_bytes < 128 ? row_bytes : 128;  // the slab width (tma_slab)
-  return (w == 32 || w == 64 || w == 128) && row_bytes % w == 0 && sk >= 1 && heads >= 1 && sk <= 0xffffffffLL &&
-         heads <= 0xffffffffLL && (reinterpret_cast<uintptr_t>(base) & 15) == 0 && row_bytes * sk < (int64_t(1) << 40);
+  return (w == 32 || w == 64 || w == 128) && row_bytes % w == 0 && row_stride >= row_bytes && row_stride % 16 == 0 &&
+         sk >= 1 && head_rows >= sk && heads >= 1 && sk <= 0xffffffffLL && heads <= 0xffffffffLL &&
+         (reinterpret_cast<uintptr_t>(base) & 15) == 0 && row_stride <= ((int64_t(1) << 40) - 1) / head_rows;
 }
 
-// Host: a cache of `heads` x `sk` rows of `row_bytes` bytes at `base` (row-major, [B, H, S, row]) as a 3-D byte tensor
-// (row bytes, keys, heads) copied in boxes of `keys` rows x W bytes with the W-byte swizzle; keys past sk read as
-// zeros. False when there is no encoder or the shape does not fit the TMA's rules (the planner checked both).
-inline bool tma_map_rows(CUtensorMap* m, const void* base, int64_t row_bytes, int64_t sk, int64_t heads, int keys) {
+// Host: a cache of `heads` x `head_rows` rows at `base`, `row_stride` bytes apart (row-major [B, H, head_rows, row],
+// dense or with padded rows), of which the first `row_bytes` bytes of the first `sk` rows per head are read, as a
+// 3-D byte tensor (row bytes, keys, heads) copied in boxes of `keys` rows x W bytes with the W-byte swizzle; keys
+// past sk read as zeros (never the rows behind them). False when there is no encoder or the shape does not fit the
+// TMA's rules (the planner checked both).
+inline bool tma_map_rows(CUtensorMap* m, const void* base, int64_t row_bytes, int64_t row_stride, int64_t head_rows,
+                         int64_t sk, int64_t heads, int keys) {
   const PFN_cuTensorMapEncodeTiled_v12000 fn = tma_encoder();
-  if (fn == nullptr || !tma_rows_ok(base, row_bytes, sk, heads)) return false;
+  if (fn == nullptr || !tma_rows_ok(base, row_bytes, row_stride, head_rows, sk, heads)) return false;
   const int64_t w = tma_slab(int(row_bytes));
   const cuuint64_t dims[3] = {cuuint64_t(row_bytes), cuuint64_t(sk), cuuint64_t(heads)};
-  const cuuint64_t strides[2] = {cuuint64_t(row_bytes), cuuint64_t(row_bytes * sk)};
+  const cuuint64_t strides[2] = {cuuint64_t(row_stride), cuuint64_t(row_stride * head_rows)};
   const cuuint32_t box[3] = {cuuint32_t(w), cuuint32_t(keys), 1u};
   const cuuint32_t es[3] = {1u, 1u, 1u};
   const CUtensorMapSwizzle sw = w == 128 ? CU_TENSOR_MAP_SWIZZLE_128B

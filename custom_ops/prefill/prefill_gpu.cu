@@ -53,8 +53,8 @@ void mma_inst(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {
   TmaMaps tm{};
   if constexpr (Tr::kPipe && MINB >= 2) {
     if (pl.tma) {
-      if (!tma_map_rows(&tm.k, a.k, D, a.Sk, a.B * a.Hkv, pmma::kKeys) ||
-          !tma_map_rows(&tm.v, a.v, Tr::VROW, a.Sk, a.B * a.Hkv, pmma::kKeys))
+      if (!tma_map_rows(&tm.k, a.k, D, a.k_stride, a.kv_rows, a.Sk, a.B * a.Hkv, pmma::kKeys) ||
+          !tma_map_rows(&tm.v, a.v, Tr::VROW, a.v_stride, a.kv_rows, a.Sk, a.B * a.Hkv, pmma::kKeys))
         throw std::runtime_error("Dot4Attention GPU: the driver refused the K / V tensor maps of a TMA plan");
       if constexpr (Tr::kWgmma) {
         if (pl.wgmma) return launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, true, true>, pl, s, a,

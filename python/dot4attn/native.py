@@ -5,6 +5,10 @@ The GPU entries bypass ONNX Runtime: device pointers and a stream the caller own
 kernels alone and the GPU tests can force any launch plan (overrides such as ``"kernel=simt,warps=4"``; the keys
 are listed in custom_ops/gpu/launch_plan.h and docs/gpu.md). ``gpu_plan`` also works without a GPU when the
 device is described (``device="sm=90a,sms=132,smem=232448"``), in any build with CUDA kernels.
+
+K / V rows may be strided (a packed cache: one uint8 buffer [B, Hkv, kv_rows, row_bytes] whose rows hold a token's
+payload and its fp16 scales): the row layout is ``kv_layout`` (KV_LAYOUT_FIELDS; ``kv_layout_of`` reads it off
+torch views), all 0 for dense tensors.
 """
 from __future__ import annotations
 
@@ -17,6 +21,10 @@ from . import get_library_path
 ROUTES = {"auto": 0, "prefill": 1, "decode": 2, "split_k": 3}
 V_FORMATS = {"float": 0, "q8_0": 1, "q4_0": 2}
 MASK_KINDS = {None: 0, "bool": 1, "additive": 2}
+# The K / V row layout of a call (struct Dot4AttnGpuCall, AttentionParams): rows per (b, kv head) in storage (>= Sk),
+# then the distance between consecutive rows of K (bytes), K scales (halves), V (elements of T for float V, bytes
+# for q8_0 / q4_0) and V scales (halves). 0: the dense value.
+KV_LAYOUT_FIELDS = ("kv_rows", "k_stride", "ks_stride", "v_stride", "vs_stride")
 _ERR_LEN = 1024
 _PLAN_LEN = 2048
 
@@ -31,6 +39,7 @@ class GpuCall(ctypes.Structure):
         ("overrides", ctypes.c_char_p),
         *[(n, ctypes.c_int32) for n in ("D", "half", "v_format", "causal", "route", "mask_kind")],
         ("scale", ctypes.c_float),
+        *[(n, ctypes.c_int64) for n in KV_LAYOUT_FIELDS],
     ]
 
 
@@ -75,14 +84,67 @@ def has_gpu_entries() -> bool:
 
 def make_call(B: int, Hq: int, Hkv: int, Sq: int, Sk: int, D: int, *, half: bool = True, v_format: str = "q8_0",
               causal: bool = True, route: str = "auto", scale: float = 0.0, split_k_min_keys: int = 2048,
-              overrides: str = "", mask_kind: str | None = None, mask_strides=(0, 0, 0, 0)) -> GpuCall:
-    """A GpuCall for a shape; pointers stay null (set them for gpu_attention)."""
+              overrides: str = "", mask_kind: str | None = None, mask_strides=(0, 0, 0, 0),
+              kv_layout: dict | None = None) -> GpuCall:
+    """A GpuCall for a shape; pointers stay null (set them for gpu_attention). kv_layout: the K / V row layout, a
+    dict of KV_LAYOUT_FIELDS (missing or 0: dense), e.g. a packed cache of D = 128 with rows of 144 bytes and 4096
+    rows per head: {"kv_rows": 4096, "k_stride": 144, "ks_stride": 72, "v_stride": 144, "vs_stride": 72}."""
     c = GpuCall(B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, split_k_min_keys=split_k_min_keys, D=D, half=int(half),
                 v_format=V_FORMATS[v_format], causal=int(causal), route=ROUTES[route],
                 mask_kind=MASK_KINDS[mask_kind], scale=scale)
     c.mask_strides[:] = list(mask_strides)
     c.overrides = overrides.encode()
+    layout = dict(kv_layout or {})
+    unknown = set(layout) - set(KV_LAYOUT_FIELDS)
+    if unknown:
+        raise ValueError(f"kv_layout: unknown keys {sorted(unknown)} (expected {', '.join(KV_LAYOUT_FIELDS)})")
+    for name, value in layout.items():
+        setattr(c, name, int(value))
     return c
+
+
+def kv_layout_of(kp, ks, v, vs=None) -> dict:
+    """The K / V row layout (KV_LAYOUT_FIELDS) of torch tensors or views kp [B, Hkv, Sk, D] int8, ks [B, Hkv, Sk,
+    D/32] float16, v [B, Hkv, Sk, D] T / int8 or [B, Hkv, Sk, D/2] uint8, vs [B, Hkv, Sk, D/32] float16 (or None),
+    read off their strides: each tensor's rows (last dimension contiguous) a fixed number of elements apart, each
+    (b, kv head)'s rows the same number of rows apart in every tensor (kv_rows), heads of a batch row next to each
+    other. Dense tensors give the dense layout; views into a packed cache give its strides, e.g. for a uint8 buffer
+    `buf` [B, Hkv, R, row_bytes] holding K rows (payload at byte 0, scales at byte D):
+    kp = buf[:, :, :Sk, :D].view(torch.int8), ks = buf[:, :, :Sk, D:D + D // 16].view(torch.float16).
+    Raises ValueError for tensors whose elements are not laid out that way."""
+    names = ("K", "K scales", "V", "V scales")
+    rows = []
+    for name, t in zip(names, (kp, ks, v, vs)):
+        if t is None:
+            continue
+        if t.dim() != 4:
+            raise ValueError(f"{name}: expected [B, Hkv, Sk, X], got shape {tuple(t.shape)}")
+        B, H, S, X = t.shape
+        s0, s1, s2, s3 = t.stride()
+        if X > 1 and s3 != 1:
+            raise ValueError(f"{name}: the last dimension must be contiguous, strides {t.stride()}")
+        if S > 0 and s2 < X:
+            raise ValueError(f"{name}: rows overlap (row stride {s2} < row width {X})")
+        head = s1 if H > 1 else s0 if B > 1 else None  # elements from one (b, kv head) to the next
+        if B > 1 and H > 1 and s0 != H * s1:
+            raise ValueError(f"{name}: the kv heads of a batch row must follow each other, strides {t.stride()}")
+        if S == 0:
+            head = None
+        elif head is not None and (s2 == 0 or head % s2 != 0):
+            raise ValueError(f"{name}: heads {head} elements apart are not a whole number of rows of {s2}")
+        rows.append((name, s2, None if head is None else head // s2, S))
+    per_head = {r for _, _, r, _ in rows if r is not None}
+    if len(per_head) > 1:
+        raise ValueError("K / V tensors disagree on rows per head: " +
+                         ", ".join(f"{n} {r}" for n, _, r, _ in rows if r is not None))
+    sk = rows[0][3]
+    layout = dict.fromkeys(KV_LAYOUT_FIELDS, 0)
+    if sk == 0:
+        return layout
+    layout["kv_rows"] = per_head.pop() if per_head else sk
+    for (_, stride, _, _), key in zip(rows, ("k_stride", "ks_stride", "v_stride", "vs_stride")):
+        layout[key] = stride
+    return layout
 
 
 def gpu_plan(call: GpuCall, device: str | None = None) -> dict:
@@ -108,20 +170,27 @@ def gpu_attention(call: GpuCall, return_plan: bool = False) -> dict | None:
 
 class TorchAttention:
     """Dot4Attention on torch CUDA tensors through the C entry: plans once, owns the split_k scratch, and runs on
-    torch's current stream when called. q: [B, Hq, Sq, D] f16/f32; kp/ks: packed K; v/vs: V as the format says."""
+    torch's current stream when called. q: [B, Hq, Sq, D] f16/f32 and out (contiguous); kp/ks: packed K; v/vs: V as
+    the format says. K / V may be strided views (a packed cache, see kv_layout_of): kv_layout None reads their row
+    layout off the tensors' strides; a dict of KV_LAYOUT_FIELDS gives it explicitly (the tensors' pointers are then
+    taken as they are)."""
 
     def __init__(self, q, kp, ks, v, vs, out, *, v_format: str, causal: bool = True, route: str = "auto",
                  overrides: str = "", scale: float = 0.0, mask=None, mask_kind: str | None = None,
-                 mask_strides=(0, 0, 0, 0), split_k_min_keys: int = 2048):
+                 mask_strides=(0, 0, 0, 0), split_k_min_keys: int = 2048, kv_layout: dict | None = None):
         import torch
 
         self.torch = torch
         B, Hq, Sq, D = q.shape
+        for name, t in (("q", q), ("out", out)):
+            if not t.is_contiguous():
+                raise ValueError(f"{name} must be contiguous")
         self.tensors = (q, kp, ks, v, vs, mask, out)  # kept alive while the call holds their pointers
+        self.kv_layout = kv_layout_of(kp, ks, v, vs) if kv_layout is None else dict(kv_layout)
         self.call = make_call(B, Hq, kp.shape[1], Sq, kp.shape[2], D, half=q.dtype == torch.float16,
                               v_format=v_format, causal=causal, route=route, overrides=overrides, scale=scale,
                               mask_kind=mask_kind if mask is not None else None, mask_strides=mask_strides,
-                              split_k_min_keys=split_k_min_keys)
+                              split_k_min_keys=split_k_min_keys, kv_layout=self.kv_layout)
         ptr = lambda t: t.data_ptr() if t is not None else None  # noqa: E731
         for name, t in zip(("q", "k", "k_scales", "v", "v_scales", "mask", "out"), self.tensors):
             setattr(self.call, name, ptr(t))

@@ -2,7 +2,11 @@
 and every launch plan the planner can choose: the shared case table (tests/attention_cases.py) under the automatic
 plan and with each fallback kernel forced, the long cases under every staging mode, cluster and prefill instance
 the tensor-core kernels have, and split_k on concurrent streams and under CUDA graph capture. Tolerances are the
-CPU suite's: NMSE <= 1e-6 vs reference.attention, exact zeros for rows that see no key."""
+CPU suite's: NMSE <= 1e-6 vs reference.attention, exact zeros for rows that see no key.
+
+The same cases and plans again over strided K / V rows (a packed cache: payload and scales of a token in one padded
+row, more rows per head than keys, garbage in the padding and the rows past Sk) must give the dense call's output
+bit for bit, under the same plan."""
 from __future__ import annotations
 
 import functools
@@ -37,16 +41,28 @@ def _params(cases, variants_of):
             for c in cases for r in AC.routes_for(c) if r != "auto" for v in variants_of(c, r)]
 
 
+def _table_variants(c, r):
+    return ["", *FALLBACKS[r]]
+
+
+def _long_variants(c, r):
+    return ["", *FALLBACKS[r][:1], *((MMA_PREFILL if r == "prefill" else MMA_DECODE) if _mma_ok(c) else [])]
+
+
+def _call(c, t, mask, out, route, overrides):
+    """A TorchAttention of case c on device tensors t = (q, kp, ks, value, v_scales, mask); `mask`: the numpy mask."""
+    mk = None if mask is None else "bool" if mask.dtype == np.bool_ else "additive"
+    return native.TorchAttention(*t[:5], out, v_format=c.v_format, causal=bool(c.causal), route=route,
+                                 overrides=overrides, scale=c.scale or 0.0, mask=t[5], mask_kind=mk,
+                                 mask_strides=mask_strides(mask, (c.B, c.Hq, c.Sq, c.Sk)))
+
+
 def _run(torch, name: str, route: str, overrides: str):
     c = AC.CASE_BY_NAME[name]
     (q, kp, ks, value, v_scales, mask), ref, dead = AC.case_data(name)
     t = [to_device(torch, a) for a in (q, kp, ks, value, v_scales, mask)]
     out = torch.full(q.shape, float("nan"), dtype=t[0].dtype, device="cuda")
-    mk = None if mask is None else "bool" if mask.dtype == np.bool_ else "additive"
-    call = native.TorchAttention(*t[:5], out, v_format=c.v_format, causal=bool(c.causal), route=route,
-                                 overrides=overrides, scale=c.scale or 0.0, mask=t[5], mask_kind=mk,
-                                 mask_strides=mask_strides(mask, (c.B, c.Hq, c.Sq, c.Sk)))
-    plan = call(return_plan=True)
+    plan = _call(c, t, mask, out, route, overrides)(return_plan=True)
     torch.cuda.synchronize()
     o = out.cpu().numpy()
     what = f"{c} route={route} plan={plan}"
@@ -55,8 +71,7 @@ def _run(torch, name: str, route: str, overrides: str):
     return plan
 
 
-@pytest.mark.parametrize("name,route,overrides",
-                         _params(AC.ALL_CASES, lambda c, r: ["", *FALLBACKS[r]]))
+@pytest.mark.parametrize("name,route,overrides", _params(AC.ALL_CASES, _table_variants))
 def test_case_table(torch_cuda, name, route, overrides):
     plan = _run(torch_cuda, name, route, overrides)
     assert plan["route"] == route
@@ -64,10 +79,7 @@ def test_case_table(torch_cuda, name, route, overrides):
         assert plan["kernel"] == KERNEL_OF[overrides]
 
 
-@pytest.mark.parametrize("name,route,overrides",
-                         _params(AC.LONG_CASES, lambda c, r: ["", *FALLBACKS[r][:1],
-                                                             *((MMA_PREFILL if r == "prefill" else MMA_DECODE)
-                                                               if _mma_ok(c) else [])]))
+@pytest.mark.parametrize("name,route,overrides", _params(AC.LONG_CASES, _long_variants))
 def test_long_cases(torch_cuda, name, route, overrides):
     plan = _run(torch_cuda, name, route, overrides)
     c = AC.CASE_BY_NAME[name]
@@ -89,6 +101,92 @@ def test_long_cases_cover_every_instance(torch_cuda):
     if major >= 9:
         assert {("decode_mma", "tma", False, None), ("decode_mma", "cp_async", True, None),
                 ("decode_mma", "regs", False, None), ("prefill_mma", None, False, True)} <= seen, seen
+
+
+# ---- strided K / V rows (a packed cache) -------------------------------------------------------------------------
+
+GARBAGE = 0xFF  # every byte the kernels must not read: NaN as fp16 / fp32 (scales, float V), -1 as int8
+
+
+def _packed(torch, parts, kv_rows: int, extra: int = 0):
+    """Views of `parts` (device tensors [B, H, Sk, X_i] sharing B, H, Sk) inside one uint8 buffer [B, H, kv_rows,
+    row_bytes]: part i at byte sum(X_j bytes, j < i) of every row, row_bytes = their bytes rounded up to 16, plus
+    `extra`; all other bytes (row padding, rows Sk .. kv_rows - 1) hold GARBAGE."""
+    B, H, Sk = parts[0].shape[:3]
+    widths = [p.shape[3] * p.element_size() for p in parts]
+    row_bytes = -(-sum(widths) // 16) * 16 + extra
+    buf = torch.full((B, H, kv_rows, row_bytes), GARBAGE, dtype=torch.uint8, device="cuda")
+    views, off = [], 0
+    for p, w in zip(parts, widths):
+        region = buf[:, :, :Sk, off:off + w]
+        region.copy_(p.contiguous().view(torch.uint8))
+        views.append(region.view(p.dtype))
+        off += w
+    return views
+
+
+def _bits(torch, x):
+    return x.view(torch.int16 if x.element_size() == 2 else torch.int32)
+
+
+def _run_strided(torch, name: str, route: str, overrides: str):
+    """Case `name` on dense tensors and on the same data as packed-cache rows (K payload + scales in one row, V
+    payload + scales in another buffer, float V as padded T rows; 37 rows per head past Sk): the same plan and the
+    same output bits."""
+    c = AC.CASE_BY_NAME[name]
+    arrays, _, _ = AC.case_data(name)
+    t = [to_device(torch, a) for a in arrays]
+    dense_out = torch.full(t[0].shape, float("nan"), dtype=t[0].dtype, device="cuda")
+    dense = _call(c, t, arrays[5], dense_out, route, overrides)
+    dense_plan = dense(return_plan=True)
+
+    kv_rows = c.Sk + 37
+    kp, ks = _packed(torch, t[1:3], kv_rows)
+    if c.v_format == "float":
+        (value,), v_scales = _packed(torch, t[3:4], kv_rows, extra=16), None
+    else:
+        value, v_scales = _packed(torch, t[3:5], kv_rows)
+    out = torch.full(t[0].shape, float("nan"), dtype=t[0].dtype, device="cuda")
+    strided = _call(c, [t[0], kp, ks, value, v_scales, t[5]], arrays[5], out, route, overrides)
+    if c.Sk > 0:  # (one (b, kv head) only: no head follows, so its rows per head read as Sk)
+        assert strided.kv_layout["kv_rows"] == (kv_rows if c.B * c.Hkv > 1 else c.Sk), strided.kv_layout
+        assert strided.kv_layout["k_stride"] > c.D, strided.kv_layout
+    plan = strided(return_plan=True)
+    torch.cuda.synchronize()
+    what = f"{c} route={route} overrides={overrides!r} layout={strided.kv_layout}"
+    assert plan.pop("strided") == (c.Sk > 0) and dense_plan.pop("strided") is False, what
+    assert plan == dense_plan, f"{what}: strided plan {plan} != dense plan {dense_plan}"
+    differ = int((_bits(torch, out) != _bits(torch, dense_out)).sum())
+    assert differ == 0, f"{what} plan={plan}: {differ} of {out.numel()} output values differ from the dense call"
+
+
+@pytest.mark.parametrize("name,route,overrides", _params(AC.ALL_CASES, _table_variants))
+def test_strided_case_table(torch_cuda, name, route, overrides):
+    _run_strided(torch_cuda, name, route, overrides)
+
+
+@pytest.mark.parametrize("name,route,overrides", _params(AC.LONG_CASES, _long_variants))
+def test_strided_long_cases(torch_cuda, name, route, overrides):
+    _run_strided(torch_cuda, name, route, overrides)
+
+
+def test_strided_explicit_layout(torch_cuda):
+    """An explicit kv_layout (base pointers as given) equals the layout read off the views."""
+    torch = torch_cuda
+    c = AC.CASE_BY_NAME["long_sk512_q4"]
+    t = [to_device(torch, a) for a in AC.case_data(c.name)[0]]
+    kp, ks = _packed(torch, t[1:3], c.Sk + 5)
+    vp, vs = _packed(torch, t[3:5], c.Sk + 5)
+    outs = [torch.empty_like(t[0]) for _ in range(2)]
+    derived = native.TorchAttention(t[0], kp, ks, vp, vs, outs[0], v_format="q4_0", route="split_k")
+    explicit = native.TorchAttention(t[0], kp, ks, vp, vs, outs[1], v_format="q4_0", route="split_k",
+                                     kv_layout=dict(derived.kv_layout))
+    assert derived.kv_layout == {"kv_rows": c.Sk + 5, "k_stride": 144, "ks_stride": 72, "v_stride": 80,
+                                 "vs_stride": 40}
+    derived()
+    explicit()
+    torch.cuda.synchronize()
+    assert torch.equal(_bits(torch, outs[0]), _bits(torch, outs[1]))
 
 
 @functools.lru_cache(maxsize=None)

@@ -179,3 +179,160 @@ def test_info_plan_bad_input(capsys, argv, message):
 
     assert main(["info", *argv]) == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+# ---- strided K / V rows (a packed cache) ----------------------------------------------------------------------------
+
+def packed_layout(D, v_format, kv_rows, half=True):
+    """The row layout of a packed cache: K rows of D payload bytes + D/32 fp16 scales padded to 16 bytes, V rows the
+    same (q8_0), D/2 bytes + scales (q4_0), or float V as T rows padded by 16 bytes."""
+    k_row = -(-(D + D // 16) // 16) * 16
+    if v_format == "float":
+        v_stride, vs_stride = D + 16 // (2 if half else 4), 0
+    else:
+        v_row = -(-((D if v_format == "q8_0" else D // 2) + D // 16) // 16) * 16
+        v_stride, vs_stride = v_row, v_row // 2
+    return {"kv_rows": kv_rows, "k_stride": k_row, "ks_stride": k_row // 2, "v_stride": v_stride,
+            "vs_stride": vs_stride}
+
+
+def without_strided(p):
+    q = dict(p)
+    q.pop("strided")
+    return q
+
+
+STRIDED_SHAPES = [  # (B, Hq, Hkv, Sq, Sk, D, v_format, device): every kernel family the planner picks on dense rows
+    (1, 32, 8, 1, 131072, 128, "q4_0", H200), (1, 32, 8, 1, 131072, 128, "q8_0", H200),
+    (1, 32, 8, 1, 131072, 128, "float", H200), (1, 24, 4, 1, 131072, 256, "q4_0", H200),
+    (1, 32, 8, 1, 512, 128, "q4_0", H200), (2, 8, 2, 1, 4096, 64, "q8_0", H200),
+    (1, 32, 8, 8192, 8192, 128, "float", H200), (1, 32, 8, 8192, 8192, 128, "q8_0", H200),
+    (1, 32, 8, 2048, 2048, 64, "q4_0", H200), (1, 8, 2, 1000, 1000, 256, "q4_0", H200),
+    (1, 32, 8, 1, 131072, 128, "q4_0", A100), (1, 32, 8, 1, 131072, 128, "q8_0", A100),
+    (1, 32, 8, 8192, 8192, 128, "q8_0", A100), (1, 32, 8, 1, 4096, 128, "q4_0", MI300),
+    (1, 8, 2, 1, 1024, 96, "q8_0", H200), (1, 8, 2, 300, 300, 96, "q4_0", H200),
+]
+
+
+@pytest.mark.parametrize("B,Hq,Hkv,Sq,Sk,D,v_format,device", STRIDED_SHAPES)
+@pytest.mark.parametrize("half", [True, False])
+def test_packed_cache_plans_like_dense(B, Hq, Hkv, Sq, Sk, D, v_format, device, half):
+    """Every kernel takes strided rows: a packed cache (rows padded, more rows per head than keys) gets the dense
+    call's plan, the TMA staging and instances included, and says it is strided."""
+    if device == MI300 and Sq > 8:
+        pytest.skip("the 64-row prefill tile does not fit a 64 KB LDS")
+    dense = plan(B, Hq, Hkv, Sq, Sk, D, device=device, v_format=v_format, half=half)
+    packed = plan(B, Hq, Hkv, Sq, Sk, D, device=device, v_format=v_format, half=half,
+                  kv_layout=packed_layout(D, v_format, Sk + 4096, half))
+    assert dense["strided"] is False and packed["strided"] is True
+    assert without_strided(packed) == without_strided(dense)
+
+
+def test_packed_cache_keeps_the_h200_decode_plan():
+    p = plan(1, 32, 8, 1, 131072, 128, v_format="q4_0", kv_layout=packed_layout(128, "q4_0", 262144))
+    assert (p["route"], p["kernel"], p["staging"], p["warps"], p["stages"], p["n_splits"], p["fallback"]) == \
+        ("split_k", "decode_mma", "tma", 4, 2, 33, "")
+
+
+def test_dense_widths_given_explicitly_are_dense():
+    layout = {"kv_rows": 1024, "k_stride": 128, "ks_stride": 4, "v_stride": 64, "vs_stride": 4}
+    p = plan(1, 8, 2, 1, 1024, 128, v_format="q4_0", route="decode", kv_layout=layout)
+    assert p["strided"] is False
+    assert p == plan(1, 8, 2, 1, 1024, 128, v_format="q4_0", route="decode")
+
+
+def test_preallocated_cache_rows_past_sk():
+    """Dense row widths with more rows per head than keys (a preallocated cache): strided, same kernels."""
+    layout = {"kv_rows": 4096}
+    for sq, sk in ((1, 1000), (1, 131072), (300, 1000)):
+        dense = plan(1, 8, 2, sq, sk, 128, v_format="q8_0")
+        rows = plan(1, 8, 2, sq, sk, 128, v_format="q8_0", kv_layout={"kv_rows": max(sk, 4096) + 1})
+        assert rows["strided"] and without_strided(rows) == without_strided(dense)
+    assert plan(1, 8, 2, 1, 1000, 128, kv_layout=layout)["strided"] is True
+
+
+def test_odd_scale_strides_fall_back_and_say_why():
+    """Scale rows that cannot move as whole 2 D/32-byte (decode) or 4-byte (prefill) pieces: the tensor-core kernels
+    are refused with the reason, the SIMT decode and the tile kernel (which copy such rows element by element) run."""
+    odd = {"kv_rows": 2048, "k_stride": 144, "ks_stride": 69, "v_stride": 80, "vs_stride": 40}
+    p = plan(1, 8, 2, 1, 1024, 128, v_format="q4_0", route="decode", kv_layout=odd)
+    assert p["kernel"] == "decode_simt" and "scale row strides not multiples of 8 bytes" in p["fallback"], p
+    p = plan(1, 8, 2, 300, 1024, 128, v_format="q4_0", kv_layout=odd)
+    assert p["kernel"] == "tile" and "scale row strides not multiples of 4 bytes" in p["fallback"], p
+    with pytest.raises(native.NativeError, match="kernel=mma cannot run this call: .*scale row strides"):
+        plan(1, 8, 2, 1, 1024, 128, v_format="q4_0", route="decode", kv_layout=odd, overrides="kernel=mma")
+    # 4-byte but not 8-byte multiples: the prefill takes them, the tensor-core decode does not
+    four = dict(odd, ks_stride=70)
+    assert plan(1, 8, 2, 1, 1024, 128, v_format="q4_0", route="decode", kv_layout=four)["kernel"] == "decode_simt"
+    assert plan(1, 8, 2, 300, 1024, 128, v_format="q4_0", kv_layout=four)["kernel"] == "prefill_mma"
+
+
+def test_unaligned_packed_scales_fall_back():
+    """Scales 2-byte aligned (a packed cache at an odd place): the decode kernels' cp.async refuse them."""
+    c = native.make_call(1, 8, 2, 1, 1024, 128, v_format="q4_0", route="decode",
+                         kv_layout=packed_layout(128, "q4_0", 2048))
+    c.k_scales = 4096 + 130
+    p = native.gpu_plan(c, H200)
+    assert p["kernel"] == "tile" and "aligned" in p["fallback"] and p["strided"]
+
+
+def test_rows_beyond_the_tma_strides_leave_tma_and_say_why():
+    """Heads more than 2^40 bytes apart do not fit a tensor map: the decode takes the staging it has without TMA
+    (q4_0: registers), the prefill its cp.async instance, and the plan says why."""
+    huge = packed_layout(128, "q4_0", (1 << 40) // 144 + 1)
+    p = plan(1, 32, 8, 1, 131072, 128, v_format="q4_0", kv_layout=huge)
+    assert (p["kernel"], p["staging"]) == ("decode_mma", "regs") and "TMA tensor map" in p["fallback"], p
+    huge8 = packed_layout(128, "q8_0", (1 << 40) // 144 + 1)
+    assert plan(1, 32, 8, 1, 131072, 128, v_format="q8_0", kv_layout=huge8)["staging"] == "regs_v"
+    p = plan(1, 32, 8, 8192, 8192, 128, v_format="q4_0", kv_layout=huge)
+    assert (p["kernel"], p["tma"], p["wgmma"], p["min_blocks"]) == ("prefill_mma", False, False, 2), p
+    assert "TMA" in p["fallback"], p
+
+
+@pytest.mark.parametrize("layout,message", [
+    ({"kv_rows": 1000}, "kv_rows=1000 is below Sk=1024"),
+    ({"k_stride": 136}, "k_stride: expected a multiple of 16 bytes >= D=128, got 136"),
+    ({"k_stride": 112}, "k_stride: expected a multiple of 16 bytes >= D=128, got 112"),
+    ({"ks_stride": 3}, "ks_stride: expected at least D/32=4 halves, got 3"),
+    ({"v_stride": 72}, r"v_stride: expected at least 64 and a multiple of 16 bytes \(bytes\), got 72"),
+    ({"vs_stride": 2}, "vs_stride: expected at least D/32=4 halves, got 2"),
+    ({"k_stride": -16}, "negative K / V layout"),
+])
+def test_bad_layouts(layout, message):
+    with pytest.raises(native.NativeError, match=message):
+        plan(1, 8, 2, 1, 1024, 128, v_format="q4_0", kv_layout=layout)
+
+
+def test_float_v_stride_counts_elements():
+    """Float V rows are counted in elements of T: 136 f16 elements are 272 bytes (a 16-byte multiple), 132 f32
+    elements 528 bytes; 132 f16 elements (264 bytes) are not."""
+    assert plan(1, 8, 2, 1, 1024, 128, v_format="float", kv_layout={"v_stride": 136})["strided"]
+    assert plan(1, 8, 2, 1, 1024, 128, v_format="float", half=False, kv_layout={"v_stride": 132})["strided"]
+    with pytest.raises(native.NativeError, match=r"v_stride: .*\(elements of T\), got 132"):
+        plan(1, 8, 2, 1, 1024, 128, v_format="float", kv_layout={"v_stride": 132})
+
+
+def test_unknown_layout_key():
+    with pytest.raises(ValueError, match="unknown keys"):
+        native.make_call(1, 8, 2, 1, 1024, 128, kv_layout={"rows": 5})
+
+
+def test_kv_layout_of_views():
+    """kv_layout_of reads a packed cache's layout off torch views, and refuses views it cannot address."""
+    torch = pytest.importorskip("torch")
+    B, H, R, Sk, D = 2, 4, 100, 60, 128
+    kbuf = torch.zeros(B, H, R, 144, dtype=torch.uint8)
+    vbuf = torch.zeros(B, H, R, 80, dtype=torch.uint8)
+    kp, ks = kbuf[:, :, :Sk, :D].view(torch.int8), kbuf[:, :, :Sk, D:D + 8].view(torch.float16)
+    vp, vs = vbuf[:, :, :Sk, :D // 2], vbuf[:, :, :Sk, D // 2:D // 2 + 8].view(torch.float16)
+    assert native.kv_layout_of(kp, ks, vp, vs) == {"kv_rows": R, "k_stride": 144, "ks_stride": 72, "v_stride": 80,
+                                                   "vs_stride": 40}
+    dense = [torch.zeros(B, H, Sk, x, dtype=dt) for x, dt in ((D, torch.int8), (4, torch.float16), (D, torch.float16))]
+    assert native.kv_layout_of(*dense) == {"kv_rows": Sk, "k_stride": D, "ks_stride": 4, "v_stride": D,
+                                           "vs_stride": 0}
+    with pytest.raises(ValueError, match="disagree on rows per head"):
+        native.kv_layout_of(kp, ks, torch.zeros(B, H, R + 1, 80, dtype=torch.uint8)[:, :, :Sk, :64], vs)
+    with pytest.raises(ValueError, match="last dimension must be contiguous"):
+        native.kv_layout_of(kbuf[:, :, :Sk, :2 * D:2].view(torch.int8), ks, vp, vs)
+    with pytest.raises(ValueError, match="kv heads of a batch row must follow each other"):
+        native.kv_layout_of(kp.transpose(0, 1), ks, vp, vs)
