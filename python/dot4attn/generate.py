@@ -54,6 +54,10 @@ def add_arguments(p) -> None:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: default)")
+    p.add_argument("--runner", choices=["auto", "og", "inplace"], default="auto",
+                   help="genai folders: og (onnxruntime-genai's Generator; its genai_config picks the device) or "
+                        "inplace (dot4attn.inplace: ORT with the caches bound in place on --device; runs q4_0 V "
+                        "folders too). auto: og when installed and the folder suits it, else inplace")
 
 
 def run(args) -> int:
@@ -97,10 +101,50 @@ def run(args) -> int:
     return 0
 
 
+def _genai_runner(args) -> str:
+    import json
+    from pathlib import Path
+
+    if args.runner != "auto":
+        return args.runner
+    facts = Path(args.model) / "dot4attn.json"
+    if facts.is_file() and json.loads(facts.read_text()).get("v_format") == "q4_0":
+        return "inplace"  # genai 0.18 gives V the K tensor's width
+    try:
+        import onnxruntime_genai  # noqa: F401
+    except ImportError:
+        return "inplace"
+    return "og"
+
+
+def _run_inplace(args) -> int:
+    """A genai folder through dot4attn.inplace (the caches live on --device, appended in place)."""
+    from .inplace import InPlaceDecoder, greedy
+
+    if args.prompt is not None:
+        print("dot4attn generate: --runner inplace takes --token-ids (the tokenizer comes with onnxruntime-genai)",
+              file=sys.stderr)
+        return 2
+    try:
+        dec = InPlaceDecoder(args.model, device=args.device, threads=args.threads or None)
+        t0 = time.perf_counter()
+        out = greedy(dec, [args.token_ids], args.max_new_tokens)[0]
+        dt = time.perf_counter() - t0
+    except Exception as e:  # ORT load/run errors: say which folder
+        print(f"dot4attn generate: {args.model}: {e}", file=sys.stderr)
+        return 1
+    print("tokens:", " ".join(map(str, out)))
+    print(f"{len(args.token_ids)} prompt + {len(out)} new tokens in {dt:.3f} s (in-place cache on {args.device}, "
+          f"{dec.cache_bytes_per_token()} cache bytes per token)")
+    return 0
+
+
 def _run_genai(args) -> int:
     """A genai folder under og.Generator (greedy); --prompt goes through the folder's own tokenizer."""
     from .genai import GenaiError, generate as og_generate, import_og
 
+    if _genai_runner(args) == "inplace":
+        return _run_inplace(args)
     try:
         og = import_og()
         tokenizer = None

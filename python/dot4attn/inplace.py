@@ -1,0 +1,151 @@
+"""Decode onnxruntime-genai-style models with their KV cache resident where the model runs, appended in place.
+
+    dec = InPlaceDecoder("qwen-d4a", device="cuda")      # a genai folder (original or rewritten)
+    dec.reset(batch=1, max_length=4096)
+    logits = dec.step(prompt_ids)                         # [B, S] int64 -> last-position logits [B, vocab]
+    logits = dec.step(next_ids)                           # [B, 1]
+
+The model takes input_ids and attention_mask and owns its cache the way genai's builder models do: per layer
+past_key_values.N.key / .value in, present.N.key / .value out, written in place when both are the same buffer
+(GroupQueryAttention and Dot4GroupQueryAttention both do). Each cache tensor is allocated once per reset as an
+OrtValue on the device, [B, kv_heads, max_length, last] (last: head size for float caches, the packed row bytes
+for dot4attn's), and bound as both the past input and the present output. A step moves only the new token ids,
+the attention mask and the last position's logits between host and device: no cache byte crosses, whatever the
+context. Unlike onnxruntime-genai it also runs folders whose K and V caches differ in width (--v-format q4_0).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .model_io import PAST_RE
+
+_NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(uint8)": np.uint8,
+       "tensor(int8)": np.int8}
+
+
+class InPlaceDecoder:
+    def __init__(self, folder: str | Path, device: str = "cpu", threads: int | None = None):
+        import onnxruntime as ort
+
+        folder = Path(folder)
+        cfg = json.loads((folder / "genai_config.json").read_text())
+        dec = cfg["model"]["decoder"]
+        self.head_size = int(dec["head_size"])
+        self.context_length = int(cfg["model"].get("context_length") or cfg["search"].get("max_length", 4096))
+        self.device = device
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        if threads:
+            so.intra_op_num_threads = threads
+        lib = dec.get("session_options", {}).get("custom_ops_library")
+        if lib:
+            so.register_custom_ops_library(str(folder / lib))
+        providers = (["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda"
+                     else ["CPUExecutionProvider"])
+        if device == "cuda":
+            if hasattr(ort, "preload_dlls"):
+                ort.preload_dlls()
+        self.sess = ort.InferenceSession(str(folder / dec["filename"]), so, providers=providers)
+        if device == "cuda" and "CUDAExecutionProvider" not in self.sess.get_providers():
+            raise RuntimeError("the CUDA execution provider is not available in this onnxruntime")
+        names = {i.name: i for i in self.sess.get_inputs()}
+        for need in ("input_ids", "attention_mask"):
+            if need not in names:
+                raise ValueError(f"{folder}: the model has no {need!r} input (not a genai builder decoder)")
+        self.caches: dict[str, tuple] = {}  # past name -> (present name, dtype, heads, last)
+        for name, i in names.items():
+            m = PAST_RE.match(name)
+            if not m:
+                continue
+            present = f"present.{m.group(1)}.{m.group(2)}"
+            heads, last = i.shape[1], i.shape[3]
+            last = last if isinstance(last, int) else self.head_size
+            if not isinstance(heads, int):
+                raise ValueError(f"{folder}: cache input {name} needs static kv heads, got shape {i.shape}")
+            self.caches[name] = (present, _NP[i.type], heads, last)
+        if not self.caches:
+            raise ValueError(f"{folder}: no past_key_values.N.key / .value inputs")
+        self.ids_dtype = np.int64 if names["input_ids"].type == "tensor(int64)" else np.int32
+        self.mask_dtype = np.int64 if names["attention_mask"].type == "tensor(int64)" else np.int32
+        self.logits_name = "logits"
+        self.values: dict[str, object] = {}
+        self.batch = 0
+        self.length = 0
+
+    def cache_bytes(self) -> int:
+        """Bytes of the allocated cache buffers."""
+        total = 0
+        for name, (_, dt, h, last) in self.caches.items():
+            total += self.batch * h * self.max_length * last * np.dtype(dt).itemsize
+        return total
+
+    def cache_bytes_per_token(self) -> int:
+        return sum(h * last * np.dtype(dt).itemsize for _, dt, h, last in self.caches.values())
+
+    def reset(self, batch: int, max_length: int) -> None:
+        """Allocates the caches on the device: [batch, heads, max_length, last] each (contents undefined)."""
+        import onnxruntime as ort
+
+        if max_length > self.context_length:
+            raise ValueError(f"max_length {max_length} exceeds the model's context length {self.context_length}")
+        self.values = {}
+        self.batch, self.max_length, self.length = batch, max_length, 0
+        for name, (_, dt, h, last) in self.caches.items():
+            self.values[name] = ort.OrtValue.ortvalue_from_shape_and_type([batch, h, max_length, last], dt,
+                                                                          self.device, 0)
+        self.binding = self.sess.io_binding()
+        self.binding.bind_output(self.logits_name, self.device)  # first: get_outputs() keeps the binding order
+        for name, (present, _, _, _) in self.caches.items():
+            self.binding.bind_ortvalue_input(name, self.values[name])
+            self.binding.bind_ortvalue_output(present, self.values[name])
+
+    def step(self, ids: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+        """Feeds ids [B, S] (the next S tokens of every row; mask [B, length + S] defaults to all ones) and returns
+        the logits of the last position [B, vocab] (float32, on the host)."""
+        import onnxruntime as ort
+
+        ids = np.ascontiguousarray(ids, self.ids_dtype)
+        if ids.ndim != 2 or ids.shape[0] != self.batch:
+            raise ValueError(f"ids: expected [batch={self.batch}, S], got shape {ids.shape}")
+        total = self.length + ids.shape[1]
+        if total > self.max_length:
+            raise ValueError(f"{total} tokens exceed the cache's max_length {self.max_length}")
+        if mask is None:
+            mask = np.ones((self.batch, total), self.mask_dtype)
+        b = self.binding
+        b.bind_ortvalue_input("input_ids", ort.OrtValue.ortvalue_from_numpy(ids, self.device, 0))
+        b.bind_ortvalue_input("attention_mask",
+                              ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(mask, self.mask_dtype),
+                                                               self.device, 0))
+        b.bind_output(self.logits_name, self.device)  # ORT allocates it per step (S changes)
+        self.sess.run_with_iobinding(b)
+        self.length = total
+        logits = b.get_outputs()[0].numpy()  # [B, S, vocab]: the builder's graph returns every position's logits
+        return logits[:, -1].astype(np.float32)
+
+    def fill(self, length: int) -> None:
+        """Declares the first `length` cache rows valid without computing them (their contents are whatever the
+        buffers hold): to time decode steps at a long context without a prompt's prefill."""
+        if length > self.max_length:
+            raise ValueError(f"length {length} exceeds max_length {self.max_length}")
+        self.length = length
+
+
+def greedy(dec: InPlaceDecoder, prompts: list[list[int]], new_tokens: int, pad: int = 0) -> list[list[int]]:
+    """Greedy generation of `new_tokens` for a batch of prompts (left-padded with `pad`, masked out)."""
+    n = max(len(p) for p in prompts)
+    ids = np.array([[pad] * (n - len(p)) + list(p) for p in prompts], np.int64)
+    mask = np.array([[0] * (n - len(p)) + [1] * len(p) for p in prompts], np.int64)
+    dec.reset(len(prompts), n + new_tokens)
+    logits = dec.step(ids, mask)
+    out = [[] for _ in prompts]
+    for _ in range(new_tokens):
+        nxt = logits.argmax(-1)
+        for b, t in enumerate(nxt):
+            out[b].append(int(t))
+        mask = np.concatenate([mask, np.ones((len(prompts), 1), np.int64)], axis=1)
+        logits = dec.step(nxt[:, None], mask)
+    return out

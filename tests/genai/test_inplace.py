@@ -1,0 +1,59 @@
+"""dot4attn.inplace: genai folders decoded with the caches bound in place (ORT IO binding), no cache bytes on the
+host per token; the same logits as og.Generator, and folders genai cannot run (V q4_0)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from genai_support import agreement, genai_model, teacher_forced_logits
+
+from dot4attn.cli import main as cli
+from dot4attn.compare import MAX_MEAN_KL
+from dot4attn.inplace import InPlaceDecoder, greedy
+
+
+def _steps(folder, tokens):
+    dec = InPlaceDecoder(folder)
+    dec.reset(1, len(tokens) + 1)
+    return np.stack([dec.step(np.array([[t]]))[0] for t in tokens])
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    src = genai_model("qwen3-d128", "fp32")
+    out = {}
+    for fmt in ("q8_0", "q4_0"):
+        dst = tmp_path_factory.mktemp("inplace") / fmt
+        assert cli(["rewrite", str(src), str(dst), "--v-format", fmt]) == 0
+        out[fmt] = dst
+    return src, out
+
+
+def test_same_logits_as_og_generator(folders):
+    src, out = folders
+    tokens = [int(t) for t in np.random.default_rng(3).integers(0, 256, 32)]
+    for folder in (src, out["q8_0"]):
+        np.testing.assert_allclose(_steps(folder, tokens), teacher_forced_logits(folder, tokens, "steps"),
+                                   atol=1e-5, rtol=0)
+
+
+def test_q4_0_values_run_in_place(folders, capsys):
+    """V q4_0 (a narrower V cache than K's, which genai 0.18 cannot allocate): dot4attn generate picks the in-place
+    runner; teacher-forced KL vs the original within the q4_0 bar of the rewrite tests."""
+    src, out = folders
+    tokens = [int(t) for t in np.random.default_rng(4).integers(0, 256, 64)]
+    _, kl = agreement(_steps(src, tokens), _steps(out["q4_0"], tokens))
+    assert kl <= MAX_MEAN_KL["q4_0"], kl
+    assert cli(["generate", str(out["q4_0"]), "--token-ids", "5,6,7", "--max-new-tokens", "16"]) == 0
+    printed = capsys.readouterr().out
+    assert "in-place cache" in printed and len(printed.splitlines()[0].split()) == 17
+
+
+def test_batch_greedy_and_cache_accounting(folders):
+    _, out = folders
+    dec = InPlaceDecoder(out["q8_0"])
+    toks = greedy(dec, [[5, 6, 7, 8, 9], [10, 11]], 6, pad=256)
+    assert [len(t) for t in toks] == [6, 6]
+    assert dec.cache_bytes_per_token() == 2 * 2 * 2 * 144  # layers x kv heads x (K, V) x row bytes at D = 128
+    assert dec.cache_bytes() == 2 * (5 + 6) * dec.cache_bytes_per_token()
+    with pytest.raises(ValueError, match="exceed the cache's max_length"):
+        dec.step(np.zeros((2, 1), np.int64))
