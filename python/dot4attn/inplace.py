@@ -27,7 +27,8 @@ _NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(uint8
 
 
 class InPlaceDecoder:
-    def __init__(self, folder: str | Path, device: str = "cpu", threads: int | None = None):
+    def __init__(self, folder: str | Path, device: str = "cpu", threads: int | None = None,
+                 profile_prefix: str | None = None):
         import onnxruntime as ort
 
         folder = Path(folder)
@@ -40,6 +41,9 @@ class InPlaceDecoder:
         so.log_severity_level = 3
         if threads:
             so.intra_op_num_threads = threads
+        if profile_prefix:
+            so.enable_profiling = True
+            so.profile_file_prefix = profile_prefix
         lib = dec.get("session_options", {}).get("custom_ops_library")
         if lib:
             so.register_custom_ops_library(str(folder / lib))
@@ -74,6 +78,10 @@ class InPlaceDecoder:
         self.values: dict[str, object] = {}
         self.batch = 0
         self.length = 0
+
+    def end_profiling(self) -> str:
+        """Stops ORT's profiler (when profile_prefix was given); returns the JSON file's path."""
+        return self.sess.end_profiling()
 
     def cache_bytes(self) -> int:
         """Bytes of the allocated cache buffers."""

@@ -84,7 +84,28 @@ def test_every_dot4attn_node_runs_on_the_cuda_ep(folders, tmp_path):
     events = []
     for p in tmp_path.glob("ort_profile*.json"):
         events += json.loads(p.read_text())
-    ours = [e for e in events if e.get("cat") == "Node" and e.get("args", {}).get("op_name") == "Dot4GroupQueryAttention"]
+    ours = [e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")
+            and e.get("args", {}).get("op_name") == "Dot4GroupQueryAttention"]
     assert ours, "no Dot4GroupQueryAttention node in the profile"
     providers = {e["args"].get("provider") for e in ours}
     assert providers == {"CUDAExecutionProvider"}, providers
+
+
+def test_inplace_decode_moves_no_cache_bytes_to_the_host(folders, tmp_path):
+    """dot4attn.inplace on the CUDA EP over 64 decode steps: the profile's memcpy nodes move a few bytes each
+    (seqlens_k and total_sequence_length to the host), never the cache; every Dot4GroupQueryAttention runs on CUDA."""
+    from dot4attn.inplace import InPlaceDecoder
+
+    _, out = folders("qwen3-d128")
+    dec = InPlaceDecoder(out, device="cuda", profile_prefix=str(tmp_path / "inplace"))
+    dec.reset(1, 128)
+    dec.step(np.arange(4, dtype=np.int64)[None])
+    for t in range(64):
+        dec.step(np.array([[t]], np.int64))
+    events = json.loads(Path(dec.end_profiling()).read_text())
+    nodes = [e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")]
+    copies = [e for e in nodes if e["args"].get("op_name", "").startswith("Memcpy")]
+    assert all(int(e["args"].get("output_size", 0)) <= 64 for e in copies), [
+        (e["name"], e["args"].get("output_size")) for e in copies if int(e["args"].get("output_size", 0)) > 64]
+    ours = [e for e in nodes if e["args"].get("op_name") == "Dot4GroupQueryAttention"]
+    assert len(ours) == 2 * 65 and {e["args"].get("provider") for e in ours} == {"CUDAExecutionProvider"}
