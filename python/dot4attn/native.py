@@ -119,6 +119,8 @@ def kv_layout_of(kp, ks, v, vs=None) -> dict:
             continue
         if t.dim() != 4:
             raise ValueError(f"{name}: expected [B, Hkv, Sk, X], got shape {tuple(t.shape)}")
+        if t.numel() == 0:  # nothing is read: any strides (torch gives empty tensors zeros)
+            continue
         B, H, S, X = t.shape
         s0, s1, s2, s3 = t.stride()
         if X > 1 and s3 != 1:
@@ -137,10 +139,10 @@ def kv_layout_of(kp, ks, v, vs=None) -> dict:
     if len(per_head) > 1:
         raise ValueError("K / V tensors disagree on rows per head: " +
                          ", ".join(f"{n} {r}" for n, _, r, _ in rows if r is not None))
-    sk = rows[0][3]
     layout = dict.fromkeys(KV_LAYOUT_FIELDS, 0)
-    if sk == 0:
+    if not rows or rows[0][3] == 0:
         return layout
+    sk = rows[0][3]
     layout["kv_rows"] = per_head.pop() if per_head else sk
     for (_, stride, _, _), key in zip(rows, ("k_stride", "ks_stride", "v_stride", "vs_stride")):
         layout[key] = stride

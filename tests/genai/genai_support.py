@@ -24,11 +24,15 @@ def genai_model(shape: str, precision: str = "fp32", ep: str = "cpu") -> Path:
     """The builder's folder for SHAPES[shape] (2 layers, seed 0), built on first use."""
     og()
     pytest.importorskip("transformers")
-    from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
     from dot4attn.genai_models import build_genai, make_hf_model
 
-    key = hashlib.sha1(f"{version('onnxruntime-genai')}-{version('transformers')}-{version('torch')}".encode())
+    try:
+        og_version = version("onnxruntime-genai")
+    except PackageNotFoundError:  # the CUDA wheel's distribution name
+        og_version = version("onnxruntime-genai-cuda")
+    key = hashlib.sha1(f"{og_version}-{version('transformers')}-{version('torch')}".encode())
     out = cache_root() / f"{shape}-{precision}-{ep}-{key.hexdigest()[:10]}"
     if (out / "genai_config.json").is_file():
         return out

@@ -113,6 +113,8 @@ def _packed(torch, parts, kv_rows: int, extra: int = 0):
     row_bytes]: part i at byte sum(X_j bytes, j < i) of every row, row_bytes = their bytes rounded up to 16, plus
     `extra`; all other bytes (row padding, rows Sk .. kv_rows - 1) hold GARBAGE."""
     B, H, Sk = parts[0].shape[:3]
+    if Sk == 0:  # no row to lay out (and torch cannot reinterpret the bytes of an empty slice)
+        return [torch.empty_like(p) for p in parts]
     widths = [p.shape[3] * p.element_size() for p in parts]
     row_bytes = -(-sum(widths) // 16) * 16 + extra
     buf = torch.full((B, H, kv_rows, row_bytes), GARBAGE, dtype=torch.uint8, device="cuda")
