@@ -173,36 +173,26 @@ unsigned grid_for(int64_t n, int64_t per_block) {
 
 size_t round_up(size_t n) { return (n + 255) / 256 * 256; }
 
-struct Layout {
-  size_t q_bytes = 0, out_bytes = 0, split_bytes = 0;
-};
+}  // namespace
 
-Layout layout_of(const CacheParams& c, std::vector<gpu::GpuPlan>* plans) {
-  Layout l;
+CacheGpuWork cache_gpu_plan(const CacheParams& c) {
+  CacheGpuWork w;
   const size_t elem = c.half ? 2 : 4;
-  l.q_bytes = round_up(size_t(c.B * c.Hq * c.S * c.D) * elem);
-  l.out_bytes = c.S == 1 ? 0 : l.q_bytes;  // decode writes the op's output directly
+  w.q_bytes = round_up(size_t(c.B * c.Hq * c.S * c.D) * elem);
+  w.out_bytes = c.S == 1 ? 0 : w.q_bytes;  // decode writes the op's output directly
+  w.plans.reserve(size_t(c.B));
   for (int64_t b = 0; b < c.B; ++b) {
     AttentionParams p = cache_attention_params(c, b, nullptr, nullptr);
     p.route = choose_route(p, c.split_k_min_keys);
-    const gpu::GpuPlan plan = attention_gpu_plan(p);
-    l.split_bytes = std::max(l.split_bytes, round_up(plan.scratch_bytes));
-    if (plans) plans->push_back(plan);
+    w.plans.push_back(attention_gpu_plan(p));
+    w.split_bytes = std::max(w.split_bytes, round_up(w.plans.back().scratch_bytes));
   }
-  return l;
+  return w;
 }
 
-}  // namespace
-
-size_t cache_gpu_scratch_bytes(const CacheParams& c) {
-  const Layout l = layout_of(c, nullptr);
-  return l.q_bytes + l.out_bytes + l.split_bytes;
-}
-
-void cache_attention_gpu(const CacheParams& c, void* scratch, void* stream) {
+void cache_attention_gpu(const CacheParams& c, const CacheGpuWork& l, void* scratch, void* stream) {
   auto s = static_cast<gpuStream_t>(stream);
-  std::vector<gpu::GpuPlan> plans;
-  const Layout l = layout_of(c, &plans);
+  const std::vector<gpu::GpuPlan>& plans = l.plans;
   char* base = static_cast<char*>(scratch);
   void* q_rows = base;
   void* out_rows = c.S == 1 ? c.out : base + l.q_bytes;
