@@ -88,3 +88,24 @@ def bound_run(sess, feeds, seqlens, total, rows_k, rows_v, device: str = "cpu"):
     return io.copy_outputs_to_cpu()[0], pk.numpy(), pv.numpy()  # numpy() copies device values to the host
 
 
+
+
+def cache_with_garbage(rng, B, hkv, rows, d, valid):
+    """Packed K and V caches [B, hkv, rows, row] of random rows, every row from valid[b] on replaced by a row of
+    huge values (which would dominate any output that read it)."""
+    ck = ref.pack_cache_rows(rng.standard_normal((B, hkv, rows, d)).astype(np.float32))
+    cv = ref.pack_cache_rows(rng.standard_normal((B, hkv, rows, d)).astype(np.float32))
+    garbage = ref.pack_cache_rows(np.full((d,), 6e4, np.float32))
+    for b, n in enumerate(valid):
+        ck[b, :, n:] = garbage
+        cv[b, :, n:] = garbage
+    return ck, cv
+
+
+def assert_only_new_rows_changed(before_k, before_v, after_k, after_v, valid):
+    """An in-place decode step wrote row valid[b] of every (b, kv head) and nothing else."""
+    changed = np.any(after_k != before_k, axis=-1) | np.any(after_v != before_v, axis=-1)
+    want = np.zeros_like(changed)
+    for b, n in enumerate(valid):
+        want[b, :, n] = True
+    assert np.array_equal(changed, want), "only row valid[b] of each (b, kv head) may change"

@@ -183,27 +183,8 @@ class AttentionKernel : public Kernel {
 #if defined(DOT4ATTN_WITH_GPU)
   void run_gpu(OrtKernelContext* ctx, const AttentionParams& p, const gpu::GpuPlan& plan, const OrtValue* out,
                void* stream) const {
-    const size_t bytes = plan.scratch_bytes;
-    if (bytes == 0) {
-      attention_gpu(p, plan, nullptr, stream);
-      return;
-    }
-    // Split-K partials come from ORT's allocator for the output's device (no cudaMalloc in Compute). Freed
-    // right after enqueueing: ORT's GPU allocators hand memory out in stream order.
-    const OrtMemoryInfo* mem = nullptr;
-    check_status(ort().GetTensorMemoryInfo(out, &mem));
-    OrtAllocator* alloc = nullptr;
-    check_status(ort().KernelContext_GetAllocator(ctx, mem, &alloc));
-    void* scratch = alloc->Alloc(alloc, bytes);
-    try {
-      attention_gpu(p, plan, scratch, stream);
-    } catch (...) {
-      alloc->Free(alloc, scratch);
-      ort().ReleaseAllocator(alloc);
-      throw;
-    }
-    alloc->Free(alloc, scratch);
-    ort().ReleaseAllocator(alloc);
+    // Split-K partials come from ORT's allocator for the output's device.
+    with_device_scratch(ctx, out, plan.scratch_bytes, [&](void* scratch) { attention_gpu(p, plan, scratch, stream); });
   }
 #endif
 

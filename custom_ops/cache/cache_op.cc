@@ -179,21 +179,8 @@ class CacheKernel : public Kernel {
 #if defined(DOT4ATTN_WITH_GPU)
   void run_gpu(OrtKernelContext* ctx, const CacheParams& c, const OrtValue* out) const {
     const CacheGpuWork work = cache_gpu_plan(c);
-    const size_t bytes = work.scratch_bytes();
-    const OrtMemoryInfo* mem = nullptr;
-    check_status(ort().GetTensorMemoryInfo(out, &mem));
-    OrtAllocator* alloc = nullptr;
-    check_status(ort().KernelContext_GetAllocator(ctx, mem, &alloc));
-    void* scratch = alloc->Alloc(alloc, bytes);
-    try {
-      cache_attention_gpu(c, work, scratch, gpu_stream(ctx));
-    } catch (...) {
-      alloc->Free(alloc, scratch);
-      ort().ReleaseAllocator(alloc);
-      throw;
-    }
-    alloc->Free(alloc, scratch);  // stream-ordered: ORT's GPU allocators reuse it only after this stream's work
-    ort().ReleaseAllocator(alloc);
+    with_device_scratch(ctx, out, work.scratch_bytes(),
+                        [&](void* scratch) { cache_attention_gpu(c, work, scratch, gpu_stream(ctx)); });
   }
 #endif
 

@@ -71,4 +71,26 @@ void* gpu_stream(OrtKernelContext* ctx) {
   return s;
 }
 
+void with_device_scratch(OrtKernelContext* ctx, const OrtValue* like, size_t bytes,
+                         const std::function<void(void*)>& fn) {
+  if (bytes == 0) {
+    fn(nullptr);
+    return;
+  }
+  const OrtMemoryInfo* mem = nullptr;
+  check_status(ort().GetTensorMemoryInfo(like, &mem));
+  OrtAllocator* alloc = nullptr;
+  check_status(ort().KernelContext_GetAllocator(ctx, mem, &alloc));
+  void* scratch = alloc->Alloc(alloc, bytes);
+  try {
+    fn(scratch);
+  } catch (...) {
+    alloc->Free(alloc, scratch);
+    ort().ReleaseAllocator(alloc);
+    throw;
+  }
+  alloc->Free(alloc, scratch);
+  ort().ReleaseAllocator(alloc);
+}
+
 }  // namespace dot4attn

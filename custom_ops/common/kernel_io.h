@@ -31,6 +31,12 @@ void parallel_for(OrtKernelContext* ctx, size_t n, const std::function<void(size
 // The GPU stream of the kernel's EP (cudaStream_t / hipStream_t), or null on CPU.
 void* gpu_stream(OrtKernelContext* ctx);
 
+// Runs fn(scratch) with `bytes` of memory from ORT's allocator for the device of `like` (an output of the kernel),
+// and frees it right after fn has enqueued its work: ORT's GPU allocators hand memory out in stream order. No
+// cudaMalloc in Compute.
+void with_device_scratch(OrtKernelContext* ctx, const OrtValue* like, size_t bytes,
+                         const std::function<void(void*)>& fn);
+
 // Throws when an ORT call returned an error status.
 void check_status(OrtStatus* status);
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cache_cases import CASES, bound_run, case_id, expect, make_inputs, run
-from dot4attn import reference as ref
+from cache_cases import (CASES, assert_only_new_rows_changed, bound_run, cache_with_garbage, case_id, expect,
+                         make_inputs, run)
 from dot4attn.onnx_builders import cache_attention_model
 from test_ort_cuda import _gpu_unavailable_reason, _session_uncached
 
@@ -59,21 +59,11 @@ def test_long_cache_on_a_shared_device_buffer(dtype, valid):
     B, hq, hkv, d = len(valid), 32, 8, 128
     rows = max(valid) + 128
     sess = _session_uncached(cache_attention_model(dtype, num_heads=hq, kv_num_heads=hkv, rotary=True))
-    rng = np.random.default_rng(9)
-    ck = ref.pack_cache_rows(rng.standard_normal((B, hkv, rows, d)).astype(np.float32))
-    cv = ref.pack_cache_rows(rng.standard_normal((B, hkv, rows, d)).astype(np.float32))
-    garbage = ref.pack_cache_rows(np.full((d,), 6e4, np.float32))
-    for b, n in enumerate(valid):
-        ck[b, :, n:] = garbage
-        cv[b, :, n:] = garbage
+    ck, cv = cache_with_garbage(np.random.default_rng(9), B, hkv, rows, d, valid)
     feeds = make_inputs(B, 1, hq, hkv, d, dtype=dtype, rotary=True, past_rows=rows, seed=2, max_pos=rows)
     feeds.update(past_key=ck, past_value=cv)
     k0, v0 = ck.copy(), cv.copy()
     out, pk, pv = bound_run(sess, feeds, valid, max(valid) + 1, ck, cv, device="cuda")
     f = dict(feeds, seqlens_k=np.asarray(valid, np.int32), total_sequence_length=np.asarray(max(valid) + 1, np.int32))
     expect(f, dict(num_heads=hq, kv_num_heads=hkv, do_rotary=1), (out, pk, pv), _atol(dtype))
-    changed = np.any(pk != k0, axis=-1) | np.any(pv != v0, axis=-1)
-    want = np.zeros_like(changed)
-    for b, n in enumerate(valid):
-        want[b, :, n] = True
-    assert np.array_equal(changed, want), "only row valid[b] of each (b, head) may change"
+    assert_only_new_rows_changed(k0, v0, pk, pv, valid)

@@ -164,6 +164,19 @@ def _ov(a: np.ndarray):
 # the candidates' runners
 
 
+def _bind_shared_cache(sess, vals: dict, cache_k, cache_v, out):
+    """An io_binding of a GroupQueryAttention-style node: `vals` as inputs, `out` as output, and each cache OrtValue
+    bound as both past_* input and present_* output (the shared in-place buffer)."""
+    binding = sess.io_binding()
+    for name, val in vals.items():
+        binding.bind_ortvalue_input(name, val)
+    binding.bind_ortvalue_output("output", out)
+    for part, cache in (("key", cache_k), ("value", cache_v)):
+        binding.bind_ortvalue_input(f"past_{part}", cache)
+        binding.bind_ortvalue_output(f"present_{part}", cache)
+    return binding
+
+
 class GQARunner:
     """GQA in share-buffer mode: past_* and present_* bound to one cache OrtValue [B, Hkv, Sk, D].
 
@@ -193,14 +206,7 @@ class GQARunner:
             "total_sequence_length": _ov(np.array(Sk, np.int32)),
         }
         self.out = _ov(np.zeros((B, Sq, Hq * D), dtype))
-        self.binding = self.sess.io_binding()
-        for name, val in self.vals.items():
-            self.binding.bind_ortvalue_input(name, val)
-        self.binding.bind_ortvalue_input("past_key", self.cache_k)
-        self.binding.bind_ortvalue_input("past_value", self.cache_v)
-        self.binding.bind_ortvalue_output("output", self.out)
-        self.binding.bind_ortvalue_output("present_key", self.cache_k)
-        self.binding.bind_ortvalue_output("present_value", self.cache_v)
+        self.binding = _bind_shared_cache(self.sess, self.vals, self.cache_k, self.cache_v, self.out)
         self.kv_bytes = 2 * B * Hkv * Sk * D * np.dtype(dtype).itemsize
 
     def __call__(self):
@@ -277,14 +283,7 @@ class CacheRunner:
                      "seqlens_k": _ov(np.full((B,), Sk - 1, np.int32)),
                      "total_sequence_length": _ov(np.array(Sk, np.int32))}
         self.out = _ov(np.zeros((B, Sq, Hq * D), np.float32))
-        self.binding = self.sess.io_binding()
-        for name, val in self.vals.items():
-            self.binding.bind_ortvalue_input(name, val)
-        self.binding.bind_ortvalue_input("past_key", self.cache_k)
-        self.binding.bind_ortvalue_input("past_value", self.cache_v)
-        self.binding.bind_ortvalue_output("output", self.out)
-        self.binding.bind_ortvalue_output("present_key", self.cache_k)
-        self.binding.bind_ortvalue_output("present_value", self.cache_v)
+        self.binding = _bind_shared_cache(self.sess, self.vals, self.cache_k, self.cache_v, self.out)
         self.kv_bytes = B * Hkv * Sk * (ref.cache_row_bytes(D) + ref.cache_row_bytes(D, v_format))
 
     def __call__(self):

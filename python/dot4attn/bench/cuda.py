@@ -143,6 +143,17 @@ def _ort_gqa(torch, q, k, v, int8_cache: bool = False):
     return fn, (out, cache_k, cache_v, vals)
 
 
+def _wall_us(torch, fn, n: int = 50) -> float:
+    """Wall-clock microseconds per call of fn (an ORT session run: host included), after 3 warm-up calls."""
+    for _ in range(3):
+        fn()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
 def _ort_d4a_session(torch, q, kp, ks, vp, vs, fmt):
     import onnxruntime as ort
 
@@ -161,15 +172,7 @@ def _ort_d4a_session(torch, q, kp, ks, vp, vs, fmt):
         if t is not None:
             bind.bind_input(name, "cuda", 0, et[t.dtype], list(t.shape), t.data_ptr())
     bind.bind_output("output", "cuda", 0, np.float16, list(out.shape), out.data_ptr())
-    fn = lambda: sess.run_with_iobinding(bind)  # noqa: E731
-    for _ in range(3):
-        fn()
-    n = 50
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e6, out
+    return _wall_us(torch, lambda: sess.run_with_iobinding(bind)), out
 
 
 def _read_bandwidth(torch) -> float:
@@ -416,15 +419,7 @@ def _time_ort_cache_session(run, case, q, k, v, fmt):
         bind.bind_output("output", "cuda", 0, np.float16, list(out.shape), out.data_ptr())
         for n, t in (("present_key", bk), ("present_value", bv)):
             bind.bind_output(n, "cuda", 0, np.uint8, list(t.shape), t.data_ptr())
-        fn = lambda: sess.run_with_iobinding(bind)  # noqa: E731
-        for _ in range(3):
-            fn()
-        n = 50
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-        run.record(case, f"ort_cache_{fmt}_session", (time.perf_counter() - t0) / n * 1e6,
+        run.record(case, f"ort_cache_{fmt}_session", _wall_us(torch, lambda: sess.run_with_iobinding(bind)),
                    Hkv * Sk * B * (ref.cache_row_bytes(D) + ref.cache_row_bytes(D, fmt)), extra={"wall_clock": True})
     except Exception as e:  # noqa: BLE001
         run.record(case, f"ort_cache_{fmt}_session", None, extra={"error": str(e)[:300]})
