@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from genai_support import agreement, batch_logits, genai_model, og, teacher_forced_logits, tree_digest
+from genai_support import agreement, batch_logits, genai_model, teacher_forced_logits, tree_digest
 
 from dot4attn import reference as ref
 from dot4attn.cli import main as cli
@@ -133,15 +133,6 @@ def _copy(src, tmp_path, name="in"):
     dst = tmp_path / name
     shutil.copytree(src, dst)
     return dst
-
-
-def _edit_gqa(folder: Path, **attrs):
-    m = onnx.load(str(folder / "model.onnx"), load_external_data=False)
-    for n in m.graph.node:
-        if n.op_type == "GroupQueryAttention":
-            for k, v in attrs.items():
-                n.attribute.append(onnx.helper.make_attribute(k, v))
-    onnx.save(m, str(folder / "model.onnx"))
 
 
 def test_already_rewritten(rewritten, tmp_path, capsys):
