@@ -133,6 +133,20 @@ def _packed_value(v: ir.Value, kv_heads: int, last: int) -> None:
     v.shape = ir.Shape([sh[0], kv_heads, sh[2], last])
 
 
+def _take_over(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
+    """`new` replaces `old`: its type, its uses, its place among the graph outputs and its name."""
+    new.dtype, new.shape = old.dtype, old.shape
+    if old.is_graph_output():  # first: onnx_ir refuses to move the uses of a graph output
+        outs = list(graph.outputs)
+        outs[outs.index(old)] = new
+        graph.outputs.clear()
+        graph.outputs.extend(outs)
+    old.replace_all_uses_with(new)
+    name = old.name
+    old.name = name + ".__removed"
+    new.name = name
+
+
 def rewrite_gqa(model: ir.Model, v_format: str = "q8_0", head_size: int | None = None) -> list[GqaLayer]:
     """Rewrites every GroupQueryAttention in place; returns the layers. Raises GenaiRewriteError, leaving the model
     in an undefined state (discard it)."""
@@ -162,26 +176,11 @@ def rewrite_gqa(model: ir.Model, v_format: str = "q8_0", head_size: int | None =
             inputs.pop()
         new = ir.node(OP, inputs, attributes=attrs, domain=DOMAIN, num_outputs=3, name=node.name)
         graph.insert_before(node, new)
-        out, pk, pv = node.outputs[0], node.outputs[1], node.outputs[2]
-        new.outputs[0].dtype, new.outputs[0].shape = out.dtype, out.shape
-        out.replace_all_uses_with(new.outputs[0])
-        for old, nv, fmt in ((pk, new.outputs[1], "q8_0"), (pv, new.outputs[2], v_format)):
-            nv.dtype, nv.shape = old.dtype, old.shape
-            _packed_value(nv, L.kv_heads, row_bytes(L.head_size, fmt))
-        name0 = out.name
-        outs = list(graph.outputs)
-        for old, nv in ((pk, new.outputs[1]), (pv, new.outputs[2])):
-            outs[outs.index(old)] = nv
-        graph.outputs.clear()
-        graph.outputs.extend(outs)
-        for old, nv in ((pk, new.outputs[1]), (pv, new.outputs[2])):
-            name = old.name
-            old.name = name + ".__removed"
-            nv.name = name
-        new.outputs[0].name = name0
-        out.name = name0 + ".__removed"
+        for old, nv in zip(node.outputs[:3], new.outputs):
+            _take_over(graph, old, nv)
         graph.remove(node, safe=True)
-        _packed_value(new.inputs[3], L.kv_heads, row_bytes(L.head_size, "q8_0"))
-        _packed_value(new.inputs[4], L.kv_heads, row_bytes(L.head_size, v_format))
+        for i, fmt in ((1, "q8_0"), (2, v_format)):  # present and past caches: packed rows
+            for cache in (new.outputs[i], new.inputs[2 + i]):
+                _packed_value(cache, L.kv_heads, row_bytes(L.head_size, fmt))
     model.opset_imports[DOMAIN] = 1
     return layers

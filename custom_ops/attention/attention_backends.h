@@ -13,6 +13,8 @@ namespace dot4attn {
 // CPU: routes in prefill/, decode/, split_k/; runs on ORT's intra-op thread pool.
 void attention_cpu(const AttentionParams& p, OrtKernelContext* ctx);
 int64_t cpu_parallel_units();  // worker threads the CPU routes can count on
+// split_k's split count on the CPU (choose_splits over the worker threads, two waves, splits of >= 256 keys).
+int64_t cpu_split_count(const AttentionParams& p);
 
 #if defined(DOT4ATTN_WITH_GPU)
 // GPU (CUDA or HIP from one source): plan on the current device, then run. scratch is device memory of

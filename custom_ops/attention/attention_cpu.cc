@@ -18,6 +18,10 @@ int64_t cpu_parallel_units() {
   return n;
 }
 
+int64_t cpu_split_count(const AttentionParams& p) {
+  return choose_splits(p.B * p.Hkv, p.Sk, cpu_parallel_units(), /*waves=*/2, /*min keys=*/256);
+}
+
 void attention_cpu(const AttentionParams& p, OrtKernelContext* ctx) {
   if (p.Sk == 0 || p.Hkv == 0) {  // no key at all: every row outputs zeros
     const size_t bytes = size_t(p.B * p.Hq * p.Sq * p.D) * (p.half ? 2 : 4);

@@ -16,12 +16,6 @@ namespace dot4attn {
 namespace {
 
 constexpr const char* kOp = "Dot4Attention";
-constexpr auto F32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-constexpr auto F16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-constexpr auto I8 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
-constexpr auto U8 = ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
-constexpr auto BOOL = ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL;
-constexpr auto ANY = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
 
 const char* const kInputNames[] = {"query", "k_payload", "k_scales", "value", "v_scales", "attn_mask"};
 
@@ -79,7 +73,7 @@ class AttentionKernel : public Kernel {
     p.route = a_.route == Route::kAuto ? choose_route(p, a_.split_k_min_keys) : a_.route;
     if (ep_ == Ep::kCpu) {
       if (p.route == Route::kSplitK)
-        p.n_splits = choose_splits(p.B * p.Hkv, p.Sk, cpu_parallel_units(), /*waves=*/2, /*min keys=*/256);
+        p.n_splits = cpu_split_count(p);
       attention_cpu(p, ctx);
       return;
     }

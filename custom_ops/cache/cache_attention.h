@@ -8,7 +8,7 @@
 
 namespace dot4attn {
 
-// Query / output scratch of batch row b: [Hq, q_rows(b), D] of T, at element b * Hq * S * D of a [B, Hq, S, D]
+// The Dot4Attention call of batch row b, its route chosen (auto). Query / output scratch of batch row b: [Hq, q_rows(b), D] of T, at element b * Hq * S * D of a [B, Hq, S, D]
 // buffer (rows past q_rows(b) unused).
 inline AttentionParams cache_attention_params(const CacheParams& c, int64_t b, const void* q_rows, void* out_rows) {
   AttentionParams p;
@@ -32,6 +32,7 @@ inline AttentionParams cache_attention_params(const CacheParams& c, int64_t b, c
   p.ks_stride = c.k_row / 2;
   p.v_stride = c.v_row;
   p.vs_stride = c.v_row / 2;
+  p.route = choose_route(p, c.split_k_min_keys);
   return p;
 }
 

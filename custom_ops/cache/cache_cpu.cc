@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <vector>
+#include <memory>
 
 #include "attention/attention_backends.h"
 #include "cache/cache_attention.h"
@@ -92,7 +92,9 @@ void cache_attention_cpu(const CacheParams& c, OrtKernelContext* ctx) {
     });
   }
   // 2. New tokens: K and V rows into the caches, Q (normed, rotated) into q_rows [B][Hq][q_rows(b)][D].
-  std::vector<uint8_t> q_rows(size_t(c.B * c.Hq * c.S * D) * elem), out_rows(q_rows.size());
+  // Scratch left uninitialised: rows past q_rows(b) are never read, every other byte is written first.
+  const size_t scratch = size_t(c.B * c.Hq * c.S * D) * elem;
+  std::unique_ptr<uint8_t[]> q_rows(new uint8_t[scratch]), out_rows(new uint8_t[scratch]);
   parallel_for(ctx, size_t(c.B * c.S), [&](size_t item) {
     const int64_t b = int64_t(item) / c.S, s = int64_t(item) % c.S;
     const int64_t pos = c.past[b] + s;
@@ -110,15 +112,13 @@ void cache_attention_cpu(const CacheParams& c, OrtKernelContext* ctx) {
       load_floats(c.q, c.half, head_offset(c, 0, b, s, h), D, x);
       rms_norm(c, c.q_norm, x);
       rotate(c, pos, x);
-      store_floats(x, c.half, q_rows.data(), b * c.Hq * c.S * D + (h * c.q_rows(b) + s) * D, D);
+      store_floats(x, c.half, q_rows.get(), b * c.Hq * c.S * D + (h * c.q_rows(b) + s) * D, D);
     }
   });
   // 3. Attention per batch row, over its own valid keys.
   for (int64_t b = 0; b < c.B; ++b) {
-    AttentionParams p = cache_attention_params(c, b, q_rows.data(), out_rows.data());
-    p.route = choose_route(p, c.split_k_min_keys);
-    if (p.route == Route::kSplitK)
-      p.n_splits = choose_splits(p.Hkv, p.Sk, cpu_parallel_units(), /*waves=*/2, /*min keys=*/256);
+    AttentionParams p = cache_attention_params(c, b, q_rows.get(), out_rows.get());
+    if (p.route == Route::kSplitK) p.n_splits = cpu_split_count(p);
     attention_cpu(p, ctx);
   }
   // 4. [B][Hq][q_rows][D] -> [B, S, Hq * D]; padding rows of a first prompt are zeros.
@@ -130,7 +130,7 @@ void cache_attention_cpu(const CacheParams& c, OrtKernelContext* ctx) {
       return;
     }
     for (int64_t h = 0; h < c.Hq; ++h)
-      std::memcpy(dst + h * D * elem, out_rows.data() + (b * c.Hq * c.S * D + (h * c.q_rows(b) + s) * D) * elem,
+      std::memcpy(dst + h * D * elem, out_rows.get() + (b * c.Hq * c.S * D + (h * c.q_rows(b) + s) * D) * elem,
                   D * elem);
   });
 }

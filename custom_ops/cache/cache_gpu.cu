@@ -182,9 +182,7 @@ CacheGpuWork cache_gpu_plan(const CacheParams& c) {
   w.out_bytes = c.S == 1 ? 0 : w.q_bytes;  // decode writes the op's output directly
   w.plans.reserve(size_t(c.B));
   for (int64_t b = 0; b < c.B; ++b) {
-    AttentionParams p = cache_attention_params(c, b, nullptr, nullptr);
-    p.route = choose_route(p, c.split_k_min_keys);
-    w.plans.push_back(attention_gpu_plan(p));
+    w.plans.push_back(attention_gpu_plan(cache_attention_params(c, b, nullptr, nullptr)));
     w.split_bytes = std::max(w.split_bytes, round_up(w.plans.back().scratch_bytes));
   }
   return w;
@@ -231,9 +229,7 @@ void cache_attention_gpu(const CacheParams& c, const CacheGpuWork& l, void* scra
   }
 
   for (int64_t b = 0; b < c.B; ++b) {
-    AttentionParams p = cache_attention_params(c, b, q_rows, out_rows);
-    p.route = choose_route(p, c.split_k_min_keys);
-    attention_gpu(p, plans[size_t(b)], split, stream);
+    attention_gpu(cache_attention_params(c, b, q_rows, out_rows), plans[size_t(b)], split, stream);
   }
 
   if (c.S == 1) return;

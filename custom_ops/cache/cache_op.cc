@@ -17,11 +17,6 @@ namespace dot4attn {
 namespace {
 
 constexpr const char* kOp = "Dot4GroupQueryAttention";
-constexpr auto F32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-constexpr auto F16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-constexpr auto U8 = ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
-constexpr auto I32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
-constexpr auto ANY = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
 
 enum Input { kQuery, kKey, kValue, kPastK, kPastV, kSeqlens, kTotal, kCos, kSin, kQNorm, kKNorm, kNumInputs };
 const char* const kInputNames[] = {"query", "key", "value", "past_key", "past_value", "seqlens_k",

@@ -20,6 +20,15 @@ inline std::string shape_str(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
+// ONNX element types by short name, as the ops' specs and input checks use them.
+constexpr auto F32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+constexpr auto F16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+constexpr auto I8 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
+constexpr auto U8 = ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+constexpr auto I32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+constexpr auto BOOL = ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL;
+constexpr auto ANY = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // an input checked in compute, not by the schema
+
 inline const char* dtype_name(ONNXTensorElementDataType t) {
   switch (t) {
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return "float32";

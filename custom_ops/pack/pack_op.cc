@@ -12,11 +12,6 @@
 namespace dot4attn {
 namespace {
 
-constexpr auto F32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-constexpr auto F16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-constexpr auto I8 = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
-constexpr auto ANY = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-
 class PackKernel : public Kernel {
  public:
   PackKernel(const char* op, QFormat format, Ep ep) : op_(op), format_(format), ep_(ep) {}

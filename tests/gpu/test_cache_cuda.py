@@ -10,16 +10,9 @@ import pytest
 from cache_cases import (CASES, assert_only_new_rows_changed, bound_run, cache_with_garbage, case_id, expect,
                          make_inputs, run)
 from dot4attn.onnx_builders import cache_attention_model
-from test_ort_cuda import _gpu_unavailable_reason, _session_uncached
+from test_ort_cuda import _need_gpu, _session_uncached  # noqa: F401 (_need_gpu: autouse, skips without CUDA)
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _need_gpu():
-    reason = _gpu_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
 
 
 def _atol(dtype):

@@ -290,11 +290,13 @@ def _decode_case(run, hq, hkv, d, sk):
     for fmt in ("float", "q8_0", "q4_0"):
         vp, vs = (v, None) if fmt == "float" else _pack(run.torch, v, fmt)
         r = _time_d4a(run, case, q, kp, ks, vp, vs, fmt, ref)
-        if fmt != "float":
-            _time_d4a_cache(run, case, q, kp, ks, vp, vs, fmt, r)
+        caches = None if fmt == "float" else _cache_buffers(run.torch, kp, ks, vp, vs, fmt)
+        if caches is not None:
+            _time_d4a_cache(run, case, q, caches, fmt, r)
         if fmt == "q4_0" and run.ort is not None and sk in (512, 16384, 131072):
             _time_ort_d4a_session(run, case, q, kp, ks, vp, vs, fmt, r)
-            _time_ort_cache_session(run, case, q, k, v, fmt)
+            _time_ort_cache_session(run, case, q, k, v, caches, fmt)
+        del caches
     del q, k, v, kp, ks, ref
     run.torch.cuda.empty_cache()
 
@@ -373,10 +375,10 @@ def _cache_buffers(torch, kp, ks, vp, vs, fmt, extra_rows: int = 128):
     return out
 
 
-def _time_d4a_cache(run, case, q, kp, ks, vp, vs, fmt, dense):
-    """The attention of Dot4GroupQueryAttention: the same call over the packed cache's strided rows (kernel time,
-    the same timer as the dense call; the output must equal the dense call's)."""
-    _, kpv, ksv, _, vpv, vsv = _cache_buffers(run.torch, kp, ks, vp, vs, fmt)
+def _time_d4a_cache(run, case, q, caches, fmt, dense):
+    """The attention of Dot4GroupQueryAttention: the same call over the packed cache's strided rows (`caches` from
+    _cache_buffers; kernel time, the same timer as the dense call; the output must equal the dense call's)."""
+    _, kpv, ksv, _, vpv, vsv = caches
     r = native.TorchAttention(q, kpv, ksv, vpv, vsv, run.torch.empty_like(q), v_format=fmt)
     r()
     same = bool(run.torch.equal(r.out, dense.out))
@@ -384,10 +386,10 @@ def _time_d4a_cache(run, case, q, kp, ks, vp, vs, fmt, dense):
                extra={"equal_to_dense": same, "plan": r.plan, "n_splits": r.plan["n_splits"]})
 
 
-def _time_ort_cache_session(run, case, q, k, v, fmt):
-    """Dot4GroupQueryAttention through an ORT session on the CUDA EP, past/present bound to one device buffer of
-    Sk + 128 rows (genai's shared buffer): the call packs its token into row Sk - 1 and attends over Sk rows (wall
-    clock per run, like ort_d4a_q4_0_session)."""
+def _time_ort_cache_session(run, case, q, k, v, caches, fmt):
+    """Dot4GroupQueryAttention through an ORT session on the CUDA EP, past/present bound to the device buffers of
+    `caches` (Sk + 128 rows, genai's shared buffer): the call packs its token from k / v into row Sk - 1 and attends
+    over Sk rows (wall clock per run, like ort_d4a_q4_0_session)."""
     import onnxruntime as ort
 
     import dot4attn
@@ -398,9 +400,7 @@ def _time_ort_cache_session(run, case, q, k, v, fmt):
     B, Hq, _, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     try:
-        kp, ks = _pack(torch, k, "q8_0")
-        vp, vs = _pack(torch, v, fmt)
-        bk, _, _, bv, _, _ = _cache_buffers(torch, kp, ks, vp, vs, fmt)
+        bk, bv = caches[0], caches[3]
         so = ort.SessionOptions()
         dot4attn.register(so)
         so.log_severity_level = 3
