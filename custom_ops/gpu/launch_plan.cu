@@ -369,9 +369,11 @@ bool plan_prefill_mma(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& 
   if (!aligned(p.q, 16) || !aligned(p.k, 16) || !aligned(p.v, 16) || !aligned(p.k_scales, 4) ||
       !aligned(p.v_scales, 4) || !aligned(p.out, 4))
     return refuse(why, "tensor-core prefill: pointers not aligned");
-  // scale rows move in 4-byte pieces, so every row must start 4-byte aligned
+  // scale rows move in 4-byte pieces, so every row must start 4-byte aligned; a tile's offsets are 32-bit
   if (p.ks_row() % 2 != 0 || (p.v_format != VFormat::kFloat && p.vs_row() % 2 != 0))
     return refuse(why, "tensor-core prefill: scale row strides not multiples of 4 bytes");
+  if (p.ks_row() > 0x7fffffffLL / pmma::kKeys || p.vs_row() > 0x7fffffffLL / pmma::kKeys)
+    return refuse(why, "tensor-core prefill: scale row strides of 2^25 halves or more");
   return pl.vk == kVF16 ? plan_prefill_vk<kVF16>(pl, p, dev, ov, why)
          : pl.vk == kVQ8 ? plan_prefill_vk<kVQ8>(pl, p, dev, ov, why)
                          : plan_prefill_vk<kVQ4>(pl, p, dev, ov, why);

@@ -297,14 +297,15 @@ __global__ void __launch_bounds__(kThreads, MINB)
       // or not; the planner asks for 4-byte aligned scale rows)
       const uint16_t* ksg = a.ks + (head_row + j0) * a.ks_stride;
       const uint16_t* vsg = Tr::kVq ? a.vs + (head_row + j0) * a.vs_stride : nullptr;
+      const int kss = int(a.ks_stride), vss = int(a.vs_stride);  // in-tile offsets are 32-bit (the planner checks)
       uint16_t* kst = reinterpret_cast<uint16_t*>(st + Tr::ST_K + Tr::ST_V);
       uint16_t* vst = reinterpret_cast<uint16_t*>(st + Tr::ST_K + Tr::ST_V + Tr::ST_KS);
 #pragma unroll 1
       for (int c = tid; c < kKeys * NB / 2; c += kThreads) {
         const int e = 2 * c, j = e / NB, x = e % NB;
         const bool ok = j < nv;
-        cp_async4(kst + e, ksg + (ok ? j * a.ks_stride + x : 0), ok ? 4 : 0);
-        if constexpr (Tr::kVq) cp_async4(vst + e, vsg + (ok ? j * a.vs_stride + x : 0), ok ? 4 : 0);
+        cp_async4(kst + e, ksg + (ok ? j * kss + x : 0), ok ? 4 : 0);
+        if constexpr (Tr::kVq) cp_async4(vst + e, vsg + (ok ? j * vss + x : 0), ok ? 4 : 0);
       }
     }
     cp_async_commit();
@@ -326,8 +327,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
       const int j0 = tile * kKeys;
       const int nv = int(kend - j0 < kKeys ? kend - j0 : kKeys);
       uint8_t* sc = smem + kSC + int(tile & 1) * Tr::SC;
-      const uint16_t* ksg = a.ks + (head_row + j0) * a.ks_stride;
-      const uint16_t* vsg = Tr::kVq ? a.vs + (head_row + j0) * a.vs_stride : nullptr;
+      // key j0 + j's scale row (strides below 2^25 halves: the planner checks)
+      const int kss = int(a.ks_stride), vss = int(a.vs_stride);
       constexpr int N = kKeys * NB / 2;  // 4-byte pieces, two scales of one key each (NB is even)
 #pragma unroll
       for (int it = 0; it < (N + kThreads - 1) / kThreads; ++it) {
@@ -335,9 +336,10 @@ __global__ void __launch_bounds__(kThreads, MINB)
         if (N % kThreads != 0 && c >= N) break;
         const int e = 2 * c, j = e / NB, x = e % NB;
         const bool ok = j < nv;
-        cp_async4(reinterpret_cast<uint16_t*>(sc) + e, ksg + (ok ? j * a.ks_stride + x : 0), ok ? 4 : 0);
+        const int64_t row = head_row + j0 + (ok ? j : 0);
+        cp_async4(reinterpret_cast<uint16_t*>(sc) + e, a.ks + row * kss + x, ok ? 4 : 0);
         if constexpr (Tr::kVq)
-          cp_async4(reinterpret_cast<uint16_t*>(sc + Tr::ST_KS) + e, vsg + (ok ? j * a.vs_stride + x : 0), ok ? 4 : 0);
+          cp_async4(reinterpret_cast<uint16_t*>(sc + Tr::ST_KS) + e, a.vs + row * vss + x, ok ? 4 : 0);
       }
     }
   };
@@ -361,7 +363,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
       const int j0 = tile * kKeys;
       const int nv = int(kend - j0 < kKeys ? kend - j0 : kKeys);
       uint8_t* ring = smem + kRingO + int(tile & 1) * kRingB;
-      const int64_t kstr = a.k_stride, vstr = a.v_stride;
+      const int64_t kstr = opaque(a.k_stride), vstr = opaque(a.v_stride);
       const int8_t* kg = a.k + (head_row + j0) * kstr;
       const int jk = tid / kch, pk = tid % kch;
       const uint8_t* vg = static_cast<const uint8_t*>(a.v) + (head_row + j0) * vstr;
