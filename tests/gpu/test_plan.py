@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
 from dot4attn import native
@@ -330,6 +331,8 @@ def test_kv_layout_of_views():
     dense = [torch.zeros(B, H, Sk, x, dtype=dt) for x, dt in ((D, torch.int8), (4, torch.float16), (D, torch.float16))]
     assert native.kv_layout_of(*dense) == {"kv_rows": Sk, "k_stride": D, "ks_stride": 4, "v_stride": D,
                                            "vs_stride": 0}
+    empty = torch.from_numpy(np.zeros((B, H, 0, D), np.int8))  # numpy gives empty arrays 0 strides
+    assert native.kv_layout_of(empty, empty[..., :4], empty, None) == dict.fromkeys(native.KV_LAYOUT_FIELDS, 0)
     with pytest.raises(ValueError, match="disagree on rows per head"):
         native.kv_layout_of(kp, ks, torch.zeros(B, H, R + 1, 80, dtype=torch.uint8)[:, :, :Sk, :64], vs)
     with pytest.raises(ValueError, match="last dimension must be contiguous"):
