@@ -37,12 +37,12 @@ void tile_d(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {
   else tile_rb<VK, 256>(pl, a, s);
 }
 
-// Whether the launch's row strides are the dense widths (kv_rows may exceed Sk either way): such launches run the
-// kernels' dense instances (SR false), whose addressing is today's dense code; the rest the strided ones.
+// Whether K / V are dense tensors (Sk rows per head, rows the dense widths): such launches run the kernels' dense
+// instances (SR false), which are today's dense code; the rest the strided ones.
 template <int VK, int D>
 bool dense_rows(const TileArgs& a) {
   constexpr int NB = D / 32;
-  return a.k_stride == D && a.v_stride == v_row_bytes(VK, D) && a.ks_stride == NB &&
+  return a.kv_rows == a.Sk && a.k_stride == D && a.v_stride == v_row_bytes(VK, D) && a.ks_stride == NB &&
          (!(VK == kVQ8 || VK == kVQ4) || a.vs_stride == NB);
 }
 

@@ -247,9 +247,10 @@ __device__ __forceinline__ void decode_rows_finish(const TileArgs& a, float* wm,
   }
 }
 
-// SR (strided rows): K / V rows and their scale rows are the launch's strides apart (a packed cache); else they are
-// the dense row widths, constants here, and the kernel is the dense one. The launcher picks SR from the strides
-// alone: rows per head (kv_rows) are a runtime value either way.
+// SR (strided rows): K / V rows and their scale rows are the launch's strides apart and kv_rows rows per head (a
+// packed or preallocated cache); else the tensors are dense (widths constants here, Sk rows per head) and the kernel
+// is today's dense one: even one more live kernel argument (kv_rows) moves ptxas' register allocation by dozens of
+// registers in some of these kernels.
 template <int VK, int D, int RB, int ST, bool SR = false>
 __global__ void __launch_bounds__(kDecodeMaxThreads) decode_kernel(const TileArgs a) {
   constexpr int WS = D4A_WARP, KC = WS, NB = D / 32, KSTR = D + 16;
@@ -297,7 +298,7 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) decode_kernel(const TileArg
   // chunk's K / V bytes are one run). Strided, lane l's 16-byte pieces p = l + WS i of a chunk are (row p / NPK,
   // piece p % NPK): where WS is a multiple of NPK (NPV) that is row l / NPK + i WS / NPK, so a lane keeps one base
   // address and steps by a fixed number of bytes.
-  const int64_t head_row = bh * a.kv_rows;
+  const int64_t head_row = bh * (SR ? a.kv_rows : a.Sk);
   const int64_t kstr = SR ? a.k_stride : D, vstr = SR ? a.v_stride : VROW;
   const int8_t* kg = a.k + head_row * kstr;
   const uint8_t* vg = static_cast<const uint8_t*>(a.v) + head_row * vstr;

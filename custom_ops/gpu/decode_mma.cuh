@@ -360,9 +360,9 @@ template <> __device__ __forceinline__ uint32_t zero_of<uint32_t>() { return 0u;
 template <> __device__ __forceinline__ uint2 zero_of<uint2>() { return make_uint2(0u, 0u); }
 template <> __device__ __forceinline__ uint4 zero_of<uint4>() { return make_uint4(0u, 0u, 0u, 0u); }
 
-// SR (strided rows): K / V rows and their scale rows are the launch's strides apart (a packed cache); else they are
-// the dense row widths, constants here, and the kernel is the dense one (one base address per lane, constant
-// offsets). The launcher picks SR from the strides alone: rows per head (kv_rows) are a runtime value either way.
+// SR (strided rows): K / V rows and their scale rows are the launch's strides apart and kv_rows rows per head (a
+// packed or preallocated cache); else the tensors are dense (widths constants here, Sk rows per head) and the kernel
+// is today's dense one: one base address per lane, constant offsets, no further live kernel argument.
 template <int VK, int D, int SM, bool CL = false, bool SR = false>
 __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs a, const __grid_constant__ TmaMaps tm) {
   constexpr bool kTma = SM == kStageTma;
@@ -424,7 +424,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
 
   // Key j of the block's (b, kv head) is row head_row + j of K, V and their scales, rows kstr / vstr bytes and
   // ksstr / vsstr halves apart.
-  const int64_t head_row = bh * a.kv_rows;
+  const int64_t head_row = bh * (SR ? a.kv_rows : a.Sk);
   const int64_t kstr = SR ? a.k_stride : D, vstr = SR ? a.v_stride : VROW;
   const int8_t* kg = a.k + head_row * kstr;
   const uint8_t* vg = static_cast<const uint8_t*>(a.v) + head_row * vstr;

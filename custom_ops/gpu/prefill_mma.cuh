@@ -262,8 +262,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
   uint8_t* stages = smem + Tr::OFF_ST;
 
   // Key j of this (b, hkv) is row head_row + j of K, V and their scales; rows a.k_stride / a.v_stride bytes and
-  // a.ks_stride / a.vs_stride halves apart (dense tensors: the row widths).
-  const int64_t head_row = bh * a.kv_rows;
+  // a.ks_stride / a.vs_stride halves apart (dense tensors: the row widths). head_row is computed where the copies
+  // need it (opaque: not hoisted into a register held through the key walk, which the 168-register instances lack).
+  auto first_row = [&]() { return bh * opaque(a.kv_rows); };
   // (query head, query position) of row-space row rr
   auto row_pos = [&](int64_t rr, int64_t& hq, int64_t& i) {
     hq = hkv * a.g + rr / a.Sq;
@@ -273,6 +274,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   // dozens of registers for the whole key walk.
   auto issue_tile = [&](int tile) {
     if (tile < nkt) {
+      const int64_t head_row = first_row();
       uint8_t* st = stages + int(tile % nst) * Tr::STAGE;
       const int j0 = tile * kKeys;
       const int nv = int(kend - j0 < kKeys ? kend - j0 : kKeys);  // keys of the tile inside the range
@@ -324,6 +326,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   const unsigned bar0 = smem_u32(smem + Tr::T_BAR);       // kT: the mbarrier of ring slot s is bar0 + 8 s
   auto issue_scales = [&](int tile) {  // fp16 scale runs of `tile` into slot tile & 1
     if (tile < nkt) {
+      const int64_t head_row = first_row();
       const int j0 = tile * kKeys;
       const int nv = int(kend - j0 < kKeys ? kend - j0 : kKeys);
       uint8_t* sc = smem + kSC + int(tile & 1) * Tr::SC;
@@ -362,6 +365,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     } else if (tile < nkt) {
       const int j0 = tile * kKeys;
       const int nv = int(kend - j0 < kKeys ? kend - j0 : kKeys);
+      const int64_t head_row = first_row();
       uint8_t* ring = smem + kRingO + int(tile & 1) * kRingB;
       const int64_t kstr = opaque(a.k_stride), vstr = opaque(a.v_stride);
       const int8_t* kg = a.k + (head_row + j0) * kstr;
