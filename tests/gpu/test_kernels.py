@@ -106,6 +106,14 @@ def test_long_cases_cover_every_instance(torch_cuda):
 # ---- strided K / V rows (a packed cache) -------------------------------------------------------------------------
 
 GARBAGE = 0xFF  # every byte the kernels must not read: NaN as fp16 / fp32 (scales, float V), -1 as int8
+# Plan keys that do not change the output's bits: how K / V reach shared memory (and why), not who sums what. Padded
+# rows may stage q8_0 / q4_0 V without TMA where dense rows take it (launch_plan.cu).
+STAGING_KEYS = ("staging", "stages", "smem_bytes", "fallback")
+
+
+def _dense(torch, p):
+    """p with ordinary contiguous strides (numpy gives empty arrays all-zero strides, which a dtype view refuses)."""
+    return p.contiguous() if p.numel() else torch.empty(p.shape, dtype=p.dtype, device=p.device)
 
 
 def _packed(torch, parts, kv_rows: int, extra: int = 0):
@@ -119,7 +127,7 @@ def _packed(torch, parts, kv_rows: int, extra: int = 0):
     views, off = [], 0
     for p, w in zip(parts, widths):
         region = buf[:, :, :Sk, off:off + w]
-        region.copy_(p.contiguous().view(torch.uint8))
+        region.copy_(_dense(torch, p).view(torch.uint8))
         views.append(region.view(p.dtype))
         off += w
     return views
@@ -130,7 +138,7 @@ def _rows(torch, t, kv_rows: int):
     rows, more of them than keys), GARBAGE in the rest."""
     B, H, Sk, X = t.shape
     buf = torch.full((B, H, kv_rows, X * t.element_size()), GARBAGE, dtype=torch.uint8, device="cuda")
-    buf[:, :, :Sk].copy_(t.contiguous().view(torch.uint8))
+    buf[:, :, :Sk].copy_(_dense(torch, t).view(torch.uint8))
     return buf.view(t.dtype)[:, :, :Sk]
 
 
@@ -168,7 +176,10 @@ def _run_strided(torch, name: str, route: str, overrides: str, layout: str = "pa
     what = f"{c} route={route} overrides={overrides!r} layout={strided.kv_layout}"
     assert plan.pop("strided") == (c.Sk > 0 and (layout == "packed" or c.B * c.Hkv > 1)), what
     assert dense_plan.pop("strided") is False, what
-    assert plan == dense_plan, f"{what}: strided plan {plan} != dense plan {dense_plan}"
+    math = lambda pl: {k: v for k, v in pl.items() if k not in STAGING_KEYS}  # noqa: E731
+    assert math(plan) == math(dense_plan), f"{what}: strided plan {plan} != dense plan {dense_plan}"
+    if layout == "rows" or "staging=" in overrides:
+        assert plan == dense_plan, f"{what}: strided plan {plan} != dense plan {dense_plan}"
     differ = int((_bits(torch, out) != _bits(torch, dense_out)).sum())
     assert differ == 0, f"{what} plan={plan}: {differ} of {out.numel()} output values differ from the dense call"
 
