@@ -37,18 +37,33 @@ void tile_d(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {
   else tile_rb<VK, 256>(pl, a, s);
 }
 
+// Whether K / V are dense tensors (Sk rows per head, rows the dense widths): such launches run the kernels' dense
+// instances (SR false), which are today's dense code; the rest the strided ones.
+template <int VK, int D>
+bool dense_rows(const TileArgs& a) {
+  constexpr int NB = D / 32;
+  return a.kv_rows == a.Sk && a.k_stride == D && a.v_stride == v_row_bytes(VK, D) && a.ks_stride == NB &&
+         (!(VK == kVQ8 || VK == kVQ4) || a.vs_stride == NB);
+}
+
 // ---- the SIMT decode kernel ---------------------------------------------------------------------------------------
+template <int VK, int D, int RB>
+void simt_launch(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {
+  if (dense_rows<VK, D>(a)) launch_planned(decode_kernel<VK, D, RB, kDecodeMaxStages, false>, pl, s, a);
+  else launch_planned(decode_kernel<VK, D, RB, kDecodeMaxStages, true>, pl, s, a);
+}
+
 template <int VK, int RB>
 void simt_d(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {
   switch (a.D) {
-    case 32: return launch_planned(decode_kernel<VK, 32, RB, kDecodeMaxStages>, pl, s, a);
-    case 64: return launch_planned(decode_kernel<VK, 64, RB, kDecodeMaxStages>, pl, s, a);
-    case 96: return launch_planned(decode_kernel<VK, 96, RB, kDecodeMaxStages>, pl, s, a);
-    case 128: return launch_planned(decode_kernel<VK, 128, RB, kDecodeMaxStages>, pl, s, a);
-    case 160: return launch_planned(decode_kernel<VK, 160, RB, kDecodeMaxStages>, pl, s, a);
-    case 192: return launch_planned(decode_kernel<VK, 192, RB, kDecodeMaxStages>, pl, s, a);
-    case 224: return launch_planned(decode_kernel<VK, 224, RB, kDecodeMaxStages>, pl, s, a);
-    case 256: return launch_planned(decode_kernel<VK, 256, RB, kDecodeMaxStages>, pl, s, a);
+    case 32: return simt_launch<VK, 32, RB>(pl, a, s);
+    case 64: return simt_launch<VK, 64, RB>(pl, a, s);
+    case 96: return simt_launch<VK, 96, RB>(pl, a, s);
+    case 128: return simt_launch<VK, 128, RB>(pl, a, s);
+    case 160: return simt_launch<VK, 160, RB>(pl, a, s);
+    case 192: return simt_launch<VK, 192, RB>(pl, a, s);
+    case 224: return simt_launch<VK, 224, RB>(pl, a, s);
+    case 256: return simt_launch<VK, 256, RB>(pl, a, s);
     default: no_instance(pl);
   }
 }
@@ -89,29 +104,37 @@ bool launch_cluster(Kernel kern, const GpuPlan& pl, const TileArgs& a, const Tma
   return true;
 }
 
-template <int VK, int D>
-bool mma_d(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {
+// The plan's instance with dense (SR false) or strided (SR true) row addressing.
+template <int VK, int D, bool SR>
+bool mma_rows(const GpuPlan& pl, const TileArgs& a, const TmaMaps& tm, gpuStream_t s) {
   using namespace dmma;
-  TmaMaps tm;
-  std::memset(static_cast<void*>(&tm), 0, sizeof(tm));
   if (pl.staging == kStageTma) {
-    if (!tma_map_rows(&tm.k, a.k, D, a.k_stride, a.kv_rows, a.Sk, a.B * a.Hkv, kKC) ||
-        !tma_map_rows(&tm.v, a.v, Layout<VK, D>::VROW, a.v_stride, a.kv_rows, a.Sk, a.B * a.Hkv, kKC))
-      throw std::runtime_error("Dot4Attention GPU: the driver refused the K / V tensor maps of a TMA plan");
-    launch_planned(decode_mma_kernel<VK, D, kStageTma>, pl, s, a, tm);
+    launch_planned(decode_mma_kernel<VK, D, kStageTma, false, SR>, pl, s, a, tm);
     return true;
   }
   constexpr int kAuto = auto_staging(VK, D);
   if constexpr (kAuto != kStageCpAsync) {
     if (pl.staging == kAuto) {
-      launch_planned(decode_mma_kernel<VK, D, kAuto>, pl, s, a, tm);
+      launch_planned(decode_mma_kernel<VK, D, kAuto, false, SR>, pl, s, a, tm);
       return true;
     }
   }
   if (pl.staging != kStageCpAsync) no_instance(pl);
-  if (pl.cluster) return launch_cluster(decode_mma_kernel<VK, D, kStageCpAsync, true>, pl, a, tm, s);
-  launch_planned(decode_mma_kernel<VK, D, kStageCpAsync>, pl, s, a, tm);
+  if (pl.cluster) return launch_cluster(decode_mma_kernel<VK, D, kStageCpAsync, true, SR>, pl, a, tm, s);
+  launch_planned(decode_mma_kernel<VK, D, kStageCpAsync, false, SR>, pl, s, a, tm);
   return true;
+}
+
+template <int VK, int D>
+bool mma_d(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {
+  using namespace dmma;
+  TmaMaps tm;
+  std::memset(static_cast<void*>(&tm), 0, sizeof(tm));
+  if (pl.staging == kStageTma &&
+      (!tma_map_rows(&tm.k, a.k, D, a.k_stride, a.kv_rows, a.Sk, a.B * a.Hkv, kKC) ||
+       !tma_map_rows(&tm.v, a.v, Layout<VK, D>::VROW, a.v_stride, a.kv_rows, a.Sk, a.B * a.Hkv, kKC)))
+    throw std::runtime_error("Dot4Attention GPU: the driver refused the K / V tensor maps of a TMA plan");
+  return dense_rows<VK, D>(a) ? mma_rows<VK, D, false>(pl, a, tm, s) : mma_rows<VK, D, true>(pl, a, tm, s);
 }
 
 template <int VK>

@@ -247,7 +247,11 @@ __device__ __forceinline__ void decode_rows_finish(const TileArgs& a, float* wm,
   }
 }
 
-template <int VK, int D, int RB, int ST>
+// SR (strided rows): K / V rows and their scale rows are the launch's strides apart and kv_rows rows per head (a
+// packed or preallocated cache); else the tensors are dense (widths constants here, Sk rows per head) and the kernel
+// is today's dense one: even one more live kernel argument (kv_rows) moves ptxas' register allocation by dozens of
+// registers in some of these kernels.
+template <int VK, int D, int RB, int ST, bool SR = false>
 __global__ void __launch_bounds__(kDecodeMaxThreads) decode_kernel(const TileArgs a) {
   constexpr int WS = D4A_WARP, KC = WS, NB = D / 32, KSTR = D + 16;
   constexpr int VROW = v_row_bytes(VK, D);
@@ -290,14 +294,15 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) decode_kernel(const TileArg
   const int64_t nck = kend > kbeg ? (kend - kbeg + KC - 1) / KC : 0;    // chunks of the block
   const int my_n = nck > w ? (int(nck) - w + nw - 1) / nw : 0;           // chunks of this warp
 
-  // Key j of the block's (b, kv head) is row head_row + j, rows k_stride / v_stride bytes apart. Lane l's 16-byte
-  // pieces p = l + WS i of a chunk are (row p / NPK, piece p % NPK): where WS is a multiple of NPK (NPV) that is row
-  // l / NPK + i WS / NPK, so a lane keeps one base address and steps by a fixed number of bytes.
-  const int64_t head_row = bh * a.kv_rows;
-  const int64_t kstr = a.k_stride, vstr = a.v_stride;
+  // Key j of the block's (b, kv head) is row head_row + j, rows kstr / vstr bytes apart (dense: D / VROW, and the
+  // chunk's K / V bytes are one run). Strided, lane l's 16-byte pieces p = l + WS i of a chunk are (row p / NPK,
+  // piece p % NPK): where WS is a multiple of NPK (NPV) that is row l / NPK + i WS / NPK, so a lane keeps one base
+  // address and steps by a fixed number of bytes.
+  const int64_t head_row = bh * (SR ? a.kv_rows : a.Sk);
+  const int64_t kstr = SR ? a.k_stride : D, vstr = SR ? a.v_stride : VROW;
   const int8_t* kg = a.k + head_row * kstr;
   const uint8_t* vg = static_cast<const uint8_t*>(a.v) + head_row * vstr;
-  const int sc_mode = scale_copy_mode<NB, VQ>(a);
+  const int sc_mode = SR ? scale_copy_mode<NB, VQ>(a) : 0;
 
   auto issue = [&](int it) {
     if (it < my_n) {
@@ -305,28 +310,46 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) decode_kernel(const TileArg
       const int64_t j0 = kbeg + int64_t(w + int64_t(it) * nw) * KC;
       const int n = int(kend - j0 < KC ? kend - j0 : KC);
       const int8_t* ksrc = kg + j0 * kstr;
-#pragma unroll
-      for (int i = 0; i < NPK; ++i) {
-        const int p = lane + WS * i;
-        const int row = p / NPK;
-        const bool ok = row < n;
-        const int8_t* src = WS % NPK == 0 ? ksrc + (lane / NPK) * kstr + 16 * (lane % NPK) + i * (WS / NPK) * kstr
-                                          : ksrc + row * kstr + 16 * (p - row * NPK);
-        cp_async16(st + 16 * p + 16 * row, ok ? src : ksrc, ok);
-      }
       const uint8_t* vsrc = vg + j0 * vstr;
+      if constexpr (!SR) {
 #pragma unroll
-      for (int i = 0; i < NPV; ++i) {
-        const int p = lane + WS * i;
-        const int row = p / NPV;
-        const bool ok = row < n;
-        const uint8_t* src = WS % NPV == 0 ? vsrc + (lane / NPV) * vstr + 16 * (lane % NPV) + i * (WS / NPV) * vstr
-                                           : vsrc + row * vstr + 16 * (p - row * NPV);
-        cp_async16(st + L.st_k + L.st_ks + 16 * p, ok ? src : vsrc, ok);
+        for (int i = 0; i < NPK; ++i) {
+          const int p = lane + WS * i;
+          const int row = p / NPK;
+          const bool ok = 16 * p < n * D;
+          cp_async16(st + 16 * p + 16 * row, ok ? ksrc + 16 * p : ksrc, ok);
+        }
+#pragma unroll
+        for (int i = 0; i < NPV; ++i) {
+          const int p = lane + WS * i;
+          const bool ok = 16 * p < n * VROW;
+          cp_async16(st + L.st_k + L.st_ks + 16 * p, ok ? vsrc + 16 * p : vsrc, ok);
+        }
+      } else {
+        const int64_t ks = opaque(kstr), vs = opaque(vstr);
+#pragma unroll
+        for (int i = 0; i < NPK; ++i) {
+          const int p = lane + WS * i;
+          const int row = p / NPK;
+          const bool ok = row < n;
+          const int8_t* src = WS % NPK == 0 ? ksrc + (lane / NPK + i * (WS / NPK)) * ks + 16 * (lane % NPK)
+                                            : ksrc + row * ks + 16 * (p - row * NPK);
+          cp_async16(st + 16 * p + 16 * row, ok ? src : ksrc, ok);
+        }
+#pragma unroll
+        for (int i = 0; i < NPV; ++i) {
+          const int p = lane + WS * i;
+          const int row = p / NPV;
+          const bool ok = row < n;
+          const uint8_t* src = WS % NPV == 0 ? vsrc + (lane / NPV + i * (WS / NPV)) * vs + 16 * (lane % NPV)
+                                             : vsrc + row * vs + 16 * (p - row * NPV);
+          cp_async16(st + L.st_k + L.st_ks + 16 * p, ok ? src : vsrc, ok);
+        }
       }
-      copy_scale_rows<WS, NB>(st + L.st_k, a.ks, head_row + j0, a.ks_stride, n, sc_mode, lane);
+      copy_scale_rows<WS, NB>(st + L.st_k, a.ks, head_row + j0, SR ? a.ks_stride : NB, n, sc_mode, lane);
       if constexpr (VQ)
-        copy_scale_rows<WS, NB>(st + L.st_k + L.st_ks + L.st_v, a.vs, head_row + j0, a.vs_stride, n, sc_mode, lane);
+        copy_scale_rows<WS, NB>(st + L.st_k + L.st_ks + L.st_v, a.vs, head_row + j0, SR ? a.vs_stride : NB, n,
+                                sc_mode, lane);
     }
     cp_async_commit();
   };

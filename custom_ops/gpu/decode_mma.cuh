@@ -360,7 +360,10 @@ template <> __device__ __forceinline__ uint32_t zero_of<uint32_t>() { return 0u;
 template <> __device__ __forceinline__ uint2 zero_of<uint2>() { return make_uint2(0u, 0u); }
 template <> __device__ __forceinline__ uint4 zero_of<uint4>() { return make_uint4(0u, 0u, 0u, 0u); }
 
-template <int VK, int D, int SM, bool CL = false>
+// SR (strided rows): K / V rows and their scale rows are the launch's strides apart and kv_rows rows per head (a
+// packed or preallocated cache); else the tensors are dense (widths constants here, Sk rows per head) and the kernel
+// is today's dense one: one base address per lane, constant offsets, no further live kernel argument.
+template <int VK, int D, int SM, bool CL = false, bool SR = false>
 __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs a, const __grid_constant__ TmaMaps tm) {
   constexpr bool kTma = SM == kStageTma;
   constexpr bool kRegK = SM == kStageRegs, kRegV = SM == kStageRegs || SM == kStageRegsV;  // through registers
@@ -419,10 +422,10 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   const int64_t nck = kend > kbeg ? (kend - kbeg + kKC - 1) / kKC : 0;
   const int my_n = nck > w ? (int(nck) - w + nw - 1) / nw : 0;
 
-  // Key j of the block's (b, kv head) is row head_row + j of K, V and their scales, rows a.k_stride / a.v_stride
-  // bytes and a.ks_stride / a.vs_stride halves apart (dense tensors: the row widths).
-  const int64_t head_row = bh * a.kv_rows;
-  const int64_t kstr = a.k_stride, vstr = a.v_stride;
+  // Key j of the block's (b, kv head) is row head_row + j of K, V and their scales, rows kstr / vstr bytes and
+  // ksstr / vsstr halves apart.
+  const int64_t head_row = bh * (SR ? a.kv_rows : a.Sk);
+  const int64_t kstr = SR ? a.k_stride : D, vstr = SR ? a.v_stride : VROW;
   const int8_t* kg = a.k + head_row * kstr;
   const uint8_t* vg = static_cast<const uint8_t*>(a.v) + head_row * vstr;
 
@@ -434,11 +437,11 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   constexpr int KPR = D / 16, VPR = VROW / 16;  // 16-byte pieces per K / V row
   static_assert(32 % KPR == 0 && 32 % VPR == 0, "32 pieces span whole rows");
   constexpr int kStepK = 512 + 16 * (32 / KPR), kStepV = 512 + 16 * (32 / VPR);
-  const int64_t gStepK = (32 / KPR) * kstr, gStepV = (32 / VPR) * vstr;
-  const int8_t* kl = kg + (lane / KPR) * kstr + 16 * (lane % KPR);
-  const uint8_t* vl = vg + (lane / VPR) * vstr + 16 * (lane % VPR);
+  const int64_t gStepK = (32 / KPR) * kstr, gStepV = (32 / VPR) * vstr;  // dense: 512
+  const int8_t* kl = SR ? kg + (lane / KPR) * kstr + 16 * (lane % KPR) : kg + 16 * lane;
+  const uint8_t* vl = SR ? vg + (lane / VPR) * vstr + 16 * (lane % VPR) : vg + 16 * lane;
   const int soff_k = 16 * lane + 16 * (lane / KPR), soff_v = L::OFF_V + 16 * lane + 16 * (lane / VPR);
-  const int64_t ksstr = a.ks_stride, vsstr = a.vs_stride;
+  const int64_t ksstr = SR ? a.ks_stride : NB, vsstr = SR ? a.vs_stride : NB;
   const uint16_t* ksg = a.ks + head_row * ksstr;
   const uint16_t* vsg = kVq ? a.vs + head_row * vsstr : nullptr;
   // The warp's chunks as key starts (-1: past its last): chunks w, w + nw, ... of its split.
@@ -452,6 +455,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
     uint8_t* st = stages + sidx * L::STAGE;
     if (j0 >= 0) {
       const int n = chunk_n(j0);
+      const int64_t stepK = SR ? opaque(gStepK) : gStepK, stepV = SR ? opaque(gStepV) : gStepV;
       const int8_t* ks0 = kl + j0 * kstr;
       const uint8_t* vs0 = vl + j0 * vstr;
       if constexpr (kTma) {
@@ -468,25 +472,25 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
       } else if (n == kKC) {
         if constexpr (!kRegK) {
 #pragma unroll
-          for (int i = 0; i < NPK; ++i) cp_async16(st + soff_k + i * kStepK, ks0 + i * gStepK, true);
+          for (int i = 0; i < NPK; ++i) cp_async16(st + soff_k + i * kStepK, ks0 + i * stepK, true);
         }
         if constexpr (!kRegV) {
 #pragma unroll
-          for (int i = 0; i < NPV; ++i) cp_async16(st + soff_v + i * kStepV, vs0 + i * gStepV, true);
+          for (int i = 0; i < NPV; ++i) cp_async16(st + soff_v + i * kStepV, vs0 + i * stepV, true);
         }
       } else {
         if constexpr (!kRegK) {
 #pragma unroll
           for (int i = 0; i < NPK; ++i) {
             const bool ok = 16 * (lane + 32 * i) < n * D;
-            cp_async16(st + soff_k + i * kStepK, ok ? ks0 + i * gStepK : kg, ok);
+            cp_async16(st + soff_k + i * kStepK, ok ? ks0 + i * stepK : kg, ok);
           }
         }
         if constexpr (!kRegV) {
 #pragma unroll
           for (int i = 0; i < NPV; ++i) {
             const bool ok = 16 * (lane + 32 * i) < n * VROW;
-            cp_async16(st + soff_v + i * kStepV, ok ? vs0 + i * gStepV : vg, ok);
+            cp_async16(st + soff_v + i * kStepV, ok ? vs0 + i * stepV : vg, ok);
           }
         }
       }
@@ -509,18 +513,19 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
     const int n = int(kend - j0 < kKC ? kend - j0 : kKC);
     const int8_t* k0 = kl + j0 * kstr;
     const uint8_t* v0 = vl + j0 * vstr;
+    const int64_t stepK = SR ? opaque(gStepK) : gStepK, stepV = SR ? opaque(gStepV) : gStepV;
     const bool full = n == kKC, key_ok = lane < n;
     if constexpr (kRegK) {
 #pragma unroll
       for (int i = 0; i < NPK; ++i)
-        kr[i] = full || 16 * (lane + 32 * i) < n * D ? ld_stream(reinterpret_cast<const uint4*>(k0 + i * gStepK))
+        kr[i] = full || 16 * (lane + 32 * i) < n * D ? ld_stream(reinterpret_cast<const uint4*>(k0 + i * stepK))
                                                      : zero_of<uint4>();
       ksr = key_ok ? ld_stream(reinterpret_cast<const SRow*>(ksg + (j0 + lane) * ksstr)) : zero_of<SRow>();
     }
     if constexpr (kRegV) {
 #pragma unroll
       for (int i = 0; i < NPV; ++i)
-        vr[i] = full || 16 * (lane + 32 * i) < n * VROW ? ld_stream(reinterpret_cast<const uint4*>(v0 + i * gStepV))
+        vr[i] = full || 16 * (lane + 32 * i) < n * VROW ? ld_stream(reinterpret_cast<const uint4*>(v0 + i * stepV))
                                                         : zero_of<uint4>();
       if constexpr (kVq)
         vsr = key_ok ? ld_stream(reinterpret_cast<const SRow*>(vsg + (j0 + lane) * vsstr)) : zero_of<SRow>();

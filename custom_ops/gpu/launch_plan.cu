@@ -89,6 +89,8 @@ bool tma_kv_ok(const AttentionParams& p, int vrow) {
   return tma_rows_ok(p.k, p.D, p.k_row(), p.head_rows(), p.Sk, heads) &&
          tma_rows_ok(p.v, vrow, v_stride_bytes(p), p.head_rows(), p.Sk, heads);
 }
+// K or V rows further apart than their width (a packed cache's padded rows).
+bool padded_rows(const AttentionParams& p) { return p.k_row() != p.D || p.v_row() != p.v_dense_row(); }
 constexpr const char* kTmaRows = "K / V rows do not fit a TMA tensor map (16-byte strides, heads < 2^40 bytes apart)";
 #endif
 
@@ -187,6 +189,22 @@ bool plan_mma_cfg(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev,
   int nw = 0, nst = 0;
   auto fits = [&](auto total) { return pick_warps_stages(want, st_first, ov.stages, dev.max_smem, total, nw, nst); };
   if (mode == kStageTma ? !fits(Layout<VK, D, true>::total) : !fits(Layout<VK, D>::total)) return false;
+  // Padded rows (a packed cache: row strides above the row widths) stream slower by TMA, whose 32-row boxes then
+  // read rows that start off the 128-byte lines, than by the register staging (H200, split_k at 128k keys,
+  // (32, 8, 128): q4_0 84.8 us by TMA vs 75.9 by registers, q8_0 100.1 vs 93.2; dense rows 69.1 / 84.0 by TMA).
+  // q8_0 / q4_0 V take their staging without TMA where it fits the same warps, so the output keeps the dense plan's
+  // bits (warps and splits fix the summation order; staging and stages do not). float16 V keeps TMA: its long walks
+  // take 8 warps there.
+  if (mode == kStageTma && ov.staging != kStageTma && VK != kVF16 && padded_rows(p)) {
+    int nw2 = 0, nst2 = 0;
+    const int st2 = kAuto == kStageRegs ? 1 : split || walk <= 1 ? 2 : 3;
+    if (pick_warps_stages(nw, st2, ov.stages, dev.max_smem, Layout<VK, D>::total, nw2, nst2) && nw2 == nw) {
+      pl.fallback = std::string("tensor-core decode: padded K / V rows, ") + staging_name(kAuto) + " staging (faster " +
+                    "than TMA there)";
+      mode = kAuto;
+      nst = nst2;
+    }
+  }
   pl.kernel = KernelKind::kDecodeMma;
   pl.staging = mode;
   pl.warps = nw;
@@ -369,9 +387,11 @@ bool plan_prefill_mma(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& 
   if (!aligned(p.q, 16) || !aligned(p.k, 16) || !aligned(p.v, 16) || !aligned(p.k_scales, 4) ||
       !aligned(p.v_scales, 4) || !aligned(p.out, 4))
     return refuse(why, "tensor-core prefill: pointers not aligned");
-  // scale rows move in 4-byte pieces, so every row must start 4-byte aligned
+  // scale rows move in 4-byte pieces, so every row must start 4-byte aligned; a tile's offsets are 32-bit
   if (p.ks_row() % 2 != 0 || (p.v_format != VFormat::kFloat && p.vs_row() % 2 != 0))
     return refuse(why, "tensor-core prefill: scale row strides not multiples of 4 bytes");
+  if (p.ks_row() > 0x7fffffffLL / pmma::kKeys || p.vs_row() > 0x7fffffffLL / pmma::kKeys)
+    return refuse(why, "tensor-core prefill: scale row strides of 2^25 halves or more");
   return pl.vk == kVF16 ? plan_prefill_vk<kVF16>(pl, p, dev, ov, why)
          : pl.vk == kVQ8 ? plan_prefill_vk<kVQ8>(pl, p, dev, ov, why)
                          : plan_prefill_vk<kVQ4>(pl, p, dev, ov, why);

@@ -262,8 +262,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
   uint8_t* stages = smem + Tr::OFF_ST;
 
   // Key j of this (b, hkv) is row head_row + j of K, V and their scales; rows a.k_stride / a.v_stride bytes and
-  // a.ks_stride / a.vs_stride halves apart (dense tensors: the row widths).
-  const int64_t head_row = bh * a.kv_rows;
+  // a.ks_stride / a.vs_stride halves apart (dense tensors: the row widths). head_row is computed where the copies
+  // need it (opaque: not hoisted into a register held through the key walk, which the 168-register instances lack).
+  auto first_row = [&]() { return bh * opaque(a.kv_rows); };
   // (query head, query position) of row-space row rr
   auto row_pos = [&](int64_t rr, int64_t& hq, int64_t& i) {
     hq = hkv * a.g + rr / a.Sq;
@@ -273,6 +274,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   // dozens of registers for the whole key walk.
   auto issue_tile = [&](int tile) {
     if (tile < nkt) {
+      const int64_t head_row = first_row();
       uint8_t* st = stages + int(tile % nst) * Tr::STAGE;
       const int j0 = tile * kKeys;
       const int nv = int(kend - j0 < kKeys ? kend - j0 : kKeys);  // keys of the tile inside the range
@@ -297,14 +299,15 @@ __global__ void __launch_bounds__(kThreads, MINB)
       // or not; the planner asks for 4-byte aligned scale rows)
       const uint16_t* ksg = a.ks + (head_row + j0) * a.ks_stride;
       const uint16_t* vsg = Tr::kVq ? a.vs + (head_row + j0) * a.vs_stride : nullptr;
+      const int kss = int(a.ks_stride), vss = int(a.vs_stride);  // in-tile offsets are 32-bit (the planner checks)
       uint16_t* kst = reinterpret_cast<uint16_t*>(st + Tr::ST_K + Tr::ST_V);
       uint16_t* vst = reinterpret_cast<uint16_t*>(st + Tr::ST_K + Tr::ST_V + Tr::ST_KS);
 #pragma unroll 1
       for (int c = tid; c < kKeys * NB / 2; c += kThreads) {
         const int e = 2 * c, j = e / NB, x = e % NB;
         const bool ok = j < nv;
-        cp_async4(kst + e, ksg + (ok ? j * a.ks_stride + x : 0), ok ? 4 : 0);
-        if constexpr (Tr::kVq) cp_async4(vst + e, vsg + (ok ? j * a.vs_stride + x : 0), ok ? 4 : 0);
+        cp_async4(kst + e, ksg + (ok ? j * kss + x : 0), ok ? 4 : 0);
+        if constexpr (Tr::kVq) cp_async4(vst + e, vsg + (ok ? j * vss + x : 0), ok ? 4 : 0);
       }
     }
     cp_async_commit();
@@ -323,11 +326,12 @@ __global__ void __launch_bounds__(kThreads, MINB)
   const unsigned bar0 = smem_u32(smem + Tr::T_BAR);       // kT: the mbarrier of ring slot s is bar0 + 8 s
   auto issue_scales = [&](int tile) {  // fp16 scale runs of `tile` into slot tile & 1
     if (tile < nkt) {
+      const int64_t head_row = first_row();
       const int j0 = tile * kKeys;
       const int nv = int(kend - j0 < kKeys ? kend - j0 : kKeys);
       uint8_t* sc = smem + kSC + int(tile & 1) * Tr::SC;
-      const uint16_t* ksg = a.ks + (head_row + j0) * a.ks_stride;
-      const uint16_t* vsg = Tr::kVq ? a.vs + (head_row + j0) * a.vs_stride : nullptr;
+      // key j0 + j's scale row (strides below 2^25 halves: the planner checks)
+      const int kss = int(a.ks_stride), vss = int(a.vs_stride);
       constexpr int N = kKeys * NB / 2;  // 4-byte pieces, two scales of one key each (NB is even)
 #pragma unroll
       for (int it = 0; it < (N + kThreads - 1) / kThreads; ++it) {
@@ -335,9 +339,10 @@ __global__ void __launch_bounds__(kThreads, MINB)
         if (N % kThreads != 0 && c >= N) break;
         const int e = 2 * c, j = e / NB, x = e % NB;
         const bool ok = j < nv;
-        cp_async4(reinterpret_cast<uint16_t*>(sc) + e, ksg + (ok ? j * a.ks_stride + x : 0), ok ? 4 : 0);
+        const int64_t row = head_row + j0 + (ok ? j : 0);
+        cp_async4(reinterpret_cast<uint16_t*>(sc) + e, a.ks + row * kss + x, ok ? 4 : 0);
         if constexpr (Tr::kVq)
-          cp_async4(reinterpret_cast<uint16_t*>(sc + Tr::ST_KS) + e, vsg + (ok ? j * a.vs_stride + x : 0), ok ? 4 : 0);
+          cp_async4(reinterpret_cast<uint16_t*>(sc + Tr::ST_KS) + e, a.vs + row * vss + x, ok ? 4 : 0);
       }
     }
   };
@@ -360,8 +365,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
     } else if (tile < nkt) {
       const int j0 = tile * kKeys;
       const int nv = int(kend - j0 < kKeys ? kend - j0 : kKeys);
+      const int64_t head_row = first_row();
       uint8_t* ring = smem + kRingO + int(tile & 1) * kRingB;
-      const int64_t kstr = a.k_stride, vstr = a.v_stride;
+      const int64_t kstr = opaque(a.k_stride), vstr = opaque(a.v_stride);
       const int8_t* kg = a.k + (head_row + j0) * kstr;
       const int jk = tid / kch, pk = tid % kch;
       const uint8_t* vg = static_cast<const uint8_t*>(a.v) + (head_row + j0) * vstr;

@@ -126,6 +126,18 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// A 64-bit value the compiler cannot see through: addresses derived from it are computed where they are used instead
+// of being hoisted out of a loop into registers held for the whole loop (a loop-invariant stride times each unrolled
+// piece index would otherwise cost a register pair per piece). Uniform values only (an SGPR on AMD).
+__device__ __forceinline__ int64_t opaque(int64_t x) {
+#if defined(D4A_HIP)
+  asm volatile("" : "+s"(x));
+#else
+  asm volatile("" : "+l"(x));
+#endif
+  return x;
+}
+
 // ---- 4-way int8 dot product: c + sum_k a.i8[k] * b.i8[k] ------------------------------------------------------
 __device__ __forceinline__ int dot4(int a, int b, int c) {
 #if defined(D4A_CUDA)

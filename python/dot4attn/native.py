@@ -112,6 +112,9 @@ def kv_layout_of(kp, ks, v, vs=None) -> dict:
     `buf` [B, Hkv, R, row_bytes] holding K rows (payload at byte 0, scales at byte D):
     kp = buf[:, :, :Sk, :D].view(torch.int8), ks = buf[:, :, :Sk, D:D + D // 16].view(torch.float16).
     Raises ValueError for tensors whose elements are not laid out that way."""
+    layout = dict.fromkeys(KV_LAYOUT_FIELDS, 0)
+    if kp.numel() == 0:  # no key (or no batch row): nothing is read, whatever the strides (numpy gives 0 for empty)
+        return layout
     names = ("K", "K scales", "V", "V scales")
     rows = []
     for name, t in zip(names, (kp, ks, v, vs)):
@@ -130,16 +133,13 @@ def kv_layout_of(kp, ks, v, vs=None) -> dict:
         head = s1 if H > 1 else s0 if B > 1 else None  # elements from one (b, kv head) to the next
         if B > 1 and H > 1 and s0 != H * s1:
             raise ValueError(f"{name}: the kv heads of a batch row must follow each other, strides {t.stride()}")
-        if S == 0:
-            head = None
-        elif head is not None and (s2 == 0 or head % s2 != 0):
+        if head is not None and (s2 == 0 or head % s2 != 0):
             raise ValueError(f"{name}: heads {head} elements apart are not a whole number of rows of {s2}")
         rows.append((name, s2, None if head is None else head // s2, S))
     per_head = {r for _, _, r, _ in rows if r is not None}
     if len(per_head) > 1:
         raise ValueError("K / V tensors disagree on rows per head: " +
                          ", ".join(f"{n} {r}" for n, _, r, _ in rows if r is not None))
-    layout = dict.fromkeys(KV_LAYOUT_FIELDS, 0)
     if not rows or rows[0][3] == 0:
         return layout
     sk = rows[0][3]

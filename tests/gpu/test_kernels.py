@@ -106,6 +106,14 @@ def test_long_cases_cover_every_instance(torch_cuda):
 # ---- strided K / V rows (a packed cache) -------------------------------------------------------------------------
 
 GARBAGE = 0xFF  # every byte the kernels must not read: NaN as fp16 / fp32 (scales, float V), -1 as int8
+# Plan keys that do not change the output's bits: how K / V reach shared memory (and why), not who sums what. Padded
+# rows may stage q8_0 / q4_0 V without TMA where dense rows take it (launch_plan.cu).
+STAGING_KEYS = ("staging", "stages", "smem_bytes", "fallback")
+
+
+def _dense(torch, p):
+    """p with ordinary contiguous strides (numpy gives empty arrays all-zero strides, which a dtype view refuses)."""
+    return p.contiguous() if p.numel() else torch.empty(p.shape, dtype=p.dtype, device=p.device)
 
 
 def _packed(torch, parts, kv_rows: int, extra: int = 0):
@@ -121,20 +129,29 @@ def _packed(torch, parts, kv_rows: int, extra: int = 0):
     views, off = [], 0
     for p, w in zip(parts, widths):
         region = buf[:, :, :Sk, off:off + w]
-        region.copy_(p.contiguous().view(torch.uint8))
+        region.copy_(_dense(torch, p).view(torch.uint8))
         views.append(region.view(p.dtype))
         off += w
     return views
+
+
+def _rows(torch, t, kv_rows: int):
+    """t [B, H, Sk, X] as the first Sk rows per head of a [B, H, kv_rows, X] buffer (a preallocated cache: dense
+    rows, more of them than keys), GARBAGE in the rest."""
+    B, H, Sk, X = t.shape
+    buf = torch.full((B, H, kv_rows, X * t.element_size()), GARBAGE, dtype=torch.uint8, device="cuda")
+    buf[:, :, :Sk].copy_(_dense(torch, t).view(torch.uint8))
+    return buf.view(t.dtype)[:, :, :Sk]
 
 
 def _bits(torch, x):
     return x.view(torch.int16 if x.element_size() == 2 else torch.int32)
 
 
-def _run_strided(torch, name: str, route: str, overrides: str):
+def _run_strided(torch, name: str, route: str, overrides: str, layout: str = "packed"):
     """Case `name` on dense tensors and on the same data as packed-cache rows (K payload + scales in one row, V
-    payload + scales in another buffer, float V as padded T rows; 37 rows per head past Sk): the same plan and the
-    same output bits."""
+    payload + scales in another buffer, float V as padded T rows; 37 rows per head past Sk) or (layout "rows") as
+    dense rows with 37 rows per head past Sk: the same plan and the same output bits."""
     c = AC.CASE_BY_NAME[name]
     arrays, _, _ = AC.case_data(name)
     t = [to_device(torch, a) for a in arrays]
@@ -143,21 +160,28 @@ def _run_strided(torch, name: str, route: str, overrides: str):
     dense_plan = dense(return_plan=True)
 
     kv_rows = c.Sk + 37
-    kp, ks = _packed(torch, t[1:3], kv_rows)
-    if c.v_format == "float":
+    if layout == "rows":
+        kp, ks, value, v_scales = (None if x is None else _rows(torch, x, kv_rows) for x in t[1:5])
+    elif c.v_format == "float":
+        kp, ks = _packed(torch, t[1:3], kv_rows)
         (value,), v_scales = _packed(torch, t[3:4], kv_rows, extra=16), None
     else:
+        kp, ks = _packed(torch, t[1:3], kv_rows)
         value, v_scales = _packed(torch, t[3:5], kv_rows)
     out = torch.full(t[0].shape, float("nan"), dtype=t[0].dtype, device="cuda")
     strided = _call(c, [t[0], kp, ks, value, v_scales, t[5]], arrays[5], out, route, overrides)
     if c.Sk > 0:  # (one (b, kv head) only: no head follows, so its rows per head read as Sk)
         assert strided.kv_layout["kv_rows"] == (kv_rows if c.B * c.Hkv > 1 else c.Sk), strided.kv_layout
-        assert strided.kv_layout["k_stride"] > c.D, strided.kv_layout
+        assert (strided.kv_layout["k_stride"] > c.D) == (layout == "packed"), strided.kv_layout
     plan = strided(return_plan=True)
     torch.cuda.synchronize()
     what = f"{c} route={route} overrides={overrides!r} layout={strided.kv_layout}"
-    assert plan.pop("strided") == (c.Sk > 0) and dense_plan.pop("strided") is False, what
-    assert plan == dense_plan, f"{what}: strided plan {plan} != dense plan {dense_plan}"
+    assert plan.pop("strided") == (c.Sk > 0 and (layout == "packed" or c.B * c.Hkv > 1)), what
+    assert dense_plan.pop("strided") is False, what
+    math = lambda pl: {k: v for k, v in pl.items() if k not in STAGING_KEYS}  # noqa: E731
+    assert math(plan) == math(dense_plan), f"{what}: strided plan {plan} != dense plan {dense_plan}"
+    if layout == "rows" or "staging=" in overrides:
+        assert plan == dense_plan, f"{what}: strided plan {plan} != dense plan {dense_plan}"
     differ = int((_bits(torch, out) != _bits(torch, dense_out)).sum())
     assert differ == 0, f"{what} plan={plan}: {differ} of {out.numel()} output values differ from the dense call"
 
@@ -170,6 +194,11 @@ def test_strided_case_table(torch_cuda, name, route, overrides):
 @pytest.mark.parametrize("name,route,overrides", _params(AC.LONG_CASES, _long_variants))
 def test_strided_long_cases(torch_cuda, name, route, overrides):
     _run_strided(torch_cuda, name, route, overrides)
+
+
+@pytest.mark.parametrize("name,route,overrides", _params(AC.LONG_CASES, _long_variants))
+def test_preallocated_rows_long_cases(torch_cuda, name, route, overrides):
+    _run_strided(torch_cuda, name, route, overrides, layout="rows")
 
 
 def test_strided_explicit_layout(torch_cuda):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
 from dot4attn import native
@@ -202,6 +203,14 @@ def without_strided(p):
     return q
 
 
+# Plan keys that do not change the output's bits: how K / V reach shared memory (and why), not who sums what.
+STAGING_KEYS = ("staging", "stages", "smem_bytes", "fallback", "strided")
+
+
+def math_of(p):
+    return {k: v for k, v in p.items() if k not in STAGING_KEYS}
+
+
 STRIDED_SHAPES = [  # (B, Hq, Hkv, Sq, Sk, D, v_format, device): every kernel family the planner picks on dense rows
     (1, 32, 8, 1, 131072, 128, "q4_0", H200), (1, 32, 8, 1, 131072, 128, "q8_0", H200),
     (1, 32, 8, 1, 131072, 128, "float", H200), (1, 24, 4, 1, 131072, 256, "q4_0", H200),
@@ -218,20 +227,37 @@ STRIDED_SHAPES = [  # (B, Hq, Hkv, Sq, Sk, D, v_format, device): every kernel fa
 @pytest.mark.parametrize("half", [True, False])
 def test_packed_cache_plans_like_dense(B, Hq, Hkv, Sq, Sk, D, v_format, device, half):
     """Every kernel takes strided rows: a packed cache (rows padded, more rows per head than keys) gets the dense
-    call's plan, the TMA staging and instances included, and says it is strided."""
+    call's kernel, instance, warps and splits (so the same output bits) and says it is strided. Only the decode's
+    TMA staging of q8_0 / q4_0 V gives way to its staging without TMA (faster for padded rows); preallocated dense
+    rows keep every part of the plan."""
     if device == MI300 and Sq > 8:
         pytest.skip("the 64-row prefill tile does not fit a 64 KB LDS")
     dense = plan(B, Hq, Hkv, Sq, Sk, D, device=device, v_format=v_format, half=half)
     packed = plan(B, Hq, Hkv, Sq, Sk, D, device=device, v_format=v_format, half=half,
                   kv_layout=packed_layout(D, v_format, Sk + 4096, half))
     assert dense["strided"] is False and packed["strided"] is True
-    assert without_strided(packed) == without_strided(dense)
+    assert math_of(packed) == math_of(dense)
+    if dense.get("staging") == "tma" and v_format != "float":
+        assert packed["staging"] == ("regs" if v_format == "q4_0" else "regs_v" if D == 128 else "cp_async"), packed
+        assert "padded K / V rows" in packed["fallback"], packed
+    else:
+        assert without_strided(packed) == without_strided(dense)
+    rows = plan(B, Hq, Hkv, Sq, Sk, D, device=device, v_format=v_format, half=half, kv_layout={"kv_rows": Sk + 7})
+    assert rows["strided"] is True and without_strided(rows) == without_strided(dense)
 
 
-def test_packed_cache_keeps_the_h200_decode_plan():
+def test_packed_cache_h200_decode_plan():
+    """128k keys from a packed cache on the H200: split_k on tensor cores with the dense plan's 4 warps and 33 splits,
+    q4_0 V staged in registers (TMA only when forced); float16 V keeps TMA and its 8 warps."""
     p = plan(1, 32, 8, 1, 131072, 128, v_format="q4_0", kv_layout=packed_layout(128, "q4_0", 262144))
-    assert (p["route"], p["kernel"], p["staging"], p["warps"], p["stages"], p["n_splits"], p["fallback"]) == \
-        ("split_k", "decode_mma", "tma", 4, 2, 33, "")
+    assert (p["route"], p["kernel"], p["staging"], p["warps"], p["stages"], p["n_splits"]) == \
+        ("split_k", "decode_mma", "regs", 4, 1, 33)
+    assert p["fallback"] == "tensor-core decode: padded K / V rows, regs staging (faster than TMA there)"
+    p = plan(1, 32, 8, 1, 131072, 128, v_format="q4_0", kv_layout=packed_layout(128, "q4_0", 262144),
+             overrides="staging=tma")
+    assert (p["staging"], p["warps"], p["stages"], p["fallback"]) == ("tma", 4, 2, "")
+    p = plan(1, 32, 8, 1, 131072, 128, v_format="float", kv_layout=packed_layout(128, "float", 262144))
+    assert (p["staging"], p["warps"], p["n_splits"], p["fallback"]) == ("tma", 8, 33, "")
 
 
 def test_dense_widths_given_explicitly_are_dense():
@@ -330,6 +356,8 @@ def test_kv_layout_of_views():
     dense = [torch.zeros(B, H, Sk, x, dtype=dt) for x, dt in ((D, torch.int8), (4, torch.float16), (D, torch.float16))]
     assert native.kv_layout_of(*dense) == {"kv_rows": Sk, "k_stride": D, "ks_stride": 4, "v_stride": D,
                                            "vs_stride": 0}
+    empty = torch.from_numpy(np.zeros((B, H, 0, D), np.int8))  # numpy gives empty arrays 0 strides
+    assert native.kv_layout_of(empty, empty[..., :4], empty, None) == dict.fromkeys(native.KV_LAYOUT_FIELDS, 0)
     with pytest.raises(ValueError, match="disagree on rows per head"):
         native.kv_layout_of(kp, ks, torch.zeros(B, H, R + 1, 80, dtype=torch.uint8)[:, :, :Sk, :64], vs)
     with pytest.raises(ValueError, match="last dimension must be contiguous"):
