@@ -3,6 +3,7 @@
 #pragma once
 #include <vector>
 
+#include "cache/cache_attention.h"
 #include "cache/cache_params.h"
 #if defined(DOT4ATTN_WITH_GPU)
 #include "gpu/launch_plan.h"
@@ -15,9 +16,10 @@ namespace dot4attn {
 void cache_attention_cpu(const CacheParams& c, OrtKernelContext* ctx);
 
 #if defined(DOT4ATTN_WITH_GPU)
-// The GPU work of one call, planned once on the host: the attention's launch plan per batch row and the scratch
-// it all needs (query and output rows, split-K partials).
+// The GPU work of one call, planned once on the host: the attention's launch plan per run of batch rows
+// (cache_batch_runs) and the scratch it all needs (query and output rows, split-K partials).
 struct CacheGpuWork {
+  std::vector<BatchRun> runs;
   std::vector<gpu::GpuPlan> plans;
   size_t q_bytes = 0, out_bytes = 0, split_bytes = 0;
   size_t scratch_bytes() const { return q_bytes + out_bytes + split_bytes; }

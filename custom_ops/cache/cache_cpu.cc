@@ -115,9 +115,9 @@ void cache_attention_cpu(const CacheParams& c, OrtKernelContext* ctx) {
       store_floats(x, c.half, q_rows.get(), b * c.Hq * c.S * D + (h * c.q_rows(b) + s) * D, D);
     }
   });
-  // 3. Attention per batch row, over its own valid keys.
-  for (int64_t b = 0; b < c.B; ++b) {
-    AttentionParams p = cache_attention_params(c, b, q_rows.get(), out_rows.get());
+  // 3. Attention over each batch row's own valid keys (rows of one length together).
+  for (const BatchRun& r : cache_batch_runs(c)) {
+    AttentionParams p = cache_attention_params(c, r, q_rows.get(), out_rows.get());
     if (p.route == Route::kSplitK) p.n_splits = cpu_split_count(p);
     attention_cpu(p, ctx);
   }

@@ -4,7 +4,8 @@
 //   2. prologue_kernel: one group of 32 lanes per row of a new token -- K and V heads are normed / rotated and
 //      packed straight into their cache rows (the contract's math: float32, exact division, half-even), Q heads
 //      are normed / rotated into the per-batch query scratch [Hq][q_rows(b)][D] of T.
-//   3. Attention per batch row over its own valid keys, from the strided cache rows (launch plan per call).
+//   3. Attention over each batch row's own valid keys, from the strided cache rows: one launch per run of rows
+//      sharing a length (cache_batch_runs), each planned per call.
 //   4. out_kernel: [B][Hq][q_rows][D] -> [B, S, Hq * D] (decode writes its output in place: S = 1 is the same
 //      layout), zeros for the padding rows of a first prompt.
 #include <algorithm>
@@ -180,9 +181,10 @@ CacheGpuWork cache_gpu_plan(const CacheParams& c) {
   const size_t elem = c.half ? 2 : 4;
   w.q_bytes = round_up(size_t(c.B * c.Hq * c.S * c.D) * elem);
   w.out_bytes = c.S == 1 ? 0 : w.q_bytes;  // decode writes the op's output directly
-  w.plans.reserve(size_t(c.B));
-  for (int64_t b = 0; b < c.B; ++b) {
-    w.plans.push_back(attention_gpu_plan(cache_attention_params(c, b, nullptr, nullptr)));
+  w.runs = cache_batch_runs(c);
+  w.plans.reserve(w.runs.size());
+  for (const BatchRun& r : w.runs) {
+    w.plans.push_back(attention_gpu_plan(cache_attention_params(c, r, nullptr, nullptr)));
     w.split_bytes = std::max(w.split_bytes, round_up(w.plans.back().scratch_bytes));
   }
   return w;
@@ -228,8 +230,8 @@ void cache_attention_gpu(const CacheParams& c, const CacheGpuWork& l, void* scra
     D4A_GPU_CHECK(gpuGetLastError());
   }
 
-  for (int64_t b = 0; b < c.B; ++b) {
-    attention_gpu(cache_attention_params(c, b, q_rows, out_rows), plans[size_t(b)], split, stream);
+  for (size_t i = 0; i < l.runs.size(); ++i) {
+    attention_gpu(cache_attention_params(c, l.runs[i], q_rows, out_rows), plans[i], split, stream);
   }
 
   if (c.S == 1) return;

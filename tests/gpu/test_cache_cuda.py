@@ -45,7 +45,8 @@ def test_prompt_then_decode_matches_reference(case):
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
-@pytest.mark.parametrize("valid", [[5000, 3000], [131072]], ids=["split_k-B2", "split_k-128k"])
+@pytest.mark.parametrize("valid", [[5000, 3000], [131072], [4000, 4000, 4000, 700]],
+                         ids=["split_k-B2", "split_k-128k", "split_k-B4-one-length-run"])
 def test_long_cache_on_a_shared_device_buffer(dtype, valid):
     """Decode over long caches (split_k) bound in place on the device: garbage after each row's valid length
     (values that would dominate the output if read) leaves the result equal to the reference."""

@@ -41,8 +41,10 @@ def test_prompt_then_decode_matches_reference(case):
         past_k, past_v = out[1], out[2]
 
 
-def test_split_k_route_over_a_long_cache():
-    """Decode over 5000 keys (the split_k route) of a cache with more rows than valid keys."""
+@pytest.mark.parametrize("valid", [[4999, 3000], [4999, 4999]], ids=["own-lengths", "one-length"])
+def test_split_k_route_over_a_long_cache(valid):
+    """Decode over 5000 keys (the split_k route) of a cache with more rows than valid keys; rows of one length
+    attend in one call."""
     B, hq, hkv, d = 2, 8, 2, 128
     sess = session(cache_attention_model(np.float32, num_heads=hq, kv_num_heads=hkv, rotary=True))
     feeds = _inputs(B, 1, hq, hkv, d, rotary=True, past_rows=6000, seed=3, max_pos=6000)
@@ -50,7 +52,7 @@ def test_split_k_route_over_a_long_cache():
     for name in ("past_key", "past_value"):
         x = rng.standard_normal((B, hkv, 6000, d)).astype(np.float32)
         feeds[name] = ref.pack_cache_rows(x)
-    out, f = _run(sess, feeds, [4999, 3000], 5000)
+    out, f = _run(sess, feeds, valid, 5000)
     _expect(f, dict(num_heads=hq, kv_num_heads=hkv, do_rotary=1), out, 1e-4)
 
 
@@ -66,13 +68,13 @@ def test_a_shared_buffer_too_small_for_the_new_rows_is_an_error():
     assert np.array_equal(feeds["past_key"], k0)
 
 
-def test_shared_buffer_appends_in_place_and_never_reads_past_the_valid_length():
+@pytest.mark.parametrize("valid", [[20, 33], [20, 20, 33, 33, 7], [30, 30, 30]])
+def test_shared_buffer_appends_in_place_and_never_reads_past_the_valid_length(valid):
     """present bound to past's memory: only the new rows change; garbage in the rows after each batch row's
     valid length (huge values, which would dominate the output if read) leaves the output equal to the
-    reference's over the valid rows."""
-    B, hq, hkv, d, L = 2, 4, 2, 64, 64
+    reference's over the valid rows. Consecutive rows of one length attend in one call."""
+    B, hq, hkv, d, L = len(valid), 4, 2, 64, 64
     sess = session(cache_attention_model(np.float32, num_heads=hq, kv_num_heads=hkv, rotary=True))
-    valid = [20, 33]
     rows_k, rows_v = cache_with_garbage(np.random.default_rng(5), B, hkv, L, d, valid)
     feeds = _inputs(B, 1, hq, hkv, d, rotary=True, past_rows=L, seed=6)
     feeds.update(past_key=rows_k, past_value=rows_v)
