@@ -23,7 +23,7 @@ from onnx_ir.passes.common import RemoveUnusedNodesPass, RemoveUnusedOpsetsPass,
 from onnxscript.rewriter import pattern
 
 from . import _common, ms_mha, onnx_attention, unfused_dynamo, unfused_torchscript
-from ..model_io import EXTERNAL_DATA_THRESHOLD, FLOAT_PARTS, PAST_RE
+from ..model_io import EXTERNAL_DATA_THRESHOLD, FLOAT_PARTS, PAST_RE, BadModelError, check_model_file
 from ._common import DOMAIN, LayerIO, PassState, RewriteOptions
 
 RULE_MODULES = (unfused_dynamo, unfused_torchscript, onnx_attention, ms_mha)
@@ -124,8 +124,10 @@ def rewrite_model(model: ir.Model, options: RewriteOptions | None = None, allow_
     report = RewriteReport(v_format=options.v_format)
     found = _layers(graph)
     n_candidates = _count_attention_candidates(graph)
-    if not found and any(n.domain == DOMAIN for n in graph):
-        raise RewriteError("the model is already rewritten (it has dot4attn ops and packed cache inputs)")
+    ours = sorted({n.op_type for n in graph if n.domain == DOMAIN})
+    if ours:  # checked first: a float-V rewrite still has past_key_values.N.value inputs
+        raise RewriteError(f"the model is already rewritten (it has dot4attn ops: {', '.join(ours)}); expected an "
+                           "exported decoder with float past_key_values.N.key/value: rewrite the original export")
     if not found:
         raise RewriteError("no past_key_values.N.key/value inputs: export the model with a KV cache "
                            "(past_key_values.N.key/value in, present.N.key/value out)")
@@ -311,27 +313,15 @@ def _find_output(graph: ir.Graph, name: str) -> ir.Value | None:
 
 
 def load_checked(path: str | os.PathLike) -> ir.Model:
-    """Load an ONNX file with its external data referenced lazily; refuse truncated files and missing data."""
+    """Load an ONNX file with its external data referenced lazily; refuse what model_io.check_model_file refuses
+    (missing, empty, truncated or non-ONNX files, missing or short external data, unknown opsets, a value name
+    with two producers)."""
     path = Path(path)
-    if not path.is_file():
-        raise RewriteError(f"{path}: no such file")
     try:
-        proto = onnx.load(str(path), load_external_data=False)
-    except Exception as e:  # protobuf DecodeError and friends
-        raise RewriteError(f"{path}: cannot parse as an ONNX model (truncated or not ONNX?): {e}") from None
-    if not proto.graph.node:
-        raise RewriteError(f"{path}: the model has no nodes (truncated or empty file?)")
+        proto = check_model_file(path)
+    except BadModelError as e:
+        raise RewriteError(str(e)) from None
     base = path.parent
-    for t in _all_tensors(proto):
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            info = {e.key: e.value for e in t.external_data}
-            loc = base / info.get("location", "")
-            if not loc.is_file():
-                raise RewriteError(f"{path}: external data file {info.get('location')!r} of tensor {t.name!r} is missing")
-            end = int(info.get("offset", 0)) + int(info.get("length", 0))
-            if loc.stat().st_size < end:
-                raise RewriteError(f"{path}: external data file {loc.name} is truncated (tensor {t.name!r} needs "
-                                   f"{end} bytes, file has {loc.stat().st_size})")
     model = ir.serde.deserialize_model(proto)
     # Resolve external tensors relative to the model's folder.
     for init in model.graph.initializers.values():
@@ -341,22 +331,19 @@ def load_checked(path: str | os.PathLike) -> ir.Model:
     return model
 
 
-def _all_tensors(proto: onnx.ModelProto):
-    yield from proto.graph.initializer
-    for n in proto.graph.node:
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.TENSOR:
-                yield a.t
-
-
 def save_atomic(model: ir.Model, out: str | os.PathLike, external_threshold: int = EXTERNAL_DATA_THRESHOLD,
                 check: bool = True) -> None:
-    """Write to a temp folder next to OUT, run onnx.checker (full), then move into place."""
+    """Write to a temp folder next to OUT, run onnx.checker (full), then move into place. On any failure (the
+    checker, a full disk, a folder that is not writable) nothing is left behind: not the temp folder, not the
+    folders made for OUT, not half a file; the error is a RewriteError naming OUT."""
     out = Path(out).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    size = sum((v.const_value.nbytes if v.const_value is not None else 0) for v in model.graph.initializers.values())
-    tmpdir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]
+    tmpdir = None
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        size = sum((v.const_value.nbytes if v.const_value is not None else 0)
+                   for v in model.graph.initializers.values())
+        tmpdir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         tmp = tmpdir / out.name
         data_name = out.name + ".data"
         if size > external_threshold:
@@ -373,8 +360,18 @@ def save_atomic(model: ir.Model, out: str | os.PathLike, external_threshold: int
         if (tmpdir / data_name).exists():
             os.replace(tmpdir / data_name, out.parent / data_name)
         os.replace(tmp, out)
+        made = []  # in place: keep the folders
+    except OSError as e:  # ENOSPC, EFBIG (a file size limit), EACCES, EROFS, ...
+        raise RewriteError(f"{out}: cannot write the rewritten model: {e.strerror or e} "
+                           f"({type(e).__name__}, errno {e.errno})") from None
     finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
+        if tmpdir is not None:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+        for p in made:  # innermost first
+            try:
+                p.rmdir()
+            except OSError:
+                pass
 
 
 def _load_external_into(proto: onnx.ModelProto, model: ir.Model) -> None:
@@ -399,7 +396,10 @@ def rewrite_file(src: str | os.PathLike, dst: str | os.PathLike, options: Rewrit
         src_ok, src_err = True, ""
     except Exception as e:
         src_ok, src_err = False, str(e).splitlines()[0]
-    report = rewrite_model(model, options, allow_partial=allow_partial)
+    try:
+        report = rewrite_model(model, options, allow_partial=allow_partial)
+    except RewriteError as e:
+        raise RewriteError(f"{src}: {e}") from None
     if not src_ok:
         report.notes.append(f"onnx.checker skipped: the input model itself fails it ({src_err})")
     save_atomic(model, dst, check=src_ok)

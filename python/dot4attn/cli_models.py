@@ -52,7 +52,10 @@ def _export_run(args) -> int:
     except ModuleNotFoundError:
         raise  # cli.main names the extra that brings it
     except Exception as e:
-        print(f"dot4attn export: {type(e).__name__}: {e}", file=sys.stderr)
+        from .export import ExportError
+
+        what = "" if isinstance(e, ExportError) else f"{type(e).__name__}: "  # ExportError names the file itself
+        print(f"dot4attn export: {what}{e}\n(no output written)", file=sys.stderr)
         return 1
     print(f"wrote {out}")
     return 0

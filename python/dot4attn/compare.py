@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .model_io import PAST_RE
+from .model_io import PAST_RE, check_model_file
 
 _NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)": np.int8,
        "tensor(uint8)": np.uint8, "tensor(int64)": np.int64, "tensor(bool)": np.bool_, "tensor(int32)": np.int32}
@@ -43,13 +43,10 @@ def make_session(path: str, providers=None, threads: int | None = None, session_
     if threads:
         so.intra_op_num_threads = threads
     so.log_severity_level = 3
-    try:
-        import onnx
-
-        m = onnx.load(str(path), load_external_data=False)
-        needs_ops = any(o.domain == "dot4attn" for o in m.opset_import)
-    except Exception:
-        needs_ops = True
+    # A bad file (truncated, not ONNX, short external data, ...) gets an error naming it and what was expected,
+    # before ONNX Runtime sees it.
+    m = check_model_file(path)
+    needs_ops = any(o.domain == "dot4attn" for o in m.opset_import)
     if needs_ops:
         from . import register
 

@@ -194,24 +194,55 @@ def _export_optimum(hf_dir: Path, out: Path):
         onnx.save(m, str(out))
 
 
+class ExportError(Exception):
+    """An export that cannot be done; the message names the folder or file and what was expected."""
+
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3")
+
+
+def _check_hf_dir(d: Path) -> None:
+    """A Hugging Face folder of a supported architecture, before transformers (whose errors are less direct)."""
+    if not d.is_dir():
+        raise ExportError(f"{d}: no such folder (expected a Hugging Face model folder with config.json)")
+    cfg = d / "config.json"
+    if not cfg.is_file():
+        raise ExportError(f"{d}: no config.json (expected a Hugging Face model folder)")
+    try:
+        model_type = json.loads(cfg.read_text())["model_type"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ExportError(f"{cfg}: not a Hugging Face config (expected JSON with a model_type): "
+                          f"{type(e).__name__}: {e}") from None
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ExportError(f"{cfg}: model_type {model_type!r} is not supported (expected one of "
+                          f"{', '.join(SUPPORTED_MODEL_TYPES)})")
+
+
 def export(model_or_dir, out: str | os.PathLike, exporter: str = "dynamo", hf_dir: str | None = None) -> Path:
     """Export `model_or_dir` (a transformers model, or a local HF folder) to `out` (a .onnx file)."""
     if exporter not in EXPORTERS:
         raise ValueError(f"unknown exporter {exporter!r}: expected one of {EXPORTERS}")
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(model_or_dir, (str, os.PathLike)):
         from .recipes import load_hf_dir
 
         hf_dir = str(model_or_dir)
-        model = load_hf_dir(hf_dir)
+        _check_hf_dir(Path(hf_dir))
+        try:
+            model = load_hf_dir(hf_dir)
+        except Exception as e:  # truncated or missing weights, a config transformers cannot build
+            raise ExportError(f"{hf_dir}: cannot load the Hugging Face model (expected a Qwen2/Qwen3 folder with "
+                              f"config.json and its weights): {type(e).__name__}: {e}") from None
     else:
         model = model_or_dir
     import torch
 
+    # Folders made for OUT are removed again when the export fails: a failed export leaves nothing behind.
+    made = [p for p in (out.parent.resolve(), *out.parent.resolve().parents) if not p.exists()]
     tmp = out.with_name(out.name + ".tmp-export")
-    tmp.mkdir(exist_ok=True)
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir(exist_ok=True)
         tmp_model = tmp / out.name
         with torch.no_grad(), _quiet():
             if exporter == "optimum":
@@ -228,8 +259,17 @@ def export(model_or_dir, out: str | os.PathLike, exporter: str = "dynamo", hf_di
             else:
                 _export_torch(model, tmp_model, exporter)
         _finalize(tmp_model, out)
+        made = []
+    except OSError as e:  # a full disk, a file size limit, a folder that is not writable
+        raise ExportError(f"{out}: cannot write the exported model: {e.strerror or e} "
+                          f"({type(e).__name__}, errno {e.errno})") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        for p in made:  # innermost first
+            try:
+                p.rmdir()
+            except OSError:
+                pass
     return out
 
 
@@ -253,20 +293,27 @@ def _quiet():
 
 
 def _finalize(src: Path, out: Path) -> None:
-    """Single-file model when under 2 GB, else `<out>.data` external data; checked; moved into place."""
+    """Single-file model when under 2 GB, else `<out>.data` external data; checked; moved into place. `src` lies in
+    the export's temp folder."""
     import onnx
 
     m = onnx.load(str(src), load_external_data=True)
     size = sum(t.ByteSize() for t in m.graph.initializer)
-    final_tmp = out.with_name(out.name + ".partial")
+    # Staged in a fresh folder inside the export's temp folder (next to OUT, so the renames are atomic) and checked
+    # there; the caller removes that folder whatever happens, so a full disk mid-write leaves no half file behind.
+    stage = src.parent / "final"
+    stage.mkdir()
+    staged = stage / out.name
+    data = out.name + ".data"
     if size > EXTERNAL_DATA_THRESHOLD:
-        data = out.name + ".data"
-        onnx.save(m, str(final_tmp), save_as_external_data=True, all_tensors_to_one_file=True, location=data)
+        onnx.save(m, str(staged), save_as_external_data=True, all_tensors_to_one_file=True, location=data)
     else:
-        onnx.save(m, str(final_tmp))
+        onnx.save(m, str(staged))
     if not any(n.domain == "com.microsoft" or n.op_type == "SimplifiedLayerNormalization" for n in m.graph.node):
-        onnx.checker.check_model(str(final_tmp), full_check=False)
-    os.replace(final_tmp, out)
+        onnx.checker.check_model(str(staged), full_check=False)
+    if (stage / data).exists():
+        os.replace(stage / data, out.parent / data)
+    os.replace(staged, out)
 
 
 def export_recipe(arch: str, preset: str, exporter: str, out: str | os.PathLike, seed: int = 0) -> Path:

@@ -115,8 +115,8 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
     try:
         try:
             save_atomic(model, tmp / model_name, check=False)
-        except RewriteError as e:
-            raise GenaiError(f"{model_path}: {e}") from None
+        except RewriteError as e:  # a write error (full disk, ...): it names the temp copy inside OUT's folder
+            raise GenaiError(f"writing {dst}: {e}") from None
         skip = {model_name, CONFIG} | _external_files(model_path)
         for item in src.iterdir():
             if item.name in skip:

@@ -87,8 +87,13 @@ def run(args) -> int:
     def prog(i, t):
         print(f"\r  token {i}/{args.max_new_tokens}", end="", file=sys.stderr, flush=True)
 
+    from .model_io import BadModelError
+
     try:
         r = generate(args.model, ids, args.max_new_tokens, args.device, progress=prog, threads=args.threads or None)
+    except BadModelError as e:  # names the file itself
+        print(f"dot4attn generate: {e}", file=sys.stderr)
+        return 1
     except Exception as e:  # ORT load/run errors: say which model
         print(f"\ndot4attn generate: {args.model}: {e}", file=sys.stderr)
         return 1

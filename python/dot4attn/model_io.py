@@ -14,3 +14,81 @@ FLOAT_PARTS = ("key", "value")
 # A model whose initializers hold more bytes than this is saved with its tensors as external data (`<OUT>.data`):
 # one ONNX protobuf file cannot pass 2 GiB, and the graph itself needs some room under that.
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+
+
+class BadModelError(ValueError):
+    """A model file the commands refuse before doing anything; the message names the file and what was expected."""
+
+
+def check_model_file(path) -> "onnx.ModelProto":
+    """Loads the ONNX file `path` without its external data and refuses, naming the file and what was expected:
+    a missing or empty file, bytes that do not parse as an ONNX model (truncated, not ONNX), a graph without nodes,
+    external data that is missing or shorter than its tensors say, an ai.onnx opset newer than the installed onnx
+    knows, and a value name with two producers (ONNX graphs are SSA: ORT and the passes would each pick one).
+    Returns the ModelProto (external tensors left as references)."""
+    import os
+    from pathlib import Path
+
+    import onnx
+
+    path = Path(path)
+    if not path.is_file():
+        raise BadModelError(f"{path}: no such file (expected an ONNX model)")
+    size = path.stat().st_size
+    if size == 0:
+        raise BadModelError(f"{path}: empty file (expected an ONNX model)")
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # protobuf DecodeError and friends
+        raise BadModelError(f"{path}: cannot parse as an ONNX model (truncated or not ONNX?): "
+                            f"{type(e).__name__}: {e}") from None
+    if not proto.graph.node:
+        raise BadModelError(f"{path}: the model has no nodes (expected an ONNX model; truncated or empty file?)")
+    known = onnx.defs.onnx_opset_version()
+    for op in proto.opset_import:
+        if op.domain in ("", "ai.onnx") and op.version > known:
+            raise BadModelError(f"{path}: imports ai.onnx opset {op.version}; the installed onnx "
+                                f"{onnx.__version__} knows opsets up to {known} (expected opset <= {known})")
+    base = path.parent
+    for t in _all_tensors(proto.graph):
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        loc = base / info.get("location", "")
+        if not info.get("location") or not loc.is_file():
+            raise BadModelError(f"{path}: external data file {info.get('location')!r} of tensor {t.name!r} is "
+                                f"missing (expected next to the model, in {base})")
+        end = int(info.get("offset", 0)) + int(info.get("length", 0))
+        have = os.stat(loc).st_size
+        if have < end:
+            raise BadModelError(f"{path}: external data file {loc.name} is truncated (tensor {t.name!r} needs "
+                                f"{end} bytes, the file has {have})")
+    _check_single_producer(path, proto.graph)
+    return proto
+
+
+def _all_tensors(graph):
+    yield from graph.initializer
+    for n in graph.node:
+        for a in n.attribute:
+            if a.type == a.TENSOR:
+                yield a.t
+
+
+def _check_single_producer(path, graph) -> None:
+    producer: dict[str, str] = {}
+    for vi in graph.input:
+        producer.setdefault(vi.name, "graph input")
+    for t in graph.initializer:  # an initializer may also be listed as a graph input (IR < 4): one value
+        if producer.get(t.name, "graph input") != "graph input":
+            raise BadModelError(f"{path}: value name {t.name!r} is defined twice")
+        producer[t.name] = producer.get(t.name, "initializer")
+    for i, n in enumerate(graph.node):
+        me = f"{n.op_type} node {n.name or '#' + str(i)!r}"
+        for o in n.output:
+            if not o:
+                continue
+            if o in producer:
+                raise BadModelError(f"{path}: value name {o!r} is produced twice, by {producer[o]} and by {me} "
+                                    "(expected one producer per value name)")
+            producer[o] = me

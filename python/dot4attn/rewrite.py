@@ -48,7 +48,7 @@ def run(args) -> int:
     try:
         report = rewrite(args.input, args.output, args.v_format or "float", args.route, args.split_k_min_keys,
                          args.allow_partial)
-    except RewriteError as e:
+    except (RewriteError, OSError) as e:  # OSError: reading IN (permissions, I/O errors); writes are RewriteError
         print(f"dot4attn rewrite: {e}\n(no output written)", file=sys.stderr)
         return 1
     for line in report.lines():
