@@ -32,7 +32,12 @@ def big_inputs(B: int, Hq: int, Hkv: int, Sq: int, Sk: int, dtype=np.float32, se
     """(feeds for a q8_0-V Dot4Attention, hot positions). The hot K rows are positive multiples of the mean query
     of their KV head's group, scaled so their logits are ~30 (G = 2: each head sees ~1/sqrt(2) of the mean direction); hot V rows are random."""
     rng = np.random.default_rng(seed)
-    q = (rng.standard_normal((B, Hq, Sq, D), dtype=np.float32) * 3).astype(dtype)
+    # The query rows of a head are one random row scaled by 0.9..1.1: every row then gives the hot keys logits of
+    # ~30, so the 2^24 zero keys weigh ~1e-6 for every row. (Independent rows would give some rows logits of ~5 and
+    # let millions of equal-weight zero keys dominate their sums: what such a row then measures is the rounding of
+    # 2^24 equal float32 / float16 terms, not the indexing this construction is for.)
+    row = rng.standard_normal((B, Hq, 1, D), dtype=np.float32) * 3
+    q = (row * rng.uniform(0.9, 1.1, (B, Hq, Sq, 1)).astype(np.float32)).astype(dtype)
     kp = np.zeros((B, Hkv, Sk, D), np.int8)
     ks = np.zeros((B, Hkv, Sk, D // 32), np.float16)
     vp = np.zeros((B, Hkv, Sk, D), np.int8)

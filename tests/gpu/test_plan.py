@@ -228,8 +228,8 @@ STRIDED_SHAPES = [  # (B, Hq, Hkv, Sq, Sk, D, v_format, device): every kernel fa
 def test_packed_cache_plans_like_dense(B, Hq, Hkv, Sq, Sk, D, v_format, device, half):
     """Every kernel takes strided rows: a packed cache (rows padded, more rows per head than keys) gets the dense
     call's kernel, instance, warps and splits (so the same output bits) and says it is strided. Only the decode's
-    TMA staging of q8_0 / q4_0 V gives way to its staging without TMA (faster for padded rows); preallocated dense
-    rows keep every part of the plan."""
+    TMA staging of q8_0 / q4_0 V at D <= 128 gives way to its staging without TMA (faster for those padded rows);
+    D = 256 and preallocated dense rows keep every part of the plan."""
     if device == MI300 and Sq > 8:
         pytest.skip("the 64-row prefill tile does not fit a 64 KB LDS")
     dense = plan(B, Hq, Hkv, Sq, Sk, D, device=device, v_format=v_format, half=half)
@@ -237,7 +237,7 @@ def test_packed_cache_plans_like_dense(B, Hq, Hkv, Sq, Sk, D, v_format, device, 
                   kv_layout=packed_layout(D, v_format, Sk + 4096, half))
     assert dense["strided"] is False and packed["strided"] is True
     assert math_of(packed) == math_of(dense)
-    if dense.get("staging") == "tma" and v_format != "float":
+    if dense.get("staging") == "tma" and v_format != "float" and D <= 128:
         assert packed["staging"] == ("regs" if v_format == "q4_0" else "regs_v" if D == 128 else "cp_async"), packed
         assert "padded K / V rows" in packed["fallback"], packed
     else:
