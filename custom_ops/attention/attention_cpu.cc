@@ -109,8 +109,11 @@ void store_rows(const AttentionParams& p, const RowBlock& rb) {
       const int64_t m = g * n_i + (i - rb.i0);
       const int64_t dst = ((rb.b * p.Hq + h) * p.Sq + i) * D;
       const float l = rb.l[m];
-      const float inv = l > 0.f ? 1.f / l : 0.f;
       const float* a = rb.acc.data() + m * D;
+      // Non-finite policy: a row that saw a poisoned key (NaN l, or a non-finite accumulator) is NaN throughout.
+      bool poisoned = l != l;
+      for (int d = 0; d < D; ++d) poisoned |= !std::isfinite(a[d]);
+      const float inv = poisoned ? std::numeric_limits<float>::quiet_NaN() : l > 0.f ? 1.f / l : 0.f;
       if (p.half) {
         float row[kMaxHeadDim];
         for (int d = 0; d < D; ++d) row[d] = a[d] * inv;

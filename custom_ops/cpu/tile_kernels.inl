@@ -126,15 +126,16 @@ static inline void floats_to_halves(const float* src, uint16_t* dst, int64_t n) 
   for (; i < n; ++i) dst[i] = float_to_half(src[i]);
 }
 
-// 2^x for x <= 0 (-inf -> 0), one vector. Degree-7 Taylor on [-0.5, 0.5] after rounding: rel. error < 3e-9.
+// 2^x for x <= 0 (-inf -> 0, NaN -> NaN: a poisoned logit must stay NaN), one vector. Degree-7 Taylor on
+// [-0.5, 0.5] after rounding: rel. error < 3e-9.
 #if defined(__AVX512F__) || defined(__AVX2__)
 static inline vf vexp2(vf v) {
-  const vf c = vmax(v, vset1(-126.f));
+  const vf c = vmax(vset1(-126.f), v);  // maxps returns its second operand when one is NaN
 #if defined(__AVX512F__)
   const __mmask16 dead = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-126.f), _CMP_LT_OQ);
   const vf r = _mm512_roundscale_ps(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 #else
-  const vf alive = _mm256_cmp_ps(v, _mm256_set1_ps(-126.f), _CMP_GE_OQ);
+  const vf alive = _mm256_cmp_ps(v, _mm256_set1_ps(-126.f), _CMP_NLT_UQ);  // true for NaN
   const vf r = _mm256_round_ps(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 #endif
   const vf f = c - r;
@@ -359,12 +360,18 @@ static void mask_tile(const AttendRows& r, const AttendMask& mask, int64_t k0, i
       const uint8_t* mb = static_cast<const uint8_t*>(mask.base) + off;
       for (int j = 0; j < nk; ++j)
         if (!mb[j * mask.stride_j]) row[j] = kNegInf;
-    } else if (mask.half) {
+    } else if (mask.half) {  // -inf hides the key even when its logit is NaN (NaN + -inf would poison the row)
       const uint16_t* mh = static_cast<const uint16_t*>(mask.base) + off;
-      for (int j = 0; j < nk; ++j) row[j] += half_to_float(mh[j * mask.stride_j]) * kLog2e;
+      for (int j = 0; j < nk; ++j) {
+        const float a = half_to_float(mh[j * mask.stride_j]);
+        row[j] = a == kNegInf ? kNegInf : row[j] + a * kLog2e;
+      }
     } else {
       const float* mf = static_cast<const float*>(mask.base) + off;
-      for (int j = 0; j < nk; ++j) row[j] += mf[j * mask.stride_j] * kLog2e;
+      for (int j = 0; j < nk; ++j) {
+        const float a = mf[j * mask.stride_j];
+        row[j] = a == kNegInf ? kNegInf : row[j] + a * kLog2e;
+      }
     }
   }
 }
@@ -383,8 +390,11 @@ static void softmax_tile(int M, int D, int nk, float* logits, AttendState& st) {
     for (int j = j0; j < nk; ++j) mx = std::max(mx, row[j]);
     const float m_old = st.m[m];
     const float m_new = std::max(m_old, mx);
-    if (m_new == kNegInf) {  // nothing visible to this row yet
+    if (m_new == kNegInf) {  // nothing visible to this row yet, unless a visible logit is NaN (max skips NaN)
+      bool poisoned = false;
+      for (int j = 0; j < nk; ++j) poisoned |= row[j] != row[j];
       std::fill(row, row + nk, 0.f);
+      if (poisoned) st.m[m] = st.l[m] = std::numeric_limits<float>::quiet_NaN();  // NaN stays: max(NaN, x) = NaN
       continue;
     }
     // p = 2^(logit - max) and its sum in one pass.
@@ -425,10 +435,54 @@ static inline void pv_tile_quant(const float* p, int M, const void* v, const flo
 #endif
 }
 
+// One value of V row j at dim d, dequantized (the slow path below; the tile loops decode whole vectors).
+static inline float v_value(int kind, const void* v, const float* vsf, int64_t j, int d, int D, int64_t vrow) {
+  switch (kind) {
+    case kVF32: return static_cast<const float*>(v)[j * vrow + d];
+    case kVF16: return half_to_float(static_cast<const uint16_t*>(v)[j * vrow + d]);
+    case kVQ8: return float(static_cast<const int8_t*>(v)[j * vrow + d]) * vsf[j * (D / kBlock) + d / kBlock];
+    default: {
+      const uint8_t b = static_cast<const uint8_t*>(v)[j * vrow + d / 2];
+      return float(((d & 1) ? b >> 4 : b & 15) - 8) * vsf[j * (D / kBlock) + d / kBlock];
+    }
+  }
+}
+
+// Non-finite policy, P·V side: the tile loops multiply every key by its p, so a key hidden from a row (p = 0)
+// whose V holds NaN / Inf (or a NaN V scale) would still poison it (0 * NaN). On tiles with hidden keys, a row
+// whose accumulator turned non-finite is redone from its copy with the visible keys only (visible: mask_tile
+// leaves a NaN base untouched instead of writing -inf). Rare, so the slow path is scalar; finite tiles pay one
+// copy and one check of the rows' accumulators.
+static void redo_hidden_v_poison(const AttendRows& r, const AttendMask& mask, int64_t k0, int nk, int kind,
+                                 const void* vt, const float* vsf, int64_t vrow, const float* p,
+                                 const float* acc_before, float* acc) {
+  const int D = r.D;
+  thread_local std::vector<float> vis;
+  bool vis_ready = false;
+  for (int m = 0; m < r.M; ++m) {
+    float* a = acc + int64_t(m) * D;
+    const float* a0 = acc_before + int64_t(m) * D;
+    bool turned = false;
+    for (int d = 0; d < D; ++d) turned |= !std::isfinite(a[d]) && std::isfinite(a0[d]);
+    if (!turned) continue;
+    if (!vis_ready) {
+      vis.assign(size_t(r.M) * NK, std::numeric_limits<float>::quiet_NaN());
+      mask_tile(r, mask, k0, nk, vis.data());
+      vis_ready = true;
+    }
+    std::copy(a0, a0 + D, a);
+    for (int j = 0; j < nk; ++j) {
+      if (vis[size_t(m) * NK + j] == kNegInf) continue;  // hidden from row m
+      const float pj = p[int64_t(m) * NK + j];
+      for (int d = 0; d < D; ++d) a[d] += pj * v_value(kind, vt, vsf, j, d, D, vrow);
+    }
+  }
+}
+
 static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& mask, int64_t k_begin,
                    int64_t k_end, AttendState& st) {
   const int D = r.D, nb = D / kBlock, M = r.M;
-  thread_local std::vector<float> logits_buf, ksf_buf, vsf_buf;
+  thread_local std::vector<float> logits_buf, ksf_buf, vsf_buf, acc_before;
   logits_buf.resize(size_t(M) * NK);
   ksf_buf.resize(size_t(NK) * nb);
   vsf_buf.resize(size_t(NK) * nb);
@@ -467,8 +521,10 @@ static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& ma
 #else
     qk_tile(r, kv.k + k0 * kv.k_stride, kv.k_stride, ksf, nk, logits, pfq);
 #endif
-    if (has_mask || k0 + nk > clean_end) mask_tile(r, mask, k0, nk, logits);
+    const bool hides_keys = has_mask || k0 + nk > clean_end;
+    if (hides_keys) mask_tile(r, mask, k0, nk, logits);
     softmax_tile(M, D, nk, logits, st);
+    if (hides_keys) acc_before.assign(st.acc, st.acc + int64_t(M) * D);
     // P·V phase: the next tile's K and K scales, one step per (32-block, 4 keys) of the first row pass.
     pfq.clear();
     if (k0 + NK < k_end) {
@@ -491,5 +547,6 @@ static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& ma
         pv_tile_quant<kVQ4>(logits, M, vt, vsf, nk, D, kv.v_stride, st.acc, pfq);
         break;
     }
+    if (hides_keys) redo_hidden_v_poison(r, mask, k0, nk, kind, vt, vsf, kv.v_stride, logits, acc_before.data(), st.acc);
   }
 }
