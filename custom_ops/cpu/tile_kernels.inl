@@ -448,11 +448,38 @@ static inline float v_value(int kind, const void* v, const float* vsf, int64_t j
   }
 }
 
+// Whether any of n floats is NaN or +-Inf (exponent all ones), as integer ops the compiler vectorises.
+static inline bool any_nonfinite(const float* x, int64_t n) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, x + i, 4);
+    bad |= uint32_t((b & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad != 0;
+}
+
+// Whether the tile's V (nk rows) holds a non-finite value: a NaN scale (q8_0 / q4_0, vsf already converted) or
+// NaN / Inf in float V.
+static bool v_tile_nonfinite(int kind, const void* v, const float* vsf, int nk, int D, int64_t vrow) {
+  if (kind == kVQ8 || kind == kVQ4) return any_nonfinite(vsf, int64_t(nk) * (D / kBlock));
+  uint32_t bad = 0;
+  for (int j = 0; j < nk; ++j) {
+    if (kind == kVF16) {
+      const uint16_t* row = static_cast<const uint16_t*>(v) + j * vrow;
+      for (int d = 0; d < D; ++d) bad |= uint32_t((row[d] & 0x7c00u) == 0x7c00u);
+    } else {
+      bad |= uint32_t(any_nonfinite(static_cast<const float*>(v) + j * vrow, D));
+    }
+  }
+  return bad != 0;
+}
+
 // Non-finite policy, P·V side: the tile loops multiply every key by its p, so a key hidden from a row (p = 0)
-// whose V holds NaN / Inf (or a NaN V scale) would still poison it (0 * NaN). On tiles with hidden keys, a row
-// whose accumulator turned non-finite is redone from its copy with the visible keys only (visible: mask_tile
-// leaves a NaN base untouched instead of writing -inf). Rare, so the slow path is scalar; finite tiles pay one
-// copy and one check of the rows' accumulators.
+// whose V holds NaN / Inf (or a NaN V scale) would still poison it (0 * NaN). On tiles with hidden keys whose V
+// may be non-finite, the rows' accumulators are copied before P·V, and a row whose accumulator turned non-finite
+// is redone from its copy with the visible keys only (visible: mask_tile leaves a NaN base untouched instead of
+// writing -inf). Rare, so the slow path is scalar.
 static void redo_hidden_v_poison(const AttendRows& r, const AttendMask& mask, int64_t k0, int nk, int kind,
                                  const void* vt, const float* vsf, int64_t vrow, const float* p,
                                  const float* acc_before, float* acc) {
@@ -462,9 +489,8 @@ static void redo_hidden_v_poison(const AttendRows& r, const AttendMask& mask, in
   for (int m = 0; m < r.M; ++m) {
     float* a = acc + int64_t(m) * D;
     const float* a0 = acc_before + int64_t(m) * D;
-    bool turned = false;
-    for (int d = 0; d < D; ++d) turned |= !std::isfinite(a[d]) && std::isfinite(a0[d]);
-    if (!turned) continue;
+    // Turned non-finite in this tile? (A row already non-finite saw a poisoned key before: it is NaN anyway.)
+    if (!any_nonfinite(a, D) || any_nonfinite(a0, D)) continue;
     if (!vis_ready) {
       vis.assign(size_t(r.M) * NK, std::numeric_limits<float>::quiet_NaN());
       mask_tile(r, mask, k0, nk, vis.data());
@@ -524,7 +550,14 @@ static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& ma
     const bool hides_keys = has_mask || k0 + nk > clean_end;
     if (hides_keys) mask_tile(r, mask, k0, nk, logits);
     softmax_tile(M, D, nk, logits, st);
-    if (hides_keys) acc_before.assign(st.acc, st.acc + int64_t(M) * D);
+    const void* vt = static_cast<const char*>(kv.v) + k0 * v_row_bytes;
+    if (kind == kVQ8 || kind == kVQ4) scales_to_floats(kv.vs + k0 * kv.vs_stride, kv.vs_stride, nb, nk, vsf);
+    // A hidden key with a non-finite V must not reach the rows it is hidden from. Checking the tile's V costs
+    // nk x D reads (float V) or nk x D/32 (scales); copying the rows' accumulators M x D: take the cheaper guard.
+    const bool guard_v = hides_keys && ((kind == kVF32 || kind == kVF16) && M * 2 < NK
+                                            ? true
+                                            : v_tile_nonfinite(kind, vt, vsf, nk, D, kv.v_stride));
+    if (guard_v) acc_before.assign(st.acc, st.acc + int64_t(M) * D);
     // P·V phase: the next tile's K and K scales, one step per (32-block, 4 keys) of the first row pass.
     pfq.clear();
     if (k0 + NK < k_end) {
@@ -534,19 +567,16 @@ static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& ma
       if (kv.ks_stride == nb) pfq.add(kv.ks + k1 * nb, int64_t(nk1) * nb * 2);  // else inside the K rows
     }
     pfq.spread_over(int64_t(nb) * ((nk + 3) / 4));
-    const void* vt = static_cast<const char*>(kv.v) + k0 * v_row_bytes;
     switch (kind) {
       case kVF32: pv_tile<kVF32>(logits, M, vt, nullptr, nk, D, kv.v_stride, st.acc, pfq); break;
       case kVF16: pv_tile<kVF16>(logits, M, vt, nullptr, nk, D, kv.v_stride, st.acc, pfq); break;
       case kVQ8:
-        scales_to_floats(kv.vs + k0 * kv.vs_stride, kv.vs_stride, nb, nk, vsf);
         pv_tile_quant<kVQ8>(logits, M, vt, vsf, nk, D, kv.v_stride, st.acc, pfq);
         break;
       default:
-        scales_to_floats(kv.vs + k0 * kv.vs_stride, kv.vs_stride, nb, nk, vsf);
         pv_tile_quant<kVQ4>(logits, M, vt, vsf, nk, D, kv.v_stride, st.acc, pfq);
         break;
     }
-    if (hides_keys) redo_hidden_v_poison(r, mask, k0, nk, kind, vt, vsf, kv.v_stride, logits, acc_before.data(), st.acc);
+    if (guard_v) redo_hidden_v_poison(r, mask, k0, nk, kind, vt, vsf, kv.v_stride, logits, acc_before.data(), st.acc);
   }
 }

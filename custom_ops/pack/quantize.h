@@ -9,15 +9,21 @@
 
 namespace dot4attn {
 
-// max |x| of a block, +inf when the block holds a NaN or +-Inf (fmax alone would drop a NaN).
+// max |x| of a block, +inf when the block holds a NaN or +-Inf. Plain compares, not std::fmax: that would drop a
+// NaN, and without SSE4.1 it is a library call per element.
 static inline float block_absmax(const float* x) {
   float m = 0.f;
+  bool nan = false;
   for (int i = 0; i < kBlock; ++i) {
     const float a = std::fabs(x[i]);
-    m = std::fmax(m, a == a ? a : INFINITY);
+    nan |= a != a;
+    m = a > m ? a : m;
   }
-  return m;
+  return nan ? INFINITY : m;
 }
+
+// clamp for values that are never NaN (x / s of a finite block), as compares (see block_absmax).
+static inline float clamp_q(float v, float lo, float hi) { return v < lo ? lo : v > hi ? hi : v; }
 
 constexpr uint16_t kHalfNaN = 0x7e00;  // the scale of a block holding a NaN or +-Inf (docs/ops.md)
 constexpr uint16_t kHalfMax = 0x7bff;  // 65504: the saturated scale of a finite block too large for float16
@@ -41,7 +47,7 @@ static inline uint16_t quantize_q8_block(const float* x, int8_t* q) {
   const uint16_t sh = block_scale_half(block_absmax(x), 127.f, &s);
   for (int i = 0; i < kBlock; ++i) {
     float v = s == 0.f ? 0.f : std::nearbyint(x[i] / s);
-    v = std::fmin(std::fmax(v, -127.f), 127.f);
+    v = clamp_q(v, -127.f, 127.f);
     q[i] = int8_t(v);
   }
   return sh;
@@ -55,7 +61,7 @@ static inline uint16_t quantize_q4_block(const float* x, uint8_t* q) {
     uint8_t u[2];
     for (int k = 0; k < 2; ++k) {
       float v = s == 0.f ? 0.f : std::nearbyint(x[i + k] / s);
-      v = std::fmin(std::fmax(v, -8.f), 7.f);
+      v = clamp_q(v, -8.f, 7.f);
       u[k] = uint8_t(int(v) + 8);
     }
     q[i / 2] = uint8_t(u[0] | (u[1] << 4));
@@ -70,7 +76,7 @@ static inline float quantize_q8_block_f32(const float* x, int8_t* q) {
   const float s = amax == INFINITY ? 0.f : amax / 127.f;
   for (int i = 0; i < kBlock; ++i) {
     float v = s == 0.f ? 0.f : std::nearbyint(x[i] / s);
-    v = std::fmin(std::fmax(v, -127.f), 127.f);
+    v = clamp_q(v, -127.f, 127.f);
     q[i] = int8_t(v);
   }
   return amax == INFINITY ? NAN : s;

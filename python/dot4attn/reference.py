@@ -164,6 +164,8 @@ def attention(query, k_payload, k_scales, value, v_scales=None, attn_mask=None, 
     l = p.sum(axis=-1, keepdims=True)
     out = (p @ vf) / np.where(l == 0, 1, l)
     out = np.where(dead, 0, out)
+    if query.dtype == np.float16:  # finite results saturate at +-65504 (a q8_0 / q4_0 V of 65504 dequantizes a
+        out = np.clip(out, -FP16_MAX, FP16_MAX)  # little past it: its scale rounds up)
     return np.where(row_poison, np.float32(np.nan), out).astype(query.dtype)
 
 
