@@ -178,7 +178,7 @@ def _mask(draw, B, Hq, Sq, Sk, dtype):
         return rng.random(shape) < draw(st.sampled_from((0.3, 0.8, 1.0)))
     m = rng.standard_normal(shape).astype(np.float32)
     m[rng.random(shape) < draw(st.sampled_from((0.0, 0.2, 0.9)))] = -np.inf
-    if draw(st.integers(0, 9)) == 0:  # a NaN or +inf mask value poisons the rows that see it
+    if draw(st.integers(0, 9)) == 0 and m.size:  # a NaN or +inf mask value poisons the rows that see it
         m.reshape(-1)[rng.integers(m.size)] = rng.choice([np.nan, np.inf])
     return m.astype(dtype)
 

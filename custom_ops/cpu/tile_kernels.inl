@@ -350,28 +350,29 @@ static void mask_tile(const AttendRows& r, const AttendMask& mask, int64_t k0, i
   constexpr float kLog2e = 1.4426950408889634f;
   for (int m = 0; m < r.M; ++m) {
     float* row = logits + int64_t(m) * NK;
-    if (r.k_limit) {
+    if (mask.kind != MaskKind::kNone) {
+      const int64_t off = r.mask_off[m] + k0 * mask.stride_j;
+      if (mask.kind == MaskKind::kBool) {
+        const uint8_t* mb = static_cast<const uint8_t*>(mask.base) + off;
+        for (int j = 0; j < nk; ++j)
+          if (!mb[j * mask.stride_j]) row[j] = kNegInf;
+      } else if (mask.half) {  // -inf hides the key even when its logit is NaN (NaN + -inf would poison the row)
+        const uint16_t* mh = static_cast<const uint16_t*>(mask.base) + off;
+        for (int j = 0; j < nk; ++j) {
+          const float a = half_to_float(mh[j * mask.stride_j]);
+          row[j] = a == kNegInf ? kNegInf : row[j] + a * kLog2e;
+        }
+      } else {
+        const float* mf = static_cast<const float*>(mask.base) + off;
+        for (int j = 0; j < nk; ++j) {
+          const float a = mf[j * mask.stride_j];
+          row[j] = a == kNegInf ? kNegInf : row[j] + a * kLog2e;
+        }
+      }
+    }
+    if (r.k_limit) {  // after the mask: a NaN / +inf mask value on a causally hidden key must not reach the row
       const int64_t visible = std::clamp<int64_t>(r.k_limit[m] - k0, 0, nk);
       for (int j = int(visible); j < nk; ++j) row[j] = kNegInf;
-    }
-    if (mask.kind == MaskKind::kNone) continue;
-    const int64_t off = r.mask_off[m] + k0 * mask.stride_j;
-    if (mask.kind == MaskKind::kBool) {
-      const uint8_t* mb = static_cast<const uint8_t*>(mask.base) + off;
-      for (int j = 0; j < nk; ++j)
-        if (!mb[j * mask.stride_j]) row[j] = kNegInf;
-    } else if (mask.half) {  // -inf hides the key even when its logit is NaN (NaN + -inf would poison the row)
-      const uint16_t* mh = static_cast<const uint16_t*>(mask.base) + off;
-      for (int j = 0; j < nk; ++j) {
-        const float a = half_to_float(mh[j * mask.stride_j]);
-        row[j] = a == kNegInf ? kNegInf : row[j] + a * kLog2e;
-      }
-    } else {
-      const float* mf = static_cast<const float*>(mask.base) + off;
-      for (int j = 0; j < nk; ++j) {
-        const float a = mf[j * mask.stride_j];
-        row[j] = a == kNegInf ? kNegInf : row[j] + a * kLog2e;
-      }
     }
   }
 }
