@@ -14,9 +14,8 @@ from hypothesis import given, seed, settings
 from hypothesis import strategies as st
 
 import property_cases as P
-from conftest import run_attention, run_pack, supported_isas
+from conftest import check_packed, run_attention, run_pack, supported_isas
 from dot4attn import native
-from test_pack import check_packed
 
 PACK_EXAMPLES = P.examples(600)
 ATTENTION_EXAMPLES = P.examples(1500)
