@@ -202,7 +202,9 @@ def _bounded_logits(q: np.ndarray, kp: np.ndarray, ks: np.ndarray) -> np.ndarray
 
 
 @st.composite
-def attention_cases(draw, routes=ROUTES) -> AttnCase:
+def attention_cases(draw, routes=ROUTES, nonfinite_v: bool = True) -> AttnCase:
+    """A Dot4Attention call. nonfinite_v=False keeps NaN / Inf out of V (the GPU kernels do not apply the V side of
+    the policy yet: tests/gpu/test_properties_cuda.py holds that gap as strict xfails)."""
     dtype = draw(st.sampled_from(("float32", "float16")))
     v_format = draw(st.sampled_from(("float", "q8_0", "q4_0")))
     D = 32 * draw(st.integers(1, 8))
@@ -216,7 +218,8 @@ def attention_cases(draw, routes=ROUTES) -> AttnCase:
     Sk = draw(st.one_of(st.sampled_from((0, 1, 2, 31, 63, 64, 65, 127, 130)), st.integers(0, 140),
                         st.sampled_from((513, 700)) if Sq <= 8 else st.integers(0, 140)))
     causal = draw(st.integers(0, 1))
-    qf, kf, vf = (draw(st.sampled_from(FILLS)) for _ in range(3))
+    qf, kf = draw(st.sampled_from(FILLS)), draw(st.sampled_from(FILLS))
+    vf = draw(st.sampled_from(FILLS if nonfinite_v else tuple(f for f in FILLS if f != "nonfinite")))
     q = fill(draw, (B, Hq, Sq, D), dtype, qf, max_outlier=3e5)
     k = fill(draw, (B, Hkv, Sk, D), dtype, kf)
     v = fill(draw, (B, Hkv, Sk, D), dtype, vf)

@@ -9,11 +9,13 @@ the CPU fallback, so every node runs on the GPU.
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, seed, settings
 
 import property_cases as P
 from conftest import check_packed
+from dot4attn import reference as R
 from test_ort_cuda import _need_gpu, gpu_attention, gpu_pack  # noqa: F401 (_need_gpu: autouse, skips without CUDA)
 
 
@@ -32,7 +34,37 @@ def test_pack_properties_gpu(case):
 
 @seed(P.FUZZ_SEED)
 @settings(max_examples=P.examples(1500))
-@given(case=P.attention_cases())
+@given(case=P.attention_cases(nonfinite_v=False))
 def test_attention_properties_gpu(case):
+    """Everything but NaN / Inf in V (the xfails below): those rows and hidden keys are not handled on the GPU yet."""
+    out = gpu_attention(*case.inputs(), v_format=case.v_format, causal=case.causal, route=case.route)
+    P.check_attention(out, case.reference(), case, f"{case!r} EP=CUDA")
+
+
+# ---- the V side of the policy: not implemented in the GPU kernels yet ------------------------------------------------
+# P.V multiplies every key of a tile by its p, so a hidden key (p = 0) whose V is NaN / Inf still poisons the row
+# (0 x NaN), and a visible one makes only its columns non-finite instead of the whole row. The CPU tile kernels
+# guard both; the GPU needs V scales folded into the logits (q8_0 / q4_0) and a sanitising pass over float V tiles.
+# strict: once the kernels do it, these pass and must lose their marker.
+
+def _v_poison_case(v_format, route, hidden):
+    rng = np.random.default_rng(11)
+    B, Hq, Hkv, Sq, Sk, D = 1, 4, 2, 4, 300, 128
+    q = rng.standard_normal((B, Hq, Sq, D), dtype=np.float32).astype(np.float16)
+    k = rng.standard_normal((B, Hkv, Sk, D), dtype=np.float32)
+    v = rng.standard_normal((B, Hkv, Sk, D), dtype=np.float32)
+    v[0, 1, Sk - 1 if hidden else 5, 7] = np.nan  # key Sk - 1: seen by the last query row only (causal)
+    kp, ks = R.pack_k(k)
+    value, vs = (v.astype(np.float16), None) if v_format == "float" else R.pack_v(v, v_format)
+    case = P.AttnCase("float16", v_format, 1, route, q, kp, ks, value, vs, None, ("normal", "normal", "nonfinite"))
+    return case
+
+
+@pytest.mark.xfail(strict=True, reason="GPU kernels: V side of the non-finite policy not implemented")
+@pytest.mark.parametrize("route", ["prefill", "decode", "split_k"])
+@pytest.mark.parametrize("v_format", ["float", "q8_0", "q4_0"])
+@pytest.mark.parametrize("hidden", [True, False], ids=["hidden-key", "visible-key"])
+def test_nonfinite_v_gpu(hidden, v_format, route):
+    case = _v_poison_case(v_format, route, hidden)
     out = gpu_attention(*case.inputs(), v_format=case.v_format, causal=case.causal, route=case.route)
     P.check_attention(out, case.reference(), case, f"{case!r} EP=CUDA")
