@@ -171,6 +171,37 @@ def check_nmse(out: np.ndarray, ref: np.ndarray, tol: float, what: str) -> float
     return err
 
 
+def nibbles(payload: np.ndarray) -> np.ndarray:
+    u = np.empty((*payload.shape[:-1], payload.shape[-1] * 2), np.int16)
+    u[..., 0::2] = payload & 0x0F
+    u[..., 1::2] = payload >> 4
+    return u
+
+
+def check_packed(x: np.ndarray, payload: np.ndarray, scales: np.ndarray, fmt: str, what: str):
+    ref_p, ref_s = R.pack_v(x, fmt)
+    assert payload.dtype == ref_p.dtype and payload.shape == ref_p.shape, \
+        f"{what}: payload {payload.dtype}{list(payload.shape)}, expected {ref_p.dtype}{list(ref_p.shape)}"
+    assert scales.dtype == np.float16 and scales.shape == ref_s.shape, \
+        f"{what}: scales {scales.dtype}{list(scales.shape)}, expected float16{list(ref_s.shape)}"
+    bad = scales.view(np.uint16) != ref_s.view(np.uint16)
+    assert not bad.any(), (
+        f"{what}: {np.count_nonzero(bad)} of {bad.size} scales differ from the reference, first at "
+        f"{np.argwhere(bad)[0].tolist()}: got {scales[bad][0]!r}, expected {ref_s[bad][0]!r}")
+    if fmt == "q8_0":
+        got, ref = payload.astype(np.int16), ref_p.astype(np.int16)
+        assert got.size == 0 or (got.min() >= -127 and got.max() <= 127), f"{what}: q8_0 payload outside [-127, 127]"
+    else:
+        got, ref = nibbles(payload), nibbles(ref_p)
+    diff = np.abs(got - ref)
+    if diff.size:
+        assert diff.max() <= 1, (
+            f"{what}: payload off by {diff.max()} at {np.argwhere(diff == diff.max())[0].tolist()} "
+            f"({np.count_nonzero(diff > 1)} elements off by more than 1)")
+    off = np.count_nonzero(diff)
+    assert off <= 0.001 * diff.size, f"{what}: {off} of {diff.size} payload elements off by 1 (> 0.1%)"
+
+
 def expect_error(fn, *patterns: str, cls=ORT_ERRORS):
     """Calls fn, expects an ONNX Runtime error of class `cls` whose message matches every regex."""
     with pytest.raises(ORT_ERRORS) as info:

@@ -109,11 +109,15 @@ void store_rows(const AttentionParams& p, const RowBlock& rb) {
       const int64_t m = g * n_i + (i - rb.i0);
       const int64_t dst = ((rb.b * p.Hq + h) * p.Sq + i) * D;
       const float l = rb.l[m];
-      const float inv = l > 0.f ? 1.f / l : 0.f;
       const float* a = rb.acc.data() + m * D;
-      if (p.half) {
+      // Non-finite policy: a row that saw a poisoned key (NaN l, or a non-finite accumulator) is NaN throughout.
+      bool poisoned = l != l;
+      for (int d = 0; d < D; ++d) poisoned |= !std::isfinite(a[d]);
+      const float inv = poisoned ? std::numeric_limits<float>::quiet_NaN() : l > 0.f ? 1.f / l : 0.f;
+      if (p.half) {  // finite results saturate at +-65504 (docs/ops.md): never inf from a finite row
         float row[kMaxHeadDim];
-        for (int d = 0; d < D; ++d) row[d] = a[d] * inv;
+        if (poisoned) std::fill(row, row + D, inv);
+        else for (int d = 0; d < D; ++d) row[d] = clamp_q(a[d] * inv, -65504.f, 65504.f);
         kern.floats_to_halves(row, static_cast<uint16_t*>(p.out) + dst, D);
       } else {
         float* o = static_cast<float*>(p.out) + dst;

@@ -124,9 +124,9 @@ __global__ void __launch_bounds__(kThreads) prologue_kernel(Prologue a) {
   uint8_t* row = (kind == 1 ? a.k_cache : a.v_cache) + ((b * a.Hkv + h) * a.L + pos) * row_bytes;
   const int payload = q4 ? a.D / 2 : a.D;
   for (int j = 0; j < nb; ++j) {
-    const float amax = gpu::group32_max(fmaxf(0.f, fabsf(x[j])));
-    const uint16_t sh = gpu::f2h(gpu::div_rn(amax, q4 ? 7.f : 127.f));
-    const float sc = gpu::h2f(sh);
+    const float amax = gpu::group32_max(gpu::abs_or_inf(x[j]));  // the non-finite policy, as PackK / PackV
+    float sc;
+    const uint16_t sh = gpu::block_scale_half(amax, q4 ? 7.f : 127.f, sc);
     float q = sc == 0.f ? 0.f : rintf(gpu::div_rn(x[j], sc));
     q = fminf(fmaxf(q, q4 ? -8.f : -127.f), q4 ? 7.f : 127.f);
     if (q4) {

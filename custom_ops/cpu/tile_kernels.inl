@@ -126,15 +126,16 @@ static inline void floats_to_halves(const float* src, uint16_t* dst, int64_t n) 
   for (; i < n; ++i) dst[i] = float_to_half(src[i]);
 }
 
-// 2^x for x <= 0 (-inf -> 0), one vector. Degree-7 Taylor on [-0.5, 0.5] after rounding: rel. error < 3e-9.
+// 2^x for x <= 0 (-inf -> 0, NaN -> NaN: a poisoned logit must stay NaN), one vector. Degree-7 Taylor on
+// [-0.5, 0.5] after rounding: rel. error < 3e-9.
 #if defined(__AVX512F__) || defined(__AVX2__)
 static inline vf vexp2(vf v) {
-  const vf c = vmax(v, vset1(-126.f));
+  const vf c = vmax(vset1(-126.f), v);  // maxps returns its second operand when one is NaN
 #if defined(__AVX512F__)
   const __mmask16 dead = _mm512_cmp_ps_mask(v, _mm512_set1_ps(-126.f), _CMP_LT_OQ);
   const vf r = _mm512_roundscale_ps(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 #else
-  const vf alive = _mm256_cmp_ps(v, _mm256_set1_ps(-126.f), _CMP_GE_OQ);
+  const vf alive = _mm256_cmp_ps(v, _mm256_set1_ps(-126.f), _CMP_NLT_UQ);  // true for NaN
   const vf r = _mm256_round_ps(c, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 #endif
   const vf f = c - r;
@@ -349,22 +350,29 @@ static void mask_tile(const AttendRows& r, const AttendMask& mask, int64_t k0, i
   constexpr float kLog2e = 1.4426950408889634f;
   for (int m = 0; m < r.M; ++m) {
     float* row = logits + int64_t(m) * NK;
-    if (r.k_limit) {
+    if (mask.kind != MaskKind::kNone) {
+      const int64_t off = r.mask_off[m] + k0 * mask.stride_j;
+      if (mask.kind == MaskKind::kBool) {
+        const uint8_t* mb = static_cast<const uint8_t*>(mask.base) + off;
+        for (int j = 0; j < nk; ++j)
+          if (!mb[j * mask.stride_j]) row[j] = kNegInf;
+      } else if (mask.half) {  // -inf hides the key even when its logit is NaN (NaN + -inf would poison the row)
+        const uint16_t* mh = static_cast<const uint16_t*>(mask.base) + off;
+        for (int j = 0; j < nk; ++j) {
+          const float a = half_to_float(mh[j * mask.stride_j]);
+          row[j] = a == kNegInf ? kNegInf : row[j] + a * kLog2e;
+        }
+      } else {
+        const float* mf = static_cast<const float*>(mask.base) + off;
+        for (int j = 0; j < nk; ++j) {
+          const float a = mf[j * mask.stride_j];
+          row[j] = a == kNegInf ? kNegInf : row[j] + a * kLog2e;
+        }
+      }
+    }
+    if (r.k_limit) {  // after the mask: a NaN / +inf mask value on a causally hidden key must not reach the row
       const int64_t visible = std::clamp<int64_t>(r.k_limit[m] - k0, 0, nk);
       for (int j = int(visible); j < nk; ++j) row[j] = kNegInf;
-    }
-    if (mask.kind == MaskKind::kNone) continue;
-    const int64_t off = r.mask_off[m] + k0 * mask.stride_j;
-    if (mask.kind == MaskKind::kBool) {
-      const uint8_t* mb = static_cast<const uint8_t*>(mask.base) + off;
-      for (int j = 0; j < nk; ++j)
-        if (!mb[j * mask.stride_j]) row[j] = kNegInf;
-    } else if (mask.half) {
-      const uint16_t* mh = static_cast<const uint16_t*>(mask.base) + off;
-      for (int j = 0; j < nk; ++j) row[j] += half_to_float(mh[j * mask.stride_j]) * kLog2e;
-    } else {
-      const float* mf = static_cast<const float*>(mask.base) + off;
-      for (int j = 0; j < nk; ++j) row[j] += mf[j * mask.stride_j] * kLog2e;
     }
   }
 }
@@ -383,8 +391,11 @@ static void softmax_tile(int M, int D, int nk, float* logits, AttendState& st) {
     for (int j = j0; j < nk; ++j) mx = std::max(mx, row[j]);
     const float m_old = st.m[m];
     const float m_new = std::max(m_old, mx);
-    if (m_new == kNegInf) {  // nothing visible to this row yet
+    if (m_new == kNegInf) {  // nothing visible to this row yet, unless a visible logit is NaN (max skips NaN)
+      bool poisoned = false;
+      for (int j = 0; j < nk; ++j) poisoned |= row[j] != row[j];
       std::fill(row, row + nk, 0.f);
+      if (poisoned) st.m[m] = st.l[m] = std::numeric_limits<float>::quiet_NaN();  // NaN stays: max(NaN, x) = NaN
       continue;
     }
     // p = 2^(logit - max) and its sum in one pass.
@@ -425,10 +436,80 @@ static inline void pv_tile_quant(const float* p, int M, const void* v, const flo
 #endif
 }
 
+// One value of V row j at dim d, dequantized (the slow path below; the tile loops decode whole vectors).
+static inline float v_value(int kind, const void* v, const float* vsf, int64_t j, int d, int D, int64_t vrow) {
+  switch (kind) {
+    case kVF32: return static_cast<const float*>(v)[j * vrow + d];
+    case kVF16: return half_to_float(static_cast<const uint16_t*>(v)[j * vrow + d]);
+    case kVQ8: return float(static_cast<const int8_t*>(v)[j * vrow + d]) * vsf[j * (D / kBlock) + d / kBlock];
+    default: {
+      const uint8_t b = static_cast<const uint8_t*>(v)[j * vrow + d / 2];
+      return float(((d & 1) ? b >> 4 : b & 15) - 8) * vsf[j * (D / kBlock) + d / kBlock];
+    }
+  }
+}
+
+// Whether any of n floats is NaN or +-Inf (exponent all ones), as integer ops the compiler vectorises.
+static inline bool any_nonfinite(const float* x, int64_t n) {
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, x + i, 4);
+    bad |= uint32_t((b & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad != 0;
+}
+
+// Whether the tile's V (nk rows) holds a non-finite value: a NaN scale (q8_0 / q4_0, vsf already converted) or
+// NaN / Inf in float V.
+static bool v_tile_nonfinite(int kind, const void* v, const float* vsf, int nk, int D, int64_t vrow) {
+  if (kind == kVQ8 || kind == kVQ4) return any_nonfinite(vsf, int64_t(nk) * (D / kBlock));
+  uint32_t bad = 0;
+  for (int j = 0; j < nk; ++j) {
+    if (kind == kVF16) {
+      const uint16_t* row = static_cast<const uint16_t*>(v) + j * vrow;
+      for (int d = 0; d < D; ++d) bad |= uint32_t((row[d] & 0x7c00u) == 0x7c00u);
+    } else {
+      bad |= uint32_t(any_nonfinite(static_cast<const float*>(v) + j * vrow, D));
+    }
+  }
+  return bad != 0;
+}
+
+// Non-finite policy, P·V side: the tile loops multiply every key by its p, so a key hidden from a row (p = 0)
+// whose V holds NaN / Inf (or a NaN V scale) would still poison it (0 * NaN). On tiles with hidden keys whose V
+// may be non-finite, the rows' accumulators are copied before P·V, and a row whose accumulator turned non-finite
+// is redone from its copy with the visible keys only (visible: mask_tile leaves a NaN base untouched instead of
+// writing -inf). Rare, so the slow path is scalar.
+static void redo_hidden_v_poison(const AttendRows& r, const AttendMask& mask, int64_t k0, int nk, int kind,
+                                 const void* vt, const float* vsf, int64_t vrow, const float* p,
+                                 const float* acc_before, float* acc) {
+  const int D = r.D;
+  thread_local std::vector<float> vis;
+  bool vis_ready = false;
+  for (int m = 0; m < r.M; ++m) {
+    float* a = acc + int64_t(m) * D;
+    const float* a0 = acc_before + int64_t(m) * D;
+    // Turned non-finite in this tile? (A row already non-finite saw a poisoned key before: it is NaN anyway.)
+    if (!any_nonfinite(a, D) || any_nonfinite(a0, D)) continue;
+    if (!vis_ready) {
+      vis.assign(size_t(r.M) * NK, std::numeric_limits<float>::quiet_NaN());
+      mask_tile(r, mask, k0, nk, vis.data());
+      vis_ready = true;
+    }
+    std::copy(a0, a0 + D, a);
+    for (int j = 0; j < nk; ++j) {
+      if (vis[size_t(m) * NK + j] == kNegInf) continue;  // hidden from row m
+      const float pj = p[int64_t(m) * NK + j];
+      for (int d = 0; d < D; ++d) a[d] += pj * v_value(kind, vt, vsf, j, d, D, vrow);
+    }
+  }
+}
+
 static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& mask, int64_t k_begin,
                    int64_t k_end, AttendState& st) {
   const int D = r.D, nb = D / kBlock, M = r.M;
-  thread_local std::vector<float> logits_buf, ksf_buf, vsf_buf;
+  thread_local std::vector<float> logits_buf, ksf_buf, vsf_buf, acc_before;
   logits_buf.resize(size_t(M) * NK);
   ksf_buf.resize(size_t(NK) * nb);
   vsf_buf.resize(size_t(NK) * nb);
@@ -467,8 +548,17 @@ static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& ma
 #else
     qk_tile(r, kv.k + k0 * kv.k_stride, kv.k_stride, ksf, nk, logits, pfq);
 #endif
-    if (has_mask || k0 + nk > clean_end) mask_tile(r, mask, k0, nk, logits);
+    const bool hides_keys = has_mask || k0 + nk > clean_end;
+    if (hides_keys) mask_tile(r, mask, k0, nk, logits);
     softmax_tile(M, D, nk, logits, st);
+    const void* vt = static_cast<const char*>(kv.v) + k0 * v_row_bytes;
+    if (kind == kVQ8 || kind == kVQ4) scales_to_floats(kv.vs + k0 * kv.vs_stride, kv.vs_stride, nb, nk, vsf);
+    // A hidden key with a non-finite V must not reach the rows it is hidden from. Checking the tile's V costs
+    // nk x D reads (float V) or nk x D/32 (scales); copying the rows' accumulators M x D: take the cheaper guard.
+    const bool guard_v = hides_keys && ((kind == kVF32 || kind == kVF16) && M * 2 < NK
+                                            ? true
+                                            : v_tile_nonfinite(kind, vt, vsf, nk, D, kv.v_stride));
+    if (guard_v) acc_before.assign(st.acc, st.acc + int64_t(M) * D);
     // P·V phase: the next tile's K and K scales, one step per (32-block, 4 keys) of the first row pass.
     pfq.clear();
     if (k0 + NK < k_end) {
@@ -478,18 +568,16 @@ static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& ma
       if (kv.ks_stride == nb) pfq.add(kv.ks + k1 * nb, int64_t(nk1) * nb * 2);  // else inside the K rows
     }
     pfq.spread_over(int64_t(nb) * ((nk + 3) / 4));
-    const void* vt = static_cast<const char*>(kv.v) + k0 * v_row_bytes;
     switch (kind) {
       case kVF32: pv_tile<kVF32>(logits, M, vt, nullptr, nk, D, kv.v_stride, st.acc, pfq); break;
       case kVF16: pv_tile<kVF16>(logits, M, vt, nullptr, nk, D, kv.v_stride, st.acc, pfq); break;
       case kVQ8:
-        scales_to_floats(kv.vs + k0 * kv.vs_stride, kv.vs_stride, nb, nk, vsf);
         pv_tile_quant<kVQ8>(logits, M, vt, vsf, nk, D, kv.v_stride, st.acc, pfq);
         break;
       default:
-        scales_to_floats(kv.vs + k0 * kv.vs_stride, kv.vs_stride, nb, nk, vsf);
         pv_tile_quant<kVQ4>(logits, M, vt, vsf, nk, D, kv.v_stride, st.acc, pfq);
         break;
     }
+    if (guard_v) redo_hidden_v_poison(r, mask, k0, nk, kind, vt, vsf, kv.v_stride, logits, acc_before.data(), st.acc);
   }
 }

@@ -185,15 +185,16 @@ __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const TileArgs a) {
 #pragma unroll
       for (int e = 0; e < 32; ++e) {
         x[e] = load_t(a.q, base + e, a.half);
-        amax = fmaxf(amax, fabsf(x[e]));
+        amax = fmaxf(amax, abs_or_inf(x[e]));
       }
-      sc = div_rn(amax, 127.f);
+      float dv;
+      sc = q_block_scale(amax, dv);  // NaN for a NaN / Inf block (dv = 0: q = 0)
 #pragma unroll
       for (int e = 0; e < 32; e += 4) {
         int w = 0;
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-          float qv = sc == 0.f ? 0.f : rintf(div_rn(x[e + u], sc));
+          float qv = dv == 0.f ? 0.f : rintf(div_rn(x[e + u], dv));
           qv = fminf(fmaxf(qv, -127.f), 127.f);
           w |= (int(qv) & 0xff) << (8 * u);
         }
@@ -377,8 +378,10 @@ __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const TileArgs a) {
               if (a.mask_kind == 1) {
                 vis = static_cast<const uint8_t*>(a.mask)[mo] != 0;
               } else {
-                // additive: (scale * dot + mask) in log2 units
-                x = (lg[i] * a.scale + load_t(a.mask, mo, a.half)) * kLog2e;
+                // additive: (scale * dot + mask) in log2 units; -inf hides the key (even a NaN logit)
+                const float mv = load_t(a.mask, mo, a.half);
+                vis = mv != -INFINITY;
+                x = (lg[i] * a.scale + mv) * kLog2e;
               }
             }
             if (!vis) x = -INFINITY;
@@ -480,8 +483,8 @@ __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const TileArgs a) {
       }
     } else {
       const float l = rowl[r];
-      const float y = l > 0.f ? o / l : 0.f;
-      if (a.half) static_cast<uint16_t*>(a.out)[grow * D + c] = f2h(y);
+      const float y = normalise(o, l);
+      if (a.half) static_cast<uint16_t*>(a.out)[grow * D + c] = f2h_out(y);
       else static_cast<float*>(a.out)[grow * D + c] = y;
     }
   }

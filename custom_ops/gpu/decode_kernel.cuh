@@ -191,8 +191,9 @@ __device__ __forceinline__ void decode_rows_prologue(const TileArgs& a, int64_t 
       const int64_t hq = hkv * a.g + rr / int(a.Sq);
       x = load_t(a.q, ((b * a.Hq + hq) * a.Sq + i) * D + blk * 32 + e, a.half);
     }
-    const float sc = div_rn(group32_max(fabsf(x)), 127.f);
-    float qv = sc == 0.f ? 0.f : rintf(div_rn(x, sc));
+    float dv;
+    const float sc = q_block_scale(group32_max(abs_or_inf(x)), dv);  // NaN for a NaN / Inf block (dv = 0)
+    float qv = dv == 0.f ? 0.f : rintf(div_rn(x, dv));
     qv = fminf(fmaxf(qv, -127.f), 127.f);
     qs[r * D + blk * 32 + e] = int8_t(int(qv));
     if (e == 0) qsc[r * NB + blk] = sc;
@@ -240,8 +241,8 @@ __device__ __forceinline__ void decode_rows_finish(const TileArgs& a, float* wm,
       a.part_acc[(split * (a.B * a.Hq * a.Sq) + grow) * D + c] = o;
     } else {
       const float l = wl[r];
-      const float y = l > 0.f ? o / l : 0.f;
-      if (a.half) static_cast<uint16_t*>(a.out)[grow * D + c] = f2h(y);
+      const float y = normalise(o, l);
+      if (a.half) static_cast<uint16_t*>(a.out)[grow * D + c] = f2h_out(y);
       else static_cast<float*>(a.out)[grow * D + c] = y;
     }
   }
@@ -419,7 +420,11 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) decode_kernel(const TileArg
         if (vis && a.mask_kind != 0) {
           const int64_t mo = mrow_s[r] + jg * a.ms3;
           if (a.mask_kind == 1) vis = static_cast<const uint8_t*>(a.mask)[mo] != 0;
-          else x = (s[r] * a.scale + load_t(a.mask, mo, a.half)) * kLog2e;  // additive, log2 units
+          else {  // additive, log2 units; -inf hides the key (even a NaN logit)
+            const float mv = load_t(a.mask, mo, a.half);
+            vis = mv != -INFINITY;
+            x = (s[r] * a.scale + mv) * kLog2e;
+          }
         }
         if (!vis) x = -INFINITY;
       }

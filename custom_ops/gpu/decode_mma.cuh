@@ -180,16 +180,17 @@ __device__ __forceinline__ void q_quantize(const QRow<D>& q, int r, int lane, in
   float x[E];
 #pragma unroll
   for (int j = 0; j < W; ++j) h2x2f(q.h[j], x[2 * j], x[2 * j + 1]);
-  float am = fabsf(x[0]);
+  float am = abs_or_inf(x[0]);  // +inf for a NaN / Inf block
 #pragma unroll
-  for (int e = 1; e < E; ++e) am = fmaxf(am, fabsf(x[e]));
+  for (int e = 1; e < E; ++e) am = fmaxf(am, abs_or_inf(x[e]));
 #pragma unroll
   for (int o = 1; o < LPB; o <<= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, o));
-  const float sc = div_rn(am, 127.f);
+  float dv;
+  const float sc = q_block_scale(am, dv);  // NaN for a non-finite block (dv = 0: q = 0)
   uint32_t pk[(E + 3) / 4] = {};
 #pragma unroll
   for (int e = 0; e < E; ++e) {
-    float qv = sc == 0.f ? 0.f : rintf(div_rn(x[e], sc));
+    float qv = dv == 0.f ? 0.f : rintf(div_rn(x[e], dv));
     qv = fminf(fmaxf(qv, -127.f), 127.f);
     pk[e / 4] |= (uint32_t(int(qv)) & 0xffu) << (8 * (e % 4));
   }
@@ -226,10 +227,9 @@ __device__ __forceinline__ void row_store(const TileArgs& a, int r, int c4, floa
       a.part_ml[prow * 2 + 1] = l;
     }
   } else {
-    if (l > 0.f) { o.x /= l; o.y /= l; o.z /= l; o.w /= l; }
-    else o = make_float4(0.f, 0.f, 0.f, 0.f);
-    const uint2 u = make_uint2(uint32_t(f2h(o.x)) | (uint32_t(f2h(o.y)) << 16),
-                               uint32_t(f2h(o.z)) | (uint32_t(f2h(o.w)) << 16));
+    o = make_float4(normalise(o.x, l), normalise(o.y, l), normalise(o.z, l), normalise(o.w, l));
+    const uint2 u = make_uint2(uint32_t(f2h_out(o.x)) | (uint32_t(f2h_out(o.y)) << 16),
+                               uint32_t(f2h_out(o.z)) | (uint32_t(f2h_out(o.w)) << 16));
     reinterpret_cast<uint2*>(static_cast<uint16_t*>(a.out) + grow * D)[c4] = u;
   }
 }
@@ -722,7 +722,11 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
           if (vis && a.mask_kind != 0) {
             const int64_t mo = mrow_g + jg * a.ms3;
             if (a.mask_kind == 1) vis = static_cast<const uint8_t*>(a.mask)[mo] != 0;
-            else x[j][e] += load_t(a.mask, mo, a.half) * kLog2e;  // additive, log2 units
+            else {  // additive, log2 units; -inf hides the key (even a NaN logit)
+              const float mv = load_t(a.mask, mo, a.half);
+              vis = mv != -INFINITY;
+              x[j][e] += mv * kLog2e;
+            }
           }
           if (!vis) x[j][e] = -INFINITY;
         }

@@ -496,14 +496,15 @@ __global__ void __launch_bounds__(kThreads, MINB)
       }
       float amax = 0.f;
 #pragma unroll
-      for (int u = 0; u < 8; ++u) amax = fmaxf(amax, fabsf(x[u]));
+      for (int u = 0; u < 8; ++u) amax = fmaxf(amax, abs_or_inf(x[u]));  // +inf for a NaN / Inf block
       amax = fmaxf(amax, shfl_xor(amax, 1));
       amax = fmaxf(amax, shfl_xor(amax, 2));
-      const float sc = div_rn(amax, 127.f);
+      float dv;
+      const float sc = q_block_scale(amax, dv);  // NaN for a non-finite block (dv = 0: q = 0)
       uint32_t w[2] = {0u, 0u};
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
-        float qv = sc == 0.f ? 0.f : rintf(div_rn(x[u], sc));
+        float qv = dv == 0.f ? 0.f : rintf(div_rn(x[u], dv));
         qv = fminf(fmaxf(qv, -127.f), 127.f);
         w[u >> 2] |= (uint32_t(int(qv)) & 0xffu) << (8 * (u & 3));
       }
@@ -674,7 +675,11 @@ __global__ void __launch_bounds__(kThreads, MINB)
             if (vis && a.mask_kind != 0) {
               const int64_t mo = mrow[h] + j * a.ms3;
               if (a.mask_kind == 1) vis = static_cast<const uint8_t*>(a.mask)[mo] != 0;
-              else x += load_t(a.mask, mo, a.half) * kLog2e;
+              else {  // additive; -inf hides the key (even a NaN logit)
+                const float mv = load_t(a.mask, mo, a.half);
+                vis = mv != -INFINITY;
+                x += mv * kLog2e;
+              }
             }
             S[mt][n][e] = vis ? x : -INFINITY;
           }
@@ -865,7 +870,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     float l = l_run[h];
     l += shfl_xor(l, 1);
     l += shfl_xor(l, 2);
-    l_run[h] = l > 0.f ? 1.f / l : 0.f;
+    l_run[h] = l == 0.f ? 0.f : 1.f / l;  // NaN l (a poisoned key was visible): a NaN row
   }
 #pragma unroll
   for (int h = 0; h < NH; ++h) {
@@ -880,7 +885,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     for (int n = 0; n < ND; ++n) {
       const float y0 = oacc[mt][n][e0] * inv, y1 = oacc[mt][n][e0 + 1] * inv;
       const int64_t o = orow + n * 8 + tig * 2;
-      if (a.half) *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(a.out) + o) = pack_h2(y0, y1);
+      if (a.half) *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(a.out) + o) = pack_h2(sat_half(y0), sat_half(y1));
       else *reinterpret_cast<float2*>(static_cast<float*>(a.out) + o) = make_float2(y0, y1);
     }
   }

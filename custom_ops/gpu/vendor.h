@@ -196,6 +196,39 @@ __device__ __forceinline__ float div_rn(float a, float b) {
 #endif
 }
 
+// ---- non-finite policy (docs/ops.md, "Non-finite and out-of-range values"), the CPU's pack/quantize.h ---------
+// |x| for a block max that is +inf exactly when the block holds a NaN or +-Inf (fmaxf alone drops a NaN).
+__device__ __forceinline__ float abs_or_inf(float x) {
+  const float a = fabsf(x);
+  return a == a ? a : INFINITY;
+}
+
+// The float16 scale bits of a block with max |x| = amax (abs_or_inf): NaN (0x7e00) for a non-finite block, 65504
+// when the scale would round to inf; `div` is what the payload divides by (0: q = 0).
+__device__ __forceinline__ uint16_t block_scale_half(float amax, float qmax, float& div) {
+  if (amax == INFINITY) {
+    div = 0.f;
+    return uint16_t(0x7e00u);
+  }
+  uint16_t sh = f2h(div_rn(amax, qmax));
+  if (sh == 0x7c00u) sh = uint16_t(0x7bffu);
+  div = h2f(sh);
+  return sh;
+}
+
+// A Q block's float32 scale: NaN for a non-finite block (every logit of its row is then NaN), `div` 0 (q = 0).
+__device__ __forceinline__ float q_block_scale(float amax, float& div) {
+  div = amax == INFINITY ? 0.f : div_rn(amax, 127.f);
+  return amax == INFINITY ? __int_as_float(0x7fc00000) : div;
+}
+
+// A row's value o / l: 0 where no key was visible (l = 0), NaN where a poisoned key was (l NaN).
+__device__ __forceinline__ float normalise(float o, float l) { return l == 0.f ? 0.f : o / l; }
+
+// float16 outputs: finite values saturate at +-65504 (never inf from a finite row), NaN stays NaN.
+__device__ __forceinline__ float sat_half(float y) { return y == y ? fminf(fmaxf(y, -65504.f), 65504.f) : y; }
+__device__ __forceinline__ uint16_t f2h_out(float y) { return f2h(sat_half(y)); }
+
 // ---- asynchronous 16-byte global -> shared copy ----------------------------------------------------------------
 // cp.async on NVIDIA sm_80+ (zero-fills when `valid` is false); elsewhere a plain copy, so that the same
 // multi-stage pipeline code is correct everywhere (only without the overlap).

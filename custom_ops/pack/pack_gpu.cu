@@ -20,9 +20,9 @@ __global__ void __launch_bounds__(256) pack_kernel(const T* __restrict__ x, int6
     } else {
       v = x[blk * 32 + lane];
     }
-    const float amax = gpu::group32_max(fmaxf(0.f, fabsf(v)));  // NaN-free, like block_absmax
-    const uint16_t sh = gpu::f2h(gpu::div_rn(amax, Q4 ? 7.f : 127.f));
-    const float s = gpu::h2f(sh);
+    const float amax = gpu::group32_max(gpu::abs_or_inf(v));  // +inf for a NaN / Inf block, like block_absmax
+    float s;
+    const uint16_t sh = gpu::block_scale_half(amax, Q4 ? 7.f : 127.f, s);  // NaN scale / 65504 saturation
     float q = s == 0.f ? 0.f : rintf(gpu::div_rn(v, s));
     q = fminf(fmaxf(q, Q4 ? -8.f : -127.f), Q4 ? 7.f : 127.f);
     if constexpr (Q4) {

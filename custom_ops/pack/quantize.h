@@ -9,19 +9,45 @@
 
 namespace dot4attn {
 
+// max |x| of a block, +inf when the block holds a NaN or +-Inf. Plain compares, not std::fmax: that would drop a
+// NaN, and without SSE4.1 it is a library call per element.
 static inline float block_absmax(const float* x) {
   float m = 0.f;
-  for (int i = 0; i < kBlock; ++i) m = std::fmax(m, std::fabs(x[i]));
-  return m;
+  bool nan = false;
+  for (int i = 0; i < kBlock; ++i) {
+    const float a = std::fabs(x[i]);
+    nan |= a != a;
+    m = a > m ? a : m;
+  }
+  return nan ? INFINITY : m;
+}
+
+// clamp for values that are never NaN (x / s of a finite block), as compares (see block_absmax).
+static inline float clamp_q(float v, float lo, float hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+constexpr uint16_t kHalfNaN = 0x7e00;  // the scale of a block holding a NaN or +-Inf (docs/ops.md)
+constexpr uint16_t kHalfMax = 0x7bff;  // 65504: the saturated scale of a finite block too large for float16
+
+// The float16 scale of a block and the divisor its payload uses: 0 (q = 0) for a non-finite block, whose scale
+// is NaN; a finite block whose scale would round to inf saturates at 65504 (its values then clamp).
+static inline uint16_t block_scale_half(float amax, float qmax, float* divisor) {
+  if (amax == INFINITY) {
+    *divisor = 0.f;
+    return kHalfNaN;
+  }
+  uint16_t sh = float_to_half(amax / qmax);
+  if (sh == 0x7c00u) sh = kHalfMax;
+  *divisor = half_to_float(sh);
+  return sh;
 }
 
 // q8_0 with a float16 scale (PackK, PackV q8_0): s = fp16(max|x| / 127), q = clamp(rne(x / s), -127, 127).
 static inline uint16_t quantize_q8_block(const float* x, int8_t* q) {
-  const uint16_t sh = float_to_half(block_absmax(x) / 127.f);
-  const float s = half_to_float(sh);
+  float s;
+  const uint16_t sh = block_scale_half(block_absmax(x), 127.f, &s);
   for (int i = 0; i < kBlock; ++i) {
     float v = s == 0.f ? 0.f : std::nearbyint(x[i] / s);
-    v = std::fmin(std::fmax(v, -127.f), 127.f);
+    v = clamp_q(v, -127.f, 127.f);
     q[i] = int8_t(v);
   }
   return sh;
@@ -29,13 +55,13 @@ static inline uint16_t quantize_q8_block(const float* x, int8_t* q) {
 
 // q4_0: s = fp16(max|x| / 7), u = clamp(rne(x / s), -8, 7) + 8; element 2i in the low nibble of byte i.
 static inline uint16_t quantize_q4_block(const float* x, uint8_t* q) {
-  const uint16_t sh = float_to_half(block_absmax(x) / 7.f);
-  const float s = half_to_float(sh);
+  float s;
+  const uint16_t sh = block_scale_half(block_absmax(x), 7.f, &s);
   for (int i = 0; i < kBlock; i += 2) {
     uint8_t u[2];
     for (int k = 0; k < 2; ++k) {
       float v = s == 0.f ? 0.f : std::nearbyint(x[i + k] / s);
-      v = std::fmin(std::fmax(v, -8.f), 7.f);
+      v = clamp_q(v, -8.f, 7.f);
       u[k] = uint8_t(int(v) + 8);
     }
     q[i / 2] = uint8_t(u[0] | (u[1] << 4));
@@ -43,15 +69,17 @@ static inline uint16_t quantize_q4_block(const float* x, uint8_t* q) {
   return sh;
 }
 
-// Q rows inside Dot4Attention: like q8_0 but the scale stays float32.
+// Q rows inside Dot4Attention: like q8_0 but the scale stays float32 (NaN, with q = 0, for a non-finite block:
+// every logit of the row is then NaN).
 static inline float quantize_q8_block_f32(const float* x, int8_t* q) {
-  const float s = block_absmax(x) / 127.f;
+  const float amax = block_absmax(x);
+  const float s = amax == INFINITY ? 0.f : amax / 127.f;
   for (int i = 0; i < kBlock; ++i) {
     float v = s == 0.f ? 0.f : std::nearbyint(x[i] / s);
-    v = std::fmin(std::fmax(v, -127.f), 127.f);
+    v = clamp_q(v, -127.f, 127.f);
     q[i] = int8_t(v);
   }
-  return s;
+  return amax == INFINITY ? NAN : s;
 }
 
 }  // namespace dot4attn

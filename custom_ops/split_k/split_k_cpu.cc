@@ -46,7 +46,16 @@ void split_k_cpu(const AttentionParams& p, OrtKernelContext* ctx) {
     rb.acc.assign(size_t(M * D), 0.f);
     for (int64_t m = 0; m < M; ++m) {
       float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t s = 0; s < S; ++s) mx = std::max(mx, part_m[size_t((bh * S + s) * M + m)]);
+      bool poisoned = false;  // a split saw a NaN logit with nothing else visible (its m is NaN): NaN row
+      for (int64_t s = 0; s < S; ++s) {
+        const float ms = part_m[size_t((bh * S + s) * M + m)];
+        poisoned |= ms != ms;
+        mx = std::max(mx, ms);
+      }
+      if (poisoned) {
+        rb.l[m] = std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
       if (mx == -std::numeric_limits<float>::infinity()) continue;  // no visible key: stays 0
       float* a = rb.acc.data() + m * D;
       for (int64_t s = 0; s < S; ++s) {

@@ -14,14 +14,14 @@ namespace gpu {
 
 namespace {
 
-// Writes o / L (zeros where L = 0: no split saw a key) as 4 float16 or float32 values at element offset off.
+// Writes o / L (zeros where L = 0: no split saw a key; NaN where L is NaN: a split saw a poisoned key) as 4 float16
+// (saturating) or float32 values at element offset off.
 __device__ __forceinline__ void store4(void* out, int half, int64_t off, float4 o, float L) {
-  if (L > 0.f) { o.x /= L; o.y /= L; o.z /= L; o.w /= L; }
-  else o = make_float4(0.f, 0.f, 0.f, 0.f);
+  o = make_float4(normalise(o.x, L), normalise(o.y, L), normalise(o.z, L), normalise(o.w, L));
   if (half) {
     uint2 u;
-    u.x = uint32_t(f2h(o.x)) | (uint32_t(f2h(o.y)) << 16);
-    u.y = uint32_t(f2h(o.z)) | (uint32_t(f2h(o.w)) << 16);
+    u.x = uint32_t(f2h_out(o.x)) | (uint32_t(f2h_out(o.y)) << 16);
+    u.y = uint32_t(f2h_out(o.z)) | (uint32_t(f2h_out(o.w)) << 16);
     *reinterpret_cast<uint2*>(static_cast<uint16_t*>(out) + off) = u;
   } else {
     *reinterpret_cast<float4*>(static_cast<float*>(out) + off) = o;
@@ -35,8 +35,10 @@ constexpr int kMergeBatch = 8;  // splits whose loads a merge thread has in flig
 struct MergeState {
   float M = -INFINITY, L = 0.f;
   float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-  // Adds a partial (max m, sum l, accumulator x); partials that saw no key (l = 0) drop out.
+  // Adds a partial (max m, sum l, accumulator x); partials that saw no key (l = 0) drop out, a NaN l (a poisoned
+  // key, possibly with m = -inf: fmaxf skips NaN logits) makes L NaN for good.
   __device__ __forceinline__ void add(float m, float l, float4 x) {
+    if (l != l) L = l;
     if (!(l > 0.f)) return;
     const float Mn = fmaxf(M, m);
     const float fo = exp2f(M - Mn), fn = exp2f(m - Mn);  // fo = 0 while M = -inf (o and L are zero then)
@@ -73,6 +75,10 @@ __device__ __forceinline__ MergeState merge_column(const float* __restrict__ acc
 #pragma unroll
     for (int j = 0; j < kMergeBatch; ++j)
       if (v[j].y > 0.f) Mn = fmaxf(Mn, v[j].x);
+    bool poisoned = false;  // a split with a NaN sum saw a poisoned key, perhaps nothing else (then its m is -inf)
+#pragma unroll
+    for (int j = 0; j < kMergeBatch; ++j) poisoned |= v[j].y != v[j].y;
+    if (poisoned) x.L = __int_as_float(0x7fc00000);
     if (Mn == -INFINITY) continue;  // no split so far saw a key
     const float fo = exp2f(x.M - Mn);  // 0 while x.M = -inf
     x.o.x *= fo; x.o.y *= fo; x.o.z *= fo; x.o.w *= fo;

@@ -10,6 +10,7 @@ import numpy as np
 
 BLOCK = 32
 LOG2E = np.float32(1.4426950408889634)
+FP16_MAX = np.float32(65504.0)
 
 
 def _check_head_dim(d: int) -> None:
@@ -23,11 +24,18 @@ def _blocks(x: np.ndarray) -> np.ndarray:
 
 
 def _quantize(blocks: np.ndarray, qmax: float, lo: float, hi: float, fp16_scale: bool):
-    amax = np.abs(blocks).max(axis=-1)
-    s = (amax / np.float32(qmax)).astype(np.float32)
-    if fp16_scale:
-        s = s.astype(np.float16)
-    sf = s.astype(np.float32)[..., None]
+    """Non-finite policy (docs/ops.md, "Non-finite and out-of-range values"): a block holding a NaN or +-Inf gets a
+    NaN scale and a zero payload; a finite block whose float16 scale would overflow saturates to 65504 (its
+    values then clamp to the payload range)."""
+    amax = np.abs(blocks).max(axis=-1)  # NaN / Inf when the block holds one
+    bad = ~np.isfinite(amax)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = (amax / np.float32(qmax)).astype(np.float32)
+        if fp16_scale:
+            s = s.astype(np.float16)
+            s = np.where(np.isinf(s), np.float16(FP16_MAX), s)
+    sf = np.where(bad, np.float32(0), s.astype(np.float32))[..., None]  # the divisor: 0 -> q = 0
+    s = np.where(bad, s.dtype.type(np.nan), s)
     with np.errstate(divide="ignore", invalid="ignore"):
         q = np.where(sf == 0, np.float32(0), np.rint(blocks / sf))
     return np.clip(q, lo, hi), s
@@ -97,9 +105,9 @@ def dot4_logits(query: np.ndarray, k_payload: np.ndarray, k_scales: np.ndarray, 
     return (out * scale).reshape(B, Hq, Sq, Sk)
 
 
-def _masked(logits: np.ndarray, attn_mask, causal) -> np.ndarray:
-    """logits [B, Hq, Sq, Sk] with -inf at the keys a query may not see: past the causal limit (bottom-right
-    aligned) and where a bool mask is False; a float mask is added instead."""
+def _visible(logits: np.ndarray, attn_mask, causal) -> tuple[np.ndarray, np.ndarray]:
+    """(logits with a float mask added, visible [B, Hq, Sq, Sk]). A key is visible to a query row unless it lies
+    past the causal limit (bottom-right aligned), a bool mask is False there, or a float mask is -inf there."""
     Sq, Sk = logits.shape[-2:]
     visible = np.ones(logits.shape, bool)
     if causal:
@@ -108,30 +116,57 @@ def _masked(logits: np.ndarray, attn_mask, causal) -> np.ndarray:
         if attn_mask.dtype == np.bool_:
             visible &= np.broadcast_to(attn_mask, visible.shape)
         else:
-            logits = logits + np.broadcast_to(attn_mask.astype(np.float32), logits.shape)
+            m = np.broadcast_to(attn_mask.astype(np.float32), logits.shape)
+            visible &= m != -np.inf
+            with np.errstate(invalid="ignore", over="ignore"):
+                logits = logits + m
+    return logits, visible
+
+
+def _masked(logits: np.ndarray, attn_mask, causal) -> np.ndarray:
+    """logits [B, Hq, Sq, Sk] with -inf at the keys a query may not see (float masks added)."""
+    logits, visible = _visible(logits, attn_mask, causal)
     return np.where(visible, logits, -np.inf)
 
 
 def attention(query, k_payload, k_scales, value, v_scales=None, attn_mask=None, *, scale=None, causal=1,
               v_format="float"):
-    """Dot4Attention's output (dtype of query) for the given packed K and V."""
+    """Dot4Attention's output (dtype of query) for the given packed K and V.
+
+    Non-finite policy (docs/ops.md): a query row is NaN (all D values) exactly when it sees a poisoned key: one
+    whose logit is NaN or +inf (a NaN K scale, a non-finite query, a NaN / +inf float mask value) or whose V
+    row holds a non-finite value (a NaN V scale, or NaN / Inf in float V). Keys it does not see never poison it."""
     B, Hq, Sq, D = query.shape
     Hkv, Sk = k_payload.shape[1], k_payload.shape[2]
     g = Hq // Hkv if Hkv else 1
-    logits = _masked(dot4_logits(query, k_payload, k_scales, scale), attn_mask, causal)
+    if k_scales.size and np.isinf(k_scales).any():
+        raise ValueError("k_scales holds +-inf: packed scales are finite or NaN (PackK never writes inf)")
+    if v_scales is not None and v_scales.size and np.isinf(v_scales).any():
+        raise ValueError("v_scales holds +-inf: packed scales are finite or NaN (PackV never writes inf)")
+    with np.errstate(invalid="ignore", over="ignore"):
+        logits, visible = _visible(dot4_logits(query, k_payload, k_scales, scale), attn_mask, causal)
     if v_format == "float":
         vf = value.astype(np.float32)
     else:
-        vf = unpack(value, v_scales, v_format)
+        with np.errstate(invalid="ignore"):
+            vf = unpack(value, v_scales, v_format)
     vf = np.repeat(vf, g, axis=1) if g > 1 else vf
+    v_bad = ~np.isfinite(vf).all(axis=-1)  # [B, Hq, Sk]
+    poison = visible & (np.isnan(logits) | (logits == np.inf) | v_bad[:, :, None, :])
+    row_poison = poison.any(axis=-1, keepdims=True)  # [B, Hq, Sq, 1]
+    logits = np.where(visible & ~poison, logits, -np.inf)
+    vf = np.where(np.isfinite(vf), vf, 0)
     m = logits.max(axis=-1, keepdims=True) if Sk else np.full((B, Hq, Sq, 1), -np.inf, np.float32)
-    dead = ~np.isfinite(m) & (m < 0)  # no visible key (or all -inf)
+    dead = m == -np.inf  # no visible key (or only -inf logits)
     m = np.where(dead, 0, m)
     p = np.exp(logits - m)
     p = np.where(dead, 0, p)
     l = p.sum(axis=-1, keepdims=True)
     out = (p @ vf) / np.where(l == 0, 1, l)
-    return np.where(dead, 0, out).astype(query.dtype)
+    out = np.where(dead, 0, out)
+    if query.dtype == np.float16:  # finite results saturate at +-65504 (a q8_0 / q4_0 V of 65504 dequantizes a
+        out = np.clip(out, -FP16_MAX, FP16_MAX)  # little past it: its scale rounds up)
+    return np.where(row_poison, np.float32(np.nan), out).astype(query.dtype)
 
 
 def float_attention(q, k, v, attn_mask=None, *, scale=None, causal=1):

@@ -124,3 +124,33 @@ def _with_rotary_attr_but_no_cos(hq, hkv):
         if a.name == "do_rotary":
             a.i = 1
     return session(m)
+
+
+@pytest.mark.parametrize("vf", ["q8_0", "q4_0"])
+def test_nonfinite_tokens_follow_the_policy(vf):
+    """docs/ops.md's non-finite policy through the in-place pack: a NaN in one token's key and an inf in a later
+    token's value pack to NaN scales (that block only) and make exactly the query rows that see them NaN; a token
+    too large for the float16 scale saturates instead of packing an inf."""
+    B, S, hq, hkv, d = 1, 9, 4, 2, 64
+    attrs = dict(num_heads=hq, kv_num_heads=hkv, v_format=vf)
+    sess = session(cache_attention_model(np.float32, num_heads=hq, kv_num_heads=hkv, v_format=vf))
+    feeds = _inputs(B, S, hq, hkv, d, v_format=vf, seed=5)
+    key = feeds["key"].reshape(B, S, hkv, d)
+    value = feeds["value"].reshape(B, S, hkv, d)
+    key[0, 3, 0, 5] = np.nan     # kv head 0 from token 3 on
+    value[0, 6, 1, 40] = np.inf  # kv head 1 from token 6 on
+    key[0, 1, 1, :32] = 3e9      # saturates: scale 65504
+    out, f = _run(sess, feeds, [S - 1], S)
+    _expect(f, attrs, out, 1e-4)
+    o = out[0].reshape(B, S, hq, d)
+    nan_rows = np.isnan(o).all(axis=-1)
+    assert np.array_equal(np.isnan(o).any(axis=-1), nan_rows), "poisoned rows must be NaN in every value"
+    want = np.zeros((S, hq), bool)
+    want[3:, :2] = True  # query heads 0, 1 read kv head 0
+    want[6:, 2:] = True
+    assert np.array_equal(nan_rows[0], want)
+    _, ks = ref.unpack_cache_rows(out[1], d, "q8_0")
+    _, vs = ref.unpack_cache_rows(out[2], d, vf)
+    assert np.isnan(ks[0, 0, 3]).tolist() == [True, False] and not np.isnan(ks[0, 0, :3]).any()
+    assert np.isnan(vs[0, 1, 6]).tolist() == [False, True]
+    assert ks[0, 1, 1, 0] == np.float16(65504) and np.isfinite(ks).sum() == ks.size - 1

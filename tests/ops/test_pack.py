@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import ALL_ISAS, pack_session, run_pack, supported_isas
+from conftest import ALL_ISAS, check_packed, nibbles, pack_session, run_pack, supported_isas
 from dot4attn import native
 from dot4attn import reference as R
 
@@ -24,37 +24,6 @@ DTYPES = ("float32", "float16")
 SHAPES = [(1, 1, 1, 32), (2, 3, 5, 64), (1, 2, 17, 96), (3, 2, 33, 128), (1, 1, 7, 160), (2, 1, 9, 192),
           (1, 2, 11, 224), (1, 4, 100, 256), (2, 2, 700, 128)]
 EMPTY_SHAPES = [(0, 2, 3, 64), (2, 0, 3, 32), (1, 2, 0, 128), (0, 0, 0, 256)]
-
-
-def _nibbles(payload: np.ndarray) -> np.ndarray:
-    u = np.empty((*payload.shape[:-1], payload.shape[-1] * 2), np.int16)
-    u[..., 0::2] = payload & 0x0F
-    u[..., 1::2] = payload >> 4
-    return u
-
-
-def check_packed(x: np.ndarray, payload: np.ndarray, scales: np.ndarray, fmt: str, what: str):
-    ref_p, ref_s = R.pack_v(x, fmt)
-    assert payload.dtype == ref_p.dtype and payload.shape == ref_p.shape, \
-        f"{what}: payload {payload.dtype}{list(payload.shape)}, expected {ref_p.dtype}{list(ref_p.shape)}"
-    assert scales.dtype == np.float16 and scales.shape == ref_s.shape, \
-        f"{what}: scales {scales.dtype}{list(scales.shape)}, expected float16{list(ref_s.shape)}"
-    bad = scales.view(np.uint16) != ref_s.view(np.uint16)
-    assert not bad.any(), (
-        f"{what}: {np.count_nonzero(bad)} of {bad.size} scales differ from the reference, first at "
-        f"{np.argwhere(bad)[0].tolist()}: got {scales[bad][0]!r}, expected {ref_s[bad][0]!r}")
-    if fmt == "q8_0":
-        got, ref = payload.astype(np.int16), ref_p.astype(np.int16)
-        assert got.size == 0 or (got.min() >= -127 and got.max() <= 127), f"{what}: q8_0 payload outside [-127, 127]"
-    else:
-        got, ref = _nibbles(payload), _nibbles(ref_p)
-    diff = np.abs(got - ref)
-    if diff.size:
-        assert diff.max() <= 1, (
-            f"{what}: payload off by {diff.max()} at {np.argwhere(diff == diff.max())[0].tolist()} "
-            f"({np.count_nonzero(diff > 1)} elements off by more than 1)")
-    off = np.count_nonzero(diff)
-    assert off <= 0.001 * diff.size, f"{what}: {off} of {diff.size} payload elements off by 1 (> 0.1%)"
 
 
 def _data(kind: str, shape, dtype: str, seed: int) -> np.ndarray:
@@ -125,8 +94,8 @@ def test_pack_ties_are_round_half_even():
     row4[..., :8] = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 6.5, -7.0]  # max|x| = 7 -> q4_0 scale 1
     p4, s4 = run_pack(row4, "PackV", "q4_0")
     assert s4.item(0) == 1.0
-    assert (_nibbles(p4).reshape(-1)[:8] - 8).tolist() == [0, 2, 2, 0, -2, -2, 6, -7]
-    assert (_nibbles(p4).reshape(-1)[8:] == 8).all(), "zeros must be stored as u = 8"
+    assert (nibbles(p4).reshape(-1)[:8] - 8).tolist() == [0, 2, 2, 0, -2, -2, 6, -7]
+    assert (nibbles(p4).reshape(-1)[8:] == 8).all(), "zeros must be stored as u = 8"
     row8 = np.zeros((1, 1, 1, 32), np.float32)
     row8[..., :8] = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -127.0]  # max|x| = 127 -> q8_0 scale 1
     for op, fmt in (("PackK", None), ("PackV", "q8_0")):

@@ -1,0 +1,70 @@
+"""The property-based tests of tests/ops/test_properties.py on ONNX Runtime's CUDA execution provider: the same
+generator (tests/property_cases.py: shapes, dtypes, masks in every broadcast form, V formats, every route, edge
+values with NaN / Inf rows and out-of-range blocks) and the same checks against reference.py, on the GPU kernels.
+Skips cleanly (test_ort_cuda's autouse fixture) without a CUDA EP or a CUDA build of the library; sessions disable
+the CPU fallback, so every node runs on the GPU.
+
+    DOT4ATTN_LIBRARY=<cuda build>/libdot4attn_ops.so pytest -q tests/gpu/test_properties_cuda.py
+    DOT4ATTN_FUZZ=long DOT4ATTN_FUZZ_SEED=7 ...   (20x the examples)
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, seed, settings
+
+import property_cases as P
+from conftest import check_packed
+from dot4attn import reference as R
+from test_ort_cuda import _need_gpu, gpu_attention, gpu_pack  # noqa: F401 (_need_gpu: autouse, skips without CUDA)
+
+
+pytestmark = pytest.mark.gpu
+
+
+@seed(P.FUZZ_SEED)
+@settings(max_examples=P.examples(600))
+@given(case=P.pack_cases())
+def test_pack_properties_gpu(case):
+    payload, scales = gpu_pack(case.x, case.op, case.fmt_attr)
+    what = f"{case!r} EP=CUDA"
+    check_packed(case.x, payload, scales, case.fmt, what)
+    P.check_pack_policy(case.x, payload, scales, case.fmt, what)
+
+
+@seed(P.FUZZ_SEED)
+@settings(max_examples=P.examples(1500))
+@given(case=P.attention_cases(nonfinite_v=False))
+def test_attention_properties_gpu(case):
+    """Everything but NaN / Inf in V (the xfails below): those rows and hidden keys are not handled on the GPU yet."""
+    out = gpu_attention(*case.inputs(), v_format=case.v_format, causal=case.causal, route=case.route)
+    P.check_attention(out, case.reference(), case, f"{case!r} EP=CUDA")
+
+
+# ---- the V side of the policy: not implemented in the GPU kernels yet ------------------------------------------------
+# P.V multiplies every key of a tile by its p, so a hidden key (p = 0) whose V is NaN / Inf still poisons the row
+# (0 x NaN), and a visible one makes only its columns non-finite instead of the whole row. The CPU tile kernels
+# guard both; the GPU needs V scales folded into the logits (q8_0 / q4_0) and a sanitising pass over float V tiles.
+# strict: once the kernels do it, these pass and must lose their marker.
+
+def _v_poison_case(v_format, route, hidden):
+    rng = np.random.default_rng(11)
+    B, Hq, Hkv, Sq, Sk, D = 1, 4, 2, 4, 300, 128
+    q = rng.standard_normal((B, Hq, Sq, D), dtype=np.float32).astype(np.float16)
+    k = rng.standard_normal((B, Hkv, Sk, D), dtype=np.float32)
+    v = rng.standard_normal((B, Hkv, Sk, D), dtype=np.float32)
+    v[0, 1, Sk - 1 if hidden else 5, 7] = np.nan  # key Sk - 1: seen by the last query row only (causal)
+    kp, ks = R.pack_k(k)
+    value, vs = (v.astype(np.float16), None) if v_format == "float" else R.pack_v(v, v_format)
+    case = P.AttnCase("float16", v_format, 1, route, q, kp, ks, value, vs, None, ("normal", "normal", "nonfinite"))
+    return case
+
+
+@pytest.mark.xfail(strict=True, reason="GPU kernels: V side of the non-finite policy not implemented")
+@pytest.mark.parametrize("route", ["prefill", "decode", "split_k"])
+@pytest.mark.parametrize("v_format", ["float", "q8_0", "q4_0"])
+@pytest.mark.parametrize("hidden", [True, False], ids=["hidden-key", "visible-key"])
+def test_nonfinite_v_gpu(hidden, v_format, route):
+    case = _v_poison_case(v_format, route, hidden)
+    out = gpu_attention(*case.inputs(), v_format=case.v_format, causal=case.causal, route=case.route)
+    P.check_attention(out, case.reference(), case, f"{case!r} EP=CUDA")
