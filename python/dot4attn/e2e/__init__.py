@@ -146,6 +146,7 @@ def run(args) -> int:
 
     def finish(results, final=False):
         results = [dict(r) for r in results]
+        facts["load_average_1min"] = os.getloadavg()[0]  # a shared machine slows every row
         base_kv = report.baseline_kv_bytes(results, args.device, facts)
         facts["baseline_kv_bytes_per_token"] = base_kv
         report.add_ratios(results, facts["weight_bytes"], base_kv)

@@ -35,23 +35,33 @@ class Settings:
     fit_context: int = 0        # > 0: search the largest batch of this context that fits (CUDA)
 
     def cases(self) -> list[tuple[int, int]]:
-        return [(c, b) for c in self.contexts for b in self.batches if b == 1 or c in self.batch_contexts]
+        # batch by batch, contexts ascending within each: batch 1 (where the goals are) is complete first
+        return [(c, b) for b in self.batches for c in self.contexts if b == 1 or c in self.batch_contexts]
 
     def max_length(self, context: int) -> int:
         return context + self.warmup + self.steps
 
 
 def memory_used(device: str) -> tuple[int | None, int | None]:
-    """(bytes in use, total bytes): the whole GPU's for cuda (torch.cuda.mem_get_info; None without torch), this
-    process's resident set and the machine's memory for cpu."""
+    """(bytes in use, total bytes): the whole GPU's for cuda (torch.cuda.mem_get_info, else nvidia-smi; None
+    without either), this process's resident set and the machine's memory for cpu."""
     if device == "cuda":
         try:
             import torch
 
             free, total = torch.cuda.mem_get_info()
             return total - free, total
-        except Exception:  # noqa: BLE001 - no torch or no CUDA torch: memory goes unreported
-            return None, None
+        except Exception:  # noqa: BLE001 - no CUDA torch: ask nvidia-smi (MiB, GPU 0)
+            import subprocess
+
+            try:
+                line = subprocess.run(["nvidia-smi", "--query-gpu=memory.used,memory.total",
+                                       "--format=csv,noheader,nounits", "-i", "0"],
+                                      capture_output=True, text=True, check=True).stdout
+                used, total = (int(x) << 20 for x in line.split(","))
+                return used, total
+            except (OSError, subprocess.CalledProcessError, ValueError):
+                return None, None
     import os
 
     page = os.sysconf("SC_PAGE_SIZE")
