@@ -2,9 +2,10 @@
 
 Per case: the prompt (random token ids of the context's length, the same array for every row) is prefilled (in
 chunks at batch 1) and timed; then `warmup` untimed and `steps` timed decode steps, teacher-forced with the same
-tokens for every row at batch 1, greedy at batch > 1 (runners.py says why); the median step is ms/token. Each step's logits come back to the host on every runner. At batch 1, row 1's
-logits of the timed steps are kept so that every other row's KL and top-1 agreement against them (same model, same
-tokens, the full context behind them) is measured beside its speed.
+tokens for every row at batch 1, greedy at batch > 1 (runners.py says why); the median step is ms/token. Each
+step's logits come back to the host on every runner. At batch 1, row 1's logits of the timed steps are kept so
+that every other row's KL and top-1 agreement against them (same model, same tokens, the full context behind
+them) is measured beside its speed.
 """
 from __future__ import annotations
 
