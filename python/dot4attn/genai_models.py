@@ -54,13 +54,9 @@ def make_hf_model(shape: str, out: str | os.PathLike, *, layers: int = 2, seed: 
     cfg = config_cls(**fields, max_position_embeddings=max_positions, eos_token_id=PAD, bos_token_id=PAD,
                      tie_word_embeddings=False, initializer_range=init_range)
     torch.manual_seed(seed)
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(getattr(torch, dtype))
-    try:
-        with torch.device(device):
-            model = model_cls(cfg).eval()
-    finally:
-        torch.set_default_dtype(previous)
+    with torch.device(device):
+        model = (model_cls(cfg) if dtype == "float32" else
+                 model_cls._from_config(cfg, dtype=getattr(torch, dtype))).eval()
     out = Path(out)
     model.save_pretrained(out)
     vocab = {f"t{i}": i for i in range(256)}
