@@ -104,6 +104,7 @@ def prepare(cache: Path, spec: ModelSpec, calib_tokens: int = 512, log=print) ->
             out = build_genai(root / "hf", tmp / "m", spec.precision, spec.ep, extra=extra)
             for item in out.iterdir():
                 os.rename(item, tmp / item.name)
+            out.rmdir()
             shutil.rmtree(str(tmp / "m") + ".cache", ignore_errors=True)
         return make
 
@@ -166,7 +167,20 @@ def _vocab_size(folder: Path) -> int:
 
 
 def weight_bytes(folder: Path) -> int:
-    """Bytes of the decoder's weights (model file + external data): what every decode step reads once."""
+    """Bytes of the decoder's weights that a decode step reads: the model file and its external data, less the
+    embedding tables (initializers that only Gather nodes read: a step reads one row of them, not the table)."""
+    import onnx
+
     cfg = json.loads((Path(folder) / "genai_config.json").read_text())
     name = cfg["model"]["decoder"]["filename"]
-    return sum(p.stat().st_size for p in Path(folder).iterdir() if p.name.startswith(name))
+    total = sum(p.stat().st_size for p in Path(folder).iterdir() if p.name.startswith(name))
+    proto = onnx.load(str(Path(folder) / name), load_external_data=False)
+    readers: dict[str, set[str]] = {}
+    for node in proto.graph.node:
+        for i in node.input:
+            readers.setdefault(i, set()).add(node.op_type)
+    for t in proto.graph.initializer:
+        if readers.get(t.name, {"?"}) <= {"Gather", "GatherBlockQuantized"}:
+            length = next((int(e.value) for e in t.external_data if e.key == "length"), len(t.raw_data))
+            total -= length
+    return total
