@@ -134,7 +134,8 @@ def fit_batch(runner, settings: Settings, per_token: int, log) -> dict:
 def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log=print, on_case=None) -> list[dict]:
     """One result dict per row and case (plus one per unavailable row, with its reason). Cases run in the outer
     loop and the four rows one after another inside it, each row's model loaded for its case and released after
-    it (four 7B models do not fit one GPU together); on_case(results) runs after every case (partial outputs)."""
+    it (four 7B models do not fit one GPU together); on_case(results) runs after every row's case (partial
+    outputs)."""
     results: list[dict] = [dict(row=row, label=label, unavailable=folders.get(row) or "not built")
                            for row, label in ROWS.items() if not isinstance(folders.get(row), Path)]
     rows = [row for row in ROWS if isinstance(folders.get(row), Path)]
@@ -159,8 +160,8 @@ def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log
             log(f"  prefill {r['prefill_s']:.2f} s, {r['ms_per_token']:.2f} ms/token, "
                 f"{r['tokens_per_s']:.1f} tokens/s" + (f", KL {r['kl']:.2e}" if "kl" in r else ""))
             results.append(r)
-        if on_case:
-            on_case(results)
+            if on_case:  # after every row: a stopped run keeps what it measured
+                on_case(results)
     for row in rows if settings.fit_context else []:
         log(f"{row}: largest batch of {settings.fit_context}-token sequences")
         gc.collect()
