@@ -86,6 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_arguments(p)
     p.set_defaults(func=bench.run_bench)
 
+    from . import e2e
+
+    p = sub.add_parser("e2e", help="end-to-end decode: genai baseline, ORT int8 KV, rewritten folders; "
+                                   "table, JSON and plot")
+    e2e.add_arguments(p)
+    p.set_defaults(func=e2e.run)
+
     from .cli_models import add_model_commands
 
     add_model_commands(sub)  # their heavy imports happen when one runs: see main

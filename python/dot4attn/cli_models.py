@@ -14,7 +14,7 @@ EXTRAS = {"passes": ("onnxscript", "onnx_ir"), "genai": ("onnxruntime_genai",),
           "models": ("onnxscript", "onnx_ir", "torch", "transformers")}
 # The extra a command is meant to run with: rewrite needs the passes; export and demo export models; generate needs
 # transformers for --tokenizer only.
-COMMAND_EXTRA = {"rewrite": "passes", "export": "models", "demo": "models", "generate": "models"}
+COMMAND_EXTRA = {"rewrite": "passes", "export": "models", "demo": "models", "generate": "models", "e2e": "models"}
 
 
 def missing_extra_message(command: str, module: str) -> str | None:

@@ -35,8 +35,12 @@ SHAPES = {
 
 
 def make_hf_model(shape: str, out: str | os.PathLike, *, layers: int = 2, seed: int = 0,
-                  max_positions: int = 4096, init_range: float = 0.02) -> Path:
-    """Saves a random-weight Hugging Face model of SHAPES[shape] and a word-level tokenizer into `out`."""
+                  max_positions: int = 4096, init_range: float = 0.02, dtype: str = "float32",
+                  device: str = "cpu") -> Path:
+    """Saves a random-weight Hugging Face model of SHAPES[shape] and a word-level tokenizer into `out`.
+
+    dtype / device: where the weights are made. A 7B shape in float32 on the CPU takes 30 GB and minutes of
+    random init; float16 on a CUDA device takes seconds (the builder reads the saved safetensors either way)."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import (PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
@@ -50,7 +54,9 @@ def make_hf_model(shape: str, out: str | os.PathLike, *, layers: int = 2, seed: 
     cfg = config_cls(**fields, max_position_embeddings=max_positions, eos_token_id=PAD, bos_token_id=PAD,
                      tie_word_embeddings=False, initializer_range=init_range)
     torch.manual_seed(seed)
-    model = model_cls(cfg).eval()
+    with torch.device(device):
+        model = (model_cls(cfg) if dtype == "float32" else
+                 model_cls._from_config(cfg, dtype=getattr(torch, dtype))).eval()
     out = Path(out)
     model.save_pretrained(out)
     vocab = {f"t{i}": i for i in range(256)}

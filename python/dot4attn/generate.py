@@ -57,7 +57,10 @@ def add_arguments(p) -> None:
     p.add_argument("--runner", choices=["auto", "og", "inplace"], default="auto",
                    help="genai folders: og (onnxruntime-genai's Generator; its genai_config picks the device) or "
                         "inplace (dot4attn.inplace: ORT with the caches bound in place on --device; runs q4_0 V "
-                        "folders too). auto: og when installed and the folder suits it, else inplace")
+                        "folders too). auto: inplace for --device cuda on a rewritten folder, for q4_0 V folders "
+                        "and without onnxruntime-genai; og otherwise")
+    p.add_argument("--batch", type=int, default=1, help="--runner inplace: decode this many copies of the prompt "
+                   "as one batch (default 1)")
 
 
 def run(args) -> int:
@@ -65,6 +68,9 @@ def run(args) -> int:
 
     if genai.is_genai_folder(args.model):
         return _run_genai(args)
+    if args.batch != 1:
+        print("dot4attn generate: --batch is for genai folders (--runner inplace)", file=sys.stderr)
+        return 2
     tok = None
     if args.prompt is not None:
         if not args.tokenizer:
@@ -115,6 +121,8 @@ def _genai_runner(args) -> str:
     facts = Path(args.model) / "dot4attn.json"
     if facts.is_file() and json.loads(facts.read_text()).get("v_format") == "q4_0":
         return "inplace"  # genai 0.18 gives V the K tensor's width
+    if facts.is_file() and args.device == "cuda":
+        return "inplace"  # --device cuda asks for the cache on the GPU, bound in place: no per-token host copy
     try:
         import onnxruntime_genai  # noqa: F401
     except ImportError:
@@ -130,17 +138,21 @@ def _run_inplace(args) -> int:
         print("dot4attn generate: --runner inplace takes --token-ids (the tokenizer comes with onnxruntime-genai)",
               file=sys.stderr)
         return 2
+    if args.batch < 1:
+        print(f"dot4attn generate: --batch must be >= 1, got {args.batch}", file=sys.stderr)
+        return 2
     try:
         dec = InPlaceDecoder(args.model, device=args.device, threads=args.threads or None)
         t0 = time.perf_counter()
-        out = greedy(dec, [args.token_ids], args.max_new_tokens)[0]
+        outs = greedy(dec, [args.token_ids] * args.batch, args.max_new_tokens)
         dt = time.perf_counter() - t0
     except Exception as e:  # ORT load/run errors: say which folder
         print(f"dot4attn generate: {args.model}: {e}", file=sys.stderr)
         return 1
-    print("tokens:", " ".join(map(str, out)))
-    print(f"{len(args.token_ids)} prompt + {len(out)} new tokens in {dt:.3f} s (in-place cache on {args.device}, "
-          f"{dec.cache_bytes_per_token()} cache bytes per token)")
+    for out in outs:
+        print("tokens:", " ".join(map(str, out)))
+    print(f"{args.batch} x ({len(args.token_ids)} prompt + {len(outs[0])} new tokens) in {dt:.3f} s (in-place cache "
+          f"on {args.device}, {dec.cache_bytes_per_token()} cache bytes per token and sequence)")
     return 0
 
 
@@ -150,6 +162,9 @@ def _run_genai(args) -> int:
 
     if _genai_runner(args) == "inplace":
         return _run_inplace(args)
+    if args.batch != 1:
+        print("dot4attn generate: --batch needs --runner inplace", file=sys.stderr)
+        return 2
     try:
         og = import_og()
         tokenizer = None

@@ -57,3 +57,29 @@ def test_batch_greedy_and_cache_accounting(folders):
     assert dec.cache_bytes() == 2 * (5 + 6) * dec.cache_bytes_per_token()
     with pytest.raises(ValueError, match="exceed the cache's max_length"):
         dec.step(np.zeros((2, 1), np.int64))
+
+
+def test_generate_batch_in_place(folders, capsys):
+    """dot4attn generate --runner inplace --batch 2: two identical prompts decode to the same greedy tokens."""
+    _, out = folders
+    assert cli(["generate", str(out["q4_0"]), "--runner", "inplace", "--token-ids", "5,6,7", "--max-new-tokens", "8",
+                "--batch", "2"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("tokens:")]
+    assert len(rows) == 2 and rows[0] == rows[1] and len(rows[0].split()) == 9
+    assert cli(["generate", str(out["q8_0"]), "--runner", "og", "--token-ids", "5", "--batch", "2"]) == 2
+    assert "--batch needs --runner inplace" in capsys.readouterr().err
+
+
+def test_device_cuda_picks_the_in_place_runner_for_rewritten_folders(folders):
+    """--device cuda on a rewritten folder: the cache stays on the GPU, bound in place (no per-token host copy);
+    an original builder folder keeps onnxruntime-genai (its genai_config picks the device)."""
+    import argparse
+
+    from dot4attn.generate import _genai_runner
+
+    src, out = folders
+    args = lambda model, device: argparse.Namespace(model=str(model), device=device, runner="auto")  # noqa: E731
+    assert _genai_runner(args(out["q8_0"], "cuda")) == "inplace"
+    assert _genai_runner(args(out["q8_0"], "cpu")) == "og"
+    assert _genai_runner(args(out["q4_0"], "cpu")) == "inplace"
+    assert _genai_runner(args(src, "cuda")) == "og"

@@ -91,17 +91,22 @@ def test_every_dot4attn_node_runs_on_the_cuda_ep(folders, tmp_path):
     assert providers == {"CUDAExecutionProvider"}, providers
 
 
-def test_inplace_decode_moves_no_cache_bytes_to_the_host(folders, tmp_path):
-    """dot4attn.inplace on the CUDA EP over 64 decode steps: the profile's memcpy nodes move a few bytes each
-    (seqlens_k and total_sequence_length to the host), never the cache; every Dot4GroupQueryAttention runs on CUDA."""
+@pytest.mark.parametrize("v_format,batch", [("q8_0", 1), ("q4_0", 2)])
+def test_inplace_decode_moves_no_cache_bytes_to_the_host(folders, tmp_path, v_format, batch):
+    """dot4attn.inplace on the CUDA EP over 64 decode steps (q8_0 V at batch 1, q4_0 V at batch 2): the profile's
+    memcpy nodes move a few bytes each (seqlens_k and total_sequence_length to the host), never the cache; every
+    Dot4GroupQueryAttention runs on CUDA."""
     from dot4attn.inplace import InPlaceDecoder
 
-    _, out = folders("qwen3-d128")
+    src, out = folders("qwen3-d128")
+    if v_format != "q8_0":
+        out = tmp_path / v_format
+        assert cli(["rewrite", str(src), str(out), "--v-format", v_format]) == 0
     dec = InPlaceDecoder(out, device="cuda", profile_prefix=str(tmp_path / "inplace"))
-    dec.reset(1, 128)
-    dec.step(np.arange(4, dtype=np.int64)[None])
+    dec.reset(batch, 128)
+    dec.step(np.tile(np.arange(4, dtype=np.int64), (batch, 1)))
     for t in range(64):
-        dec.step(np.array([[t]], np.int64))
+        dec.step(np.full((batch, 1), t, np.int64))
     events = json.loads(Path(dec.end_profiling()).read_text())
     nodes = [e for e in events if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")]
     copies = [e for e in nodes if e["args"].get("op_name", "").startswith("Memcpy")]

@@ -1,0 +1,162 @@
+"""`dot4attn e2e`: end-to-end decode speed of one model shape, four ways, in one process.
+
+    dot4attn e2e --device cpu                      # Qwen2.5-0.5B shape, int4 weights, contexts 4k/16k
+    dot4attn e2e --device cuda                     # Qwen2.5-7B shape, fp16, contexts 4k..128k, batch 1 and 16
+    dot4attn e2e --smoke                           # a tiny shape at contexts 64/128: the harness in seconds
+
+Rows (dot4attn.e2e.models): 1. the onnxruntime-genai builder model under og.Generator; 2. the same with ORT's own
+int8 KV cache (per-channel scales this command calibrates); 3. `dot4attn rewrite` (packed K + q8_0 V) under
+og.Generator; 4. packed K + q4_0 V under dot4attn.inplace. The random-weight models are built into --cache on first
+use. Writes DEVICE.json, DEVICE.md (the table and goals) and DEVICE.png (ms/token against context) into --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+PRESETS = {  # device -> defaults
+    # Batches > 1 at 4k only on the CPU: onnxruntime-genai prefills a batch in one call, and ORT's CPU
+    # GroupQueryAttention holds a [batch, heads, tokens, tokens] fp32 score buffer for it (30 GB for 2 x 16k).
+    # 32k is left out by default: its prefill alone takes about 25 minutes per row on 2 cores (docs/e2e.md).
+    "cpu": dict(shape="qwen2.5-0.5b", precision="int4", contexts=[4096, 16384], batches=[1, 2],
+                batch_contexts=[4096], fit_context=0, chunk=1024, steps=16),
+    "cuda": dict(shape="qwen2.5-7b", precision="fp16", contexts=[4096, 16384, 32768, 65536, 131072],
+                 batches=[1, 16], batch_contexts=[4096, 16384, 32768], fit_context=32768, chunk=16384),
+    "smoke": dict(shape="qwen2-bias", precision="fp32", contexts=[64, 128], batches=[1, 2], batch_contexts=[128],
+                  fit_context=0, chunk=64, steps=4),
+}
+MARGIN = 256  # positions the model holds beyond the longest context: warm-up + timed steps must fit in it
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu: onnxruntime-genai + the CPU op library; cuda: onnxruntime-genai-cuda + a CUDA build")
+    p.add_argument("--smoke", action="store_true", help="tiny shape (qwen2-bias, 2 layers), contexts 64,128")
+    p.add_argument("--shape", help="a dot4attn.genai_models.SHAPES key (default: qwen2.5-0.5b cpu, qwen2.5-7b cuda)")
+    p.add_argument("--precision", help="the builder's -p (default: int4 cpu, fp16 cuda)")
+    p.add_argument("--contexts", type=_ints, help="context lengths (default cpu 4096,16384; cuda 4096 .. 131072)")
+    p.add_argument("--batches", type=_ints, help="batch sizes (default cpu 1,2; cuda 1,16)")
+    p.add_argument("--batch-contexts", type=_ints, help="contexts at which batches > 1 run (a subset of --contexts)")
+    p.add_argument("--steps", type=int, default=None, help="timed decode steps per case (default cpu 16, cuda 24)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed decode steps before them (default 2)")
+    p.add_argument("--chunk", type=int, help="batch-1 prefill tokens per call (default cpu 1024, cuda 16384): "
+                   "bounds the CPU attention's [heads, tokens, context] score buffer")
+    p.add_argument("--fit-context", type=int, help="search the largest batch of this context that fits "
+                   "(default: 32768 on cuda, off on cpu; 0: off)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache", type=Path, default=None, help="model cache folder (default $DOT4ATTN_MODEL_CACHE/e2e "
+                   "or ~/.cache/dot4attn/models/e2e)")
+    p.add_argument("--out", type=Path, default=Path("e2e-out"), help="folder for DEVICE.json/.md/.png")
+
+
+def settings_from_args(args):
+    from .harness import Settings
+
+    preset = dict(PRESETS["smoke" if args.smoke else args.device])
+    pick = lambda name: getattr(args, name) if getattr(args, name) is not None else preset.get(name)  # noqa: E731
+    contexts, batches = sorted(pick("contexts")), sorted(pick("batches"))
+    batch_contexts = pick("batch_contexts")
+    if args.batch_contexts is None:
+        batch_contexts = [c for c in batch_contexts if c in contexts] or contexts[:1]
+    steps = pick("steps") or 24
+    if set(batch_contexts) - set(contexts):
+        raise ValueError(f"--batch-contexts {batch_contexts} must be among --contexts {contexts}")
+    if steps < 1 or args.warmup < 0 or steps + args.warmup > MARGIN:
+        raise ValueError(f"--steps (>= 1) and --warmup (>= 0) must add up to at most {MARGIN}")
+    fit = pick("fit_context") or 0
+    chunk = pick("chunk")
+    if chunk < 1 or fit < 0:
+        raise ValueError("--chunk must be >= 1 and --fit-context >= 0")
+    return preset, Settings(device=args.device, contexts=contexts, batches=batches, batch_contexts=batch_contexts,
+                            steps=steps, warmup=args.warmup, chunk=chunk, seed=args.seed, fit_context=fit)
+
+
+def machine(device: str) -> str:
+    import onnxruntime as ort
+
+    from ..bench.report import cpu_model
+
+    where = f"{cpu_model()}, {os.cpu_count()} cores"
+    if device == "cuda":
+        try:
+            import torch
+
+            where = f"{torch.cuda.get_device_name(0)}; host {where}"
+        except Exception:  # noqa: BLE001 - the GPU's name is a nicety
+            where = f"CUDA GPU; host {where}"
+    try:
+        from importlib.metadata import version
+
+        og = version("onnxruntime-genai-cuda" if device == "cuda" else "onnxruntime-genai")
+    except Exception:  # noqa: BLE001
+        og = "?"
+    return f"{where}; onnxruntime {ort.__version__}, onnxruntime-genai {og}"
+
+
+def model_facts(folder: Path, shape: str, precision: str, device: str) -> dict:
+    dec = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]
+    return dict(shape=shape, precision=precision, layers=int(dec["num_hidden_layers"]),
+                q_heads=int(dec["num_attention_heads"]), kv_heads=int(dec["num_key_value_heads"]),
+                head_size=int(dec["head_size"]),
+                model=f"{shape} shape ({dec['num_hidden_layers']} layers, {dec['num_attention_heads']}/"
+                      f"{dec['num_key_value_heads']} heads, D {dec['head_size']}), random {precision} weights, "
+                      f"builder -e {device}")
+
+
+def run(args) -> int:
+    import sys
+
+    from rich.console import Console
+
+    from . import report
+    from .harness import run_rows
+    from .models import ModelSpec, prepare, weight_bytes
+
+    con = Console(stderr=True)
+    try:
+        preset, settings = settings_from_args(args)
+    except ValueError as e:
+        print(f"dot4attn e2e: {e}", file=sys.stderr)
+        return 2
+    shape, precision = args.shape or preset["shape"], args.precision or preset["precision"]
+    cache = args.cache or Path(os.environ.get("DOT4ATTN_MODEL_CACHE",
+                                              Path.home() / ".cache" / "dot4attn" / "models")) / "e2e"
+    spec = ModelSpec(shape, precision, args.device, max(settings.contexts + [settings.fit_context]) + MARGIN)
+    try:
+        folders = prepare(cache, spec, log=con.log)
+    except (ValueError, RuntimeError) as e:
+        print(f"dot4attn e2e: {e}", file=sys.stderr)
+        return 1
+    facts = model_facts(folders["genai"], shape, precision, args.device)
+    facts.update(machine=machine(args.device), weight_bytes=weight_bytes(folders["genai"]),
+                 settings=vars(settings), kl="batch 1 only: over the timed teacher-forced steps, against row 1")
+    vocab = int(json.loads((folders["genai"] / "genai_config.json").read_text())["model"]["vocab_size"])
+    name = "smoke" if args.smoke else args.device
+
+    def finish(results, final=False):
+        results = [dict(r) for r in results]
+        facts["load_average_1min"] = os.getloadavg()[0]  # a shared machine slows every row
+        base_kv = report.baseline_kv_bytes(results, args.device, facts)
+        facts["baseline_kv_bytes_per_token"] = base_kv
+        report.add_ratios(results, facts["weight_bytes"], base_kv)
+        goal_list = report.goals(results, args.device)
+        paths = report.write_outputs(args.out, name, results, goal_list, facts)
+        if final:
+            report.print_report(Console(), results, goal_list, facts)
+            for path in paths.values():
+                con.log(f"wrote {path}")
+
+    finish(run_rows(folders, settings, vocab, log=con.log, on_case=finish), final=True)
+    return 0

@@ -1,0 +1,179 @@
+"""The timed part of `dot4attn e2e`: every row over every (context, batch) case, in one process.
+
+Per case: the prompt (random token ids of the context's length, the same array for every row) is prefilled (in
+chunks at batch 1) and timed; then `warmup` untimed and `steps` timed decode steps, teacher-forced with the same
+tokens for every row at batch 1, greedy at batch > 1 (runners.py says why); the median step is ms/token. Each
+step's logits come back to the host on every runner. At batch 1, row 1's logits of the timed steps are kept so
+that every other row's KL and top-1 agreement against them (same model, same tokens, the full context behind
+them) is measured beside its speed.
+"""
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..compare import log_softmax
+from .models import ROWS, RUNNER
+from .runners import cache_bytes_per_token, make_runner
+
+
+
+@dataclass
+class Settings:
+    device: str
+    contexts: list[int]
+    batches: list[int]
+    batch_contexts: list[int]   # contexts at which batches > 1 run
+    steps: int = 24
+    warmup: int = 2
+    chunk: int = 4096           # prefill tokens per call, across the batch (bounds the [B, S, vocab] logits)
+    seed: int = 0
+    fit_context: int = 0        # > 0: search the largest batch of this context that fits (CUDA)
+
+    def cases(self) -> list[tuple[int, int]]:
+        # batch by batch, contexts ascending within each: batch 1 (where the goals are) is complete first
+        return [(c, b) for b in self.batches for c in self.contexts if b == 1 or c in self.batch_contexts]
+
+    def max_length(self, context: int) -> int:
+        return context + self.warmup + self.steps
+
+
+def memory_used(device: str) -> tuple[int | None, int | None]:
+    """(bytes in use, total bytes): the whole GPU's for cuda (torch.cuda.mem_get_info, else nvidia-smi; None
+    without either), this process's resident set and the machine's memory for cpu."""
+    if device == "cuda":
+        try:
+            import torch
+
+            free, total = torch.cuda.mem_get_info()
+            return total - free, total
+        except Exception:  # noqa: BLE001 - no CUDA torch: ask nvidia-smi (MiB, GPU 0)
+            import subprocess
+
+            try:
+                line = subprocess.run(["nvidia-smi", "--query-gpu=memory.used,memory.total",
+                                       "--format=csv,noheader,nounits", "-i", "0"],
+                                      capture_output=True, text=True, check=True).stdout
+                used, total = (int(x) << 20 for x in line.split(","))
+                return used, total
+            except (OSError, subprocess.CalledProcessError, ValueError):
+                return None, None
+    import os
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    with open("/proc/self/statm") as f:
+        rss = int(f.read().split()[1]) * page
+    return rss, os.sysconf("SC_PHYS_PAGES") * page
+
+
+def _prompt(settings: Settings, context: int, batch: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt [batch, context], forced tokens [batch, warmup + steps]): row b is the same for every batch size."""
+    rng = np.random.default_rng((settings.seed, context))
+    rows = max(settings.batches)
+    prompt = rng.integers(0, vocab, (rows, context), dtype=np.int64)
+    forced = rng.integers(0, vocab, (rows, settings.warmup + settings.steps), dtype=np.int64)
+    return prompt[:batch], forced[:batch]
+
+
+def run_case(runner, settings: Settings, context: int, batch: int, vocab: int, base_mem: int | None) -> dict:
+    prompt, forced = _prompt(settings, context, batch, vocab)
+    chunk = max(1, settings.chunk // batch)
+    prefill_s = runner.start(prompt, settings.max_length(context), chunk)
+    mem_prefill, _ = memory_used(settings.device)
+    times, logits = [], []
+
+    for i in range(forced.shape[1]):
+        t0 = time.perf_counter()
+        lg = runner.step(forced[:, i:i + 1] if batch == 1 else None)  # runners.py: why batches > 1 are greedy
+        dt = time.perf_counter() - t0
+        if i >= settings.warmup:
+            times.append(dt)
+            if batch == 1:
+                logits.append(lg)
+    mem_decode, _ = memory_used(settings.device)
+    runner.stop()
+    ms = statistics.median(times) * 1e3
+    peak = None if base_mem is None else max(mem_prefill, mem_decode) - base_mem
+    return dict(context=context, batch=batch, prefill_s=prefill_s, ms_per_token=ms, tokens_per_s=batch * 1e3 / ms,
+                ms_per_token_min=min(times) * 1e3, memory_bytes=peak,
+                logits=np.stack(logits) if logits else None)
+
+
+def fit_batch(runner, settings: Settings, per_token: int, log) -> dict:
+    """The largest batch of fit_context-token sequences whose cache allocates and decodes: starts from the free
+    memory (with the model loaded) over the cache bytes of one sequence and steps down 5 % per failure."""
+    used, total = memory_used(settings.device)
+    if used is None:
+        return dict(fit_batch=None, fit_note="device memory not measurable (needs torch with CUDA)")
+    per_seq = per_token * settings.max_length(settings.fit_context)
+    guess = max(1, int((total - used) * 0.97 // per_seq))
+    for _ in range(12):
+        prompt = np.zeros((guess, 16), np.int64)
+        try:
+            runner.start(prompt, settings.max_length(settings.fit_context), 16)
+            for _ in range(2):
+                runner.step(None)
+            runner.stop()
+            return dict(fit_batch=guess, fit_note=f"free {(total - used) / 2**30:.1f} GiB after model load, "
+                                                   f"{per_seq / 2**20:.0f} MiB cache per sequence")
+        except Exception as e:  # noqa: BLE001 - an allocation failure: try a smaller batch
+            log(f"  batch {guess} at {settings.fit_context} did not fit ({type(e).__name__}); trying smaller")
+            runner.stop()
+            gc.collect()
+            guess = int(guess * 0.95)
+            if guess < 1:
+                break
+    return dict(fit_batch=0, fit_note="no batch fitted")
+
+
+def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log=print, on_case=None) -> list[dict]:
+    """One result dict per row and case (plus one per unavailable row, with its reason). Cases run in the outer
+    loop and the four rows one after another inside it, each row's model loaded for its case and released after
+    it (four 7B models do not fit one GPU together); on_case(results) runs after every row's case (partial
+    outputs)."""
+    results: list[dict] = [dict(row=row, label=label, unavailable=folders.get(row) or "not built")
+                           for row, label in ROWS.items() if not isinstance(folders.get(row), Path)]
+    rows = [row for row in ROWS if isinstance(folders.get(row), Path)]
+    per_token = {row: cache_bytes_per_token(folders[row]) for row in rows}
+    for context, batch in settings.cases():
+        reference = None
+        for row in rows:
+            log(f"{row}: context {context}, batch {batch}")
+            gc.collect()
+            base_mem, _ = memory_used(settings.device)
+            runner = make_runner(RUNNER[row], folders[row], settings.device)
+            r = run_case(runner, settings, context, batch, vocab, base_mem)
+            runner.close()
+            del runner
+            logits = r.pop("logits")
+            if logits is not None and row == "genai":
+                reference = logits
+            elif logits is not None and reference is not None:
+                r.update(_agreement(reference, logits))
+            r.update(row=row, label=ROWS[row], runner=RUNNER[row], cache_bytes_per_token=per_token[row],
+                     cache_bytes=per_token[row] * context * batch)
+            log(f"  prefill {r['prefill_s']:.2f} s, {r['ms_per_token']:.2f} ms/token, "
+                f"{r['tokens_per_s']:.1f} tokens/s" + (f", KL {r['kl']:.2e}" if "kl" in r else ""))
+            results.append(r)
+            if on_case:  # after every row: a stopped run keeps what it measured
+                on_case(results)
+    for row in rows if settings.fit_context else []:
+        log(f"{row}: largest batch of {settings.fit_context}-token sequences")
+        gc.collect()
+        runner = make_runner(RUNNER[row], folders[row], settings.device)
+        results.append(dict(row=row, label=ROWS[row], cache_bytes_per_token=per_token[row],
+                            **fit_batch(runner, settings, per_token[row], log)))
+        runner.close()
+        del runner
+    return results
+
+
+def _agreement(ref: np.ndarray, new: np.ndarray) -> dict:
+    la, lb = log_softmax(ref), log_softmax(new)
+    kl = (np.exp(la) * (la - lb)).sum(-1)
+    return dict(kl=float(kl.mean()), kl_max=float(kl.max()), top1=float((ref.argmax(-1) == new.argmax(-1)).mean()))

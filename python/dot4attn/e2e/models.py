@@ -1,0 +1,186 @@
+"""The four model folders of the end-to-end benchmark, built once into a cache folder and reused.
+
+    rows = prepare(Path("~/.cache/dot4attn/e2e"), "qwen2.5-0.5b", "int4", "cpu", max_positions=33000)
+
+From one random-weight Hugging Face model (dot4attn.genai_models) the builder makes the baseline folder (row 1); its
+caches, read back after a calibration prompt, give the per-channel scales of ORT's own int8 KV cache, which the
+builder then bakes into a second folder (row 2); `dot4attn rewrite` turns the baseline into packed K + q8_0 V
+(row 3) and packed K + q4_0 V (row 4). Every folder is written under a temporary name and renamed into place, so an
+interrupted build is rebuilt on the next run, never half-used.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+ROWS = {
+    "genai": "GenAI builder model, GQA (model-dtype cache), og.Generator",
+    "genai-int8kv": "same + ORT int8 KV cache (int8_per_channel, calibrated), og.Generator",
+    "d4a-q8_0": "dot4attn rewrite: packed K + q8_0 V, og.Generator",
+    "d4a-q4_0": "packed K + q4_0 V, dot4attn.inplace (InPlaceDecoder)",
+}
+RUNNER = {"genai": "og", "genai-int8kv": "og", "d4a-q8_0": "og", "d4a-q4_0": "inplace"}
+INT8_SCHEME = "int8_per_channel"
+QMAX_INT8 = 128.0  # the builder's divisor for int8 scale files (scale = threshold / qmax)
+# Every builder run: the LM head over the last position only. Without it a prefill returns [batch, tokens, vocab]
+# logits (20 GB in fp32 for one 32k prompt of a 152k vocabulary), for every row alike.
+BUILD_OPTIONS = {"prune_lm_head": "true"}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    shape: str            # a dot4attn.genai_models.SHAPES key
+    precision: str        # the builder's -p (int4, fp16, fp32)
+    ep: str               # the builder's -e (cpu, cuda)
+    max_positions: int    # max_position_embeddings: the builder's context length
+    layers: int | None = None  # None: the shape's own layer count
+    seed: int = 0
+
+    def key(self) -> str:
+        from importlib.metadata import PackageNotFoundError, version
+
+        versions = []
+        for dist in ("onnxruntime-genai", "onnxruntime-genai-cuda", "transformers", "dot4attn"):
+            try:
+                versions.append(version(dist))
+            except PackageNotFoundError:
+                versions.append("-")
+        digest = hashlib.sha1(repr((self, versions, BUILD_OPTIONS)).encode()).hexdigest()[:10]
+        return f"{self.shape}-{self.precision}-{self.ep}-{digest}"
+
+
+def _atomic_dir(dst: Path, make: Callable[[Path], None]) -> Path:
+    """Runs make(tmp) into a temporary folder next to dst, then renames it to dst."""
+    if dst.is_dir():
+        return dst
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
+    try:
+        make(tmp)
+        os.rename(tmp, dst)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dst
+
+
+def _hf_device() -> tuple[str, str]:
+    """(dtype, device) for the random init: float16 on a CUDA device when torch sees one (a 7B shape in seconds),
+    else float32 on the CPU."""
+    import torch
+
+    return ("float16", "cuda") if torch.cuda.is_available() else ("float32", "cpu")
+
+
+def prepare(cache: Path, spec: ModelSpec, calib_tokens: int = 512, log=print) -> dict[str, Path | str]:
+    """Builds (or finds) every row's folder under cache/spec.key(); a row whose folder cannot be built maps to
+    the reason (a string) instead of a path."""
+    from ..genai import rewrite_folder
+    from ..genai_models import SHAPES, build_genai, make_hf_model
+
+    if spec.shape not in SHAPES:
+        raise ValueError(f"unknown model shape {spec.shape!r}; known: {', '.join(SHAPES)}")
+    root = cache / spec.key()
+
+    def hf(tmp: Path):
+        dtype, device = _hf_device()
+        log(f"random-weight HF model {spec.shape} ({dtype} on {device}) -> {root / 'hf'}")
+        make_hf_model(spec.shape, tmp, layers=spec.layers or 2, seed=spec.seed, max_positions=spec.max_positions,
+                      dtype=dtype, device=device)
+
+    def builder(extra=None):
+        extra = {**BUILD_OPTIONS, **(extra or {})}
+
+        def make(tmp: Path):
+            options = " ".join(f"{k}={v}" for k, v in extra.items())
+            log(f"onnxruntime-genai builder -p {spec.precision} -e {spec.ep} {options} -> {tmp.name}")
+            out = build_genai(root / "hf", tmp / "m", spec.precision, spec.ep, extra=extra)
+            for item in out.iterdir():
+                os.rename(item, tmp / item.name)
+            out.rmdir()
+            shutil.rmtree(str(tmp / "m") + ".cache", ignore_errors=True)
+        return make
+
+    _atomic_dir(root / "hf", hf)
+    rows: dict[str, Path | str] = {"genai": _atomic_dir(root / "genai", builder())}
+    scales = root / "kv_scales.json"
+    if not scales.is_file():
+        calib_tokens = min(calib_tokens, spec.max_positions)
+        log(f"calibrating int8 KV scales on {calib_tokens} tokens -> {scales}")
+        write_scales(calibrate(rows["genai"], spec.ep, calib_tokens, spec.seed + 1), scales)
+    try:
+        rows["genai-int8kv"] = _atomic_dir(root / "genai-int8kv", builder(
+            {"kv_cache_quant_scheme": INT8_SCHEME, "kv_cache_scale_file": str(scales)}))
+    except RuntimeError as e:  # the builder's own refusal, kept as the row's reason
+        rows["genai-int8kv"] = f"the model builder refused {INT8_SCHEME}: {str(e).strip().splitlines()[-1]}"
+    for fmt in ("q8_0", "q4_0"):
+        def rewrite(tmp: Path, fmt=fmt):
+            log(f"dot4attn rewrite --v-format {fmt} -> d4a-{fmt}")
+            tmp.rmdir()  # rewrite_folder wants a new or empty folder and writes atomically itself
+            rewrite_folder(rows["genai"], tmp, fmt)
+        rows[f"d4a-{fmt}"] = _atomic_dir(root / f"d4a-{fmt}", rewrite)
+    return rows
+
+
+def calibrate(folder: Path, device: str, tokens: int, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per-layer K and V thresholds ([kv_heads * head_size] each) from the baseline's own cache after a random
+    prompt. K is stored after the rotation, which turns channel i and i + D/2 together (the builder's rotary is
+    not interleaved): a threshold from one short prompt would miss where later positions rotate a pair, so both
+    channels of a pair take the pair's largest norm (as onnxruntime-genai's own calibration does). V: abs-max."""
+    from ..inplace import InPlaceDecoder
+
+    dec = InPlaceDecoder(folder, device=device)
+    vocab = _vocab_size(folder)
+    ids = np.random.default_rng(seed).integers(0, vocab, (1, tokens))
+    dec.reset(1, tokens)
+    dec.step(ids)
+    k_thr, v_thr = [], []
+    layers = sorted({int(n.split(".")[1]) for n in dec.caches})
+    for layer in layers:
+        k = dec.values[f"past_key_values.{layer}.key"].numpy()[0, :, :tokens].astype(np.float32)  # [H, S, D]
+        v = dec.values[f"past_key_values.{layer}.value"].numpy()[0, :, :tokens].astype(np.float32)
+        half = k.shape[-1] // 2
+        pair = np.hypot(k[..., :half], k[..., half:]).max(axis=1)  # [H, D/2]
+        k_thr.append(np.concatenate([pair, pair], axis=-1).reshape(-1))
+        v_thr.append(np.abs(v).max(axis=1).reshape(-1))
+    return k_thr, v_thr
+
+
+def write_scales(thresholds, path: Path) -> None:
+    """The builder's kv_cache_scale_file: {"scales": {"k_scales": [...], "v_scales": [...]}, "layer_ids", "qmax"}."""
+    k_thr, v_thr = thresholds
+    scale = lambda t: (np.maximum(t, 1e-6) / QMAX_INT8).astype(float).tolist()  # noqa: E731
+    data = {"scales": {"k_scales": [scale(t) for t in k_thr], "v_scales": [scale(t) for t in v_thr]},
+            "layer_ids": list(range(len(k_thr))), "qmax": QMAX_INT8}
+    path.write_text(json.dumps(data))
+
+
+def _vocab_size(folder: Path) -> int:
+    return int(json.loads((Path(folder) / "genai_config.json").read_text())["model"]["vocab_size"])
+
+
+def weight_bytes(folder: Path) -> int:
+    """Bytes of the decoder's weights that a decode step reads: the model file and its external data, less the
+    embedding tables (initializers that only Gather nodes read: a step reads one row of them, not the table)."""
+    import onnx
+
+    cfg = json.loads((Path(folder) / "genai_config.json").read_text())
+    name = cfg["model"]["decoder"]["filename"]
+    total = sum(p.stat().st_size for p in Path(folder).iterdir() if p.name.startswith(name))
+    proto = onnx.load(str(Path(folder) / name), load_external_data=False)
+    readers: dict[str, set[str]] = {}
+    for node in proto.graph.node:
+        for i in node.input:
+            readers.setdefault(i, set()).add(node.op_type)
+    for t in proto.graph.initializer:
+        if readers.get(t.name, {"?"}) <= {"Gather", "GatherBlockQuantized"}:
+            length = next((int(e.value) for e in t.external_data if e.key == "length"), len(t.raw_data))
+            total -= length
+    return total

@@ -1,0 +1,174 @@
+"""What `dot4attn e2e` prints and writes: the table (terminal and markdown), the bandwidth model beside each
+measured speed-up, the goals with pass/fail, the JSON and the ms/token plot."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .models import ROWS
+
+OURS = ("d4a-q8_0", "d4a-q4_0")
+ROW_NUMBER = {row: i + 1 for i, row in enumerate(ROWS)}
+
+
+def baseline_kv_bytes(results: list[dict], device: str, facts: dict) -> int:
+    """KV bytes per token of the bandwidth model's baseline: fp16 K and V on CUDA; on the CPU the baseline model's
+    own cache dtype (the builder's CPU models keep an fp32 cache)."""
+    if device == "cuda":
+        return facts["layers"] * facts["kv_heads"] * facts["head_size"] * 2 * 2
+    return next(r["cache_bytes_per_token"] for r in results if r["row"] == "genai" and "cache_bytes_per_token" in r)
+
+
+def add_ratios(results: list[dict], weight_bytes: int, base_kv: int) -> None:
+    """Per timed case: measured tokens/s over row 1's at the same context and batch, and the bandwidth model's
+    ratio (weights + baseline KV bytes read per step) / (weights + this row's KV bytes read per step)."""
+    row1 = {(r["context"], r["batch"]): r for r in results if r["row"] == "genai" and "ms_per_token" in r}
+    for r in results:
+        if "ms_per_token" not in r:
+            continue
+        kv = r["context"] * r["batch"]
+        r["model_ratio"] = (weight_bytes + kv * base_kv) / (weight_bytes + kv * r["cache_bytes_per_token"])
+        ref = row1.get((r["context"], r["batch"]))
+        if ref:
+            r["ratio"] = r["tokens_per_s"] / ref["tokens_per_s"]
+
+
+def _case(results, row, context, batch):
+    return next((r for r in results if r["row"] == row and r.get("context") == context and r.get("batch") == batch
+                 and "tokens_per_s" in r), None)
+
+
+def _speed_goal(results, name, rows, vs, context, batch, goal):
+    ref = _case(results, vs, context, batch)
+    ours = [r for r in (_case(results, row, context, batch) for row in rows) if r]
+    if not ref or not ours:
+        return dict(name=name, goal=goal, value=None, passed=None)
+    value = max(r["tokens_per_s"] for r in ours) / ref["tokens_per_s"]
+    return dict(name=name, goal=goal, value=value, passed=value >= goal)
+
+
+def goals(results: list[dict], device: str) -> list[dict]:
+    """The end-to-end goals (ratios of tokens/s, or of batch sizes, over the named row) and whether they pass."""
+    out = []
+    if device == "cpu":
+        out.append(_speed_goal(results, "batch 1, 16k: rows 3/4 (best) vs row 1", OURS, "genai", 16384, 1, 2.5))
+        out.append(_speed_goal(results, "batch 1, 16k: rows 3/4 (best) vs row 2", OURS, "genai-int8kv", 16384, 1, 1.5))
+    else:
+        out.append(_speed_goal(results, "batch 1, 128k: row 3 vs row 1", OURS[:1], "genai", 131072, 1, 1.12))
+        out.append(_speed_goal(results, "batch 1, 128k: row 4 vs row 1", OURS[1:], "genai", 131072, 1, 1.2))
+        out.append(_speed_goal(results, "batch 16, 32k: row 3 vs row 1", OURS[:1], "genai", 32768, 16, 1.35))
+        out.append(_speed_goal(results, "batch 16, 32k: row 4 vs row 1", OURS[1:], "genai", 32768, 16, 1.55))
+        fits = {r["row"]: r.get("fit_batch") for r in results if "fit_batch" in r}
+        ours = [fits[r] for r in OURS if fits.get(r)]
+        value = max(ours) / fits["genai"] if ours and fits.get("genai") else None
+        out.append(dict(name="largest batch of 32k sequences: rows 3/4 (best) vs row 1", goal=1.8, value=value,
+                        passed=None if value is None else value >= 1.8))
+    for r in results:
+        if r["row"] in OURS and "ratio" in r:
+            value = r["ratio"] / r["model_ratio"]
+            out.append(dict(name=f"row {ROW_NUMBER[r['row']]} at {r['context']}, batch {r['batch']}: measured / "
+                                 f"bandwidth-model ratio", goal=0.9, value=value, passed=value >= 0.9))
+        if r["row"] in OURS and "tokens_per_s" in r and r["context"] >= 16384:
+            g = _speed_goal(results, f"row {ROW_NUMBER[r['row']]} vs row 2 at {r['context']}, batch {r['batch']}",
+                            (r["row"],), "genai-int8kv", r["context"], r["batch"], 1.0)
+            if g["value"] is not None:
+                out.append(g)
+    return out
+
+
+def _mib(x):
+    return "-" if x is None else f"{x / 2**20:,.0f}"
+
+
+def table_rows(results: list[dict]) -> list[list[str]]:
+    rows = []
+    for r in results:
+        n = str(ROW_NUMBER[r["row"]])
+        if "unavailable" in r:
+            rows.append([n, r["row"], "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", r["unavailable"]])
+        elif "fit_batch" in r:
+            rows.append([n, r["row"], "fit", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-",
+                         f"largest batch: {r['fit_batch']} ({r['fit_note']})"])
+        else:
+            rows.append([n, r["row"], f"{r['context']:,}", str(r["batch"]), f"{r['prefill_s']:.3g}",
+                         f"{r['ms_per_token']:.2f}", f"{r['tokens_per_s']:.1f}",
+                         f"{r['ratio']:.2f}x" if "ratio" in r else "-", f"{r['model_ratio']:.2f}x",
+                         f"{r['kl']:.1e}" if "kl" in r else "-", f"{r['top1']:.2f}" if "top1" in r else "-",
+                         _mib(r["cache_bytes"]), _mib(r["memory_bytes"]), ""])
+    return rows
+
+
+HEADER = ["#", "row", "context", "batch", "prefill s", "ms/token", "tokens/s", "x row 1", "model x",
+          "KL vs row 1", "top-1", "cache MiB", "memory MiB", "note"]
+
+
+def markdown(results: list[dict], goal_list: list[dict], facts: dict) -> str:
+    lines = [f"Model: {facts['model']}. Machine: {facts['machine']}.", ""]
+    lines += [f"{ROW_NUMBER[row]}. `{row}`: {label}" + ("  " if i < len(ROWS) - 1 else "")
+              for i, (row, label) in enumerate(ROWS.items())]
+    lines += ["",
+             "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(results)]
+    lines += ["", "| goal | measured | wanted | |", "|---|---|---|---|"]
+    for g in goal_list:
+        value = "not measured" if g["value"] is None else f"{g['value']:.2f}x"
+        verdict = "-" if g["passed"] is None else ("pass" if g["passed"] else "FAIL")
+        lines.append(f"| {g['name']} | {value} | >= {g['goal']}x | {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def print_report(con, results, goal_list, facts) -> None:
+    from rich.table import Table
+
+    for row, label in ROWS.items():
+        con.print(f"{ROW_NUMBER[row]}. {row}: {label}")
+    table = Table(title=f"end to end: {facts['model']}")
+    for h in HEADER:
+        table.add_column(h, overflow="fold")
+    for cells in table_rows(results):
+        table.add_row(*cells)
+    con.print(table)
+    goals_table = Table(title="goals (tokens/s or batch ratios)")
+    for h in ("goal", "measured", "wanted", ""):
+        goals_table.add_column(h)
+    for g in goal_list:
+        verdict = "-" if g["passed"] is None else ("[green]pass[/green]" if g["passed"] else "[red]FAIL[/red]")
+        goals_table.add_row(g["name"], "not measured" if g["value"] is None else f"{g['value']:.2f}x",
+                            f">= {g['goal']}x", verdict)
+    con.print(goals_table)
+
+
+def write_outputs(out: Path, device: str, results, goal_list, facts) -> dict[str, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / f"{device}.json", "md": out / f"{device}.md", "png": out / f"{device}.png"}
+    paths["json"].write_text(json.dumps(dict(facts=facts, results=results, goals=goal_list), indent=1) + "\n")
+    paths["md"].write_text(markdown(results, goal_list, facts))
+    plot(results, paths["png"], facts)
+    return paths
+
+
+def plot(results: list[dict], path: Path, facts: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    batches = sorted({r["batch"] for r in results if "batch" in r})
+    styles = ["-", "--", ":", "-."]
+    for row in ROWS:
+        for i, b in enumerate(batches):
+            pts = sorted((r["context"], r["ms_per_token"]) for r in results
+                         if r["row"] == row and r.get("batch") == b and "ms_per_token" in r)
+            if pts:
+                ax.plot(*zip(*pts), styles[i % len(styles)], marker="o",
+                        label=f"{ROW_NUMBER[row]}. {row}, batch {b}", color=f"C{ROW_NUMBER[row] - 1}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context (tokens)")
+    ax.set_ylabel("decode ms/token (median)")
+    ax.set_title(f"{facts['model']}\n{facts['machine']}", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,117 @@
+"""One interface over the two ways the benchmark drives a model folder: onnxruntime-genai's og.Generator and
+dot4attn.inplace's InPlaceDecoder. Both take the same prompt (chunked prefill) and the same teacher-forced tokens,
+and both hand every step's last-position logits back to the host, so their step times compare like for like.
+
+    r = make_runner("og", folder, device="cuda")
+    prefill_s = r.start(prompt, max_length, chunk)     # prompt [B, S]
+    logits = r.step(tokens)                              # tokens [B, 1] -> [B, vocab] float32
+    logits = r.step(None)                                # greedy: the runner's own next tokens
+
+Batch 1 is teacher-forced (the same tokens for every row, so logits compare). onnxruntime-genai 0.18 takes
+append_tokens only once for a batch > 1: there the prompt goes in one call and every step is greedy
+(generate_next_token; InPlaceDecoder feeds back its own argmax), so a batch > 1 is timed but not compared.
+    r.stop()
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+class OgRunner:
+    """og.Generator: append_tokens runs the model over the given tokens (the prompt, in chunks, then one token per
+    step); get_output("logits") copies the last logits to the host. Teacher-forced steps (append_tokens of a fixed
+    token) cost what generate_next_token does -- one model run -- and keep every row on the same tokens."""
+
+    def __init__(self, folder: Path, device: str):
+        from ..genai import import_og
+
+        self.og = import_og()
+        self.model = self.og.Model(str(folder))
+        self.gen = None
+
+    def start(self, prompt: np.ndarray, max_length: int, chunk: int) -> float:
+        params = self.og.GeneratorParams(self.model)
+        params.set_search_options(max_length=max_length, do_sample=False, batch_size=prompt.shape[0])
+        self.gen = self.og.Generator(self.model, params)
+        if prompt.shape[0] > 1:
+            chunk = prompt.shape[1]  # one append_tokens call per batch > 1
+        t0 = time.perf_counter()
+        for s in range(0, prompt.shape[1], chunk):
+            self.gen.append_tokens(np.ascontiguousarray(prompt[:, s:s + chunk], np.int32))
+        np.asarray(self.gen.get_output("logits"))  # waits for the device
+        return time.perf_counter() - t0
+
+    def step(self, tokens: np.ndarray | None) -> np.ndarray:
+        if tokens is None:
+            self.gen.generate_next_token()
+        else:
+            self.gen.append_tokens(np.ascontiguousarray(tokens, np.int32))
+        return np.asarray(self.gen.get_output("logits"))[:, -1].astype(np.float32)
+
+    def stop(self) -> None:
+        self.gen = None
+
+    def close(self) -> None:
+        self.gen = self.model = None
+
+
+class InplaceRunner:
+    """dot4attn.inplace.InPlaceDecoder: the caches allocated once on the device, bound as past and present."""
+
+    def __init__(self, folder: Path, device: str):
+        from ..inplace import InPlaceDecoder
+
+        self.dec = InPlaceDecoder(folder, device=device)
+        self.last = None
+
+    def start(self, prompt: np.ndarray, max_length: int, chunk: int) -> float:
+        self.dec.reset(prompt.shape[0], max_length)
+        t0 = time.perf_counter()
+        for s in range(0, prompt.shape[1], chunk):
+            self.last = self.dec.step(prompt[:, s:s + chunk])  # returns host logits: waits for the device
+        return time.perf_counter() - t0
+
+    def step(self, tokens: np.ndarray | None) -> np.ndarray:
+        if tokens is None:
+            tokens = self.last.argmax(-1)[:, None]
+        self.last = self.dec.step(tokens)
+        return self.last
+
+    def stop(self) -> None:
+        self.dec.values = {}
+        self.dec.binding = None
+
+    def close(self) -> None:
+        self.dec = None
+
+
+def make_runner(kind: str, folder: Path, device: str):
+    if kind == "og":
+        return OgRunner(folder, device)
+    if kind == "inplace":
+        return InplaceRunner(folder, device)
+    raise ValueError(f"unknown runner {kind!r} (og or inplace)")
+
+
+def cache_bytes_per_token(folder: Path) -> int:
+    """KV-cache bytes per token of one sequence, all layers, from the decoder's past_key_values inputs (the
+    builder's float or int8 caches, dot4attn's packed rows)."""
+    import json
+
+    import onnx
+
+    from ..model_io import PAST_RE
+
+    cfg = json.loads((Path(folder) / "genai_config.json").read_text())["model"]["decoder"]
+    proto = onnx.load(str(Path(folder) / cfg["filename"]), load_external_data=False)
+    total = 0
+    for i in proto.graph.input:
+        if PAST_RE.match(i.name):
+            dims = i.type.tensor_type.shape.dim
+            heads = dims[1].dim_value
+            last = dims[3].dim_value or int(cfg["head_size"])
+            total += heads * last * onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type).itemsize
+    return total
