@@ -81,7 +81,15 @@ void with_device_scratch(OrtKernelContext* ctx, const OrtValue* like, size_t byt
   check_status(ort().GetTensorMemoryInfo(like, &mem));
   OrtAllocator* alloc = nullptr;
   check_status(ort().KernelContext_GetAllocator(ctx, mem, &alloc));
-  void* scratch = alloc->Alloc(alloc, bytes);
+  // GetScratchBuffer allocates on the kernel's stream: the GPU EPs' stream-aware arena then hands the memory freed
+  // below to no other stream until that stream has caught up. A plain alloc->Alloc is not tied to a stream, and
+  // concurrent runs (their own streams) could reuse it while this run's kernels still read it (seen as wrong
+  // split_k merges under compute-sanitizer's slowed kernels).
+  void* scratch = nullptr;
+  if (OrtStatus* st = ort().KernelContext_GetScratchBuffer(ctx, mem, bytes, &scratch)) {
+    ort().ReleaseAllocator(alloc);
+    check_status(st);
+  }
   try {
     fn(scratch);
   } catch (...) {

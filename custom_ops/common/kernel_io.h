@@ -32,8 +32,8 @@ void parallel_for(OrtKernelContext* ctx, size_t n, const std::function<void(size
 void* gpu_stream(OrtKernelContext* ctx);
 
 // Runs fn(scratch) with `bytes` of memory from ORT's allocator for the device of `like` (an output of the kernel),
-// and frees it right after fn has enqueued its work: ORT's GPU allocators hand memory out in stream order. No
-// cudaMalloc in Compute.
+// allocated on the kernel's stream, and frees it right after fn has enqueued its work: the GPU EPs' stream-aware
+// arena gives it to another stream only once that stream has caught up. No cudaMalloc in Compute.
 void with_device_scratch(OrtKernelContext* ctx, const OrtValue* like, size_t bytes,
                          const std::function<void(void*)>& fn);
 

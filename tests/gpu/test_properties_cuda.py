@@ -34,9 +34,10 @@ def test_pack_properties_gpu(case):
 
 @seed(P.FUZZ_SEED)
 @settings(max_examples=P.examples(1500))
-@given(case=P.attention_cases(nonfinite_v=False))
+@given(case=P.attention_cases(nonfinite_v=False, fp16_max_v=False))
 def test_attention_properties_gpu(case):
-    """Everything but NaN / Inf in V (the xfails below): those rows and hidden keys are not handled on the GPU yet."""
+    """Everything but NaN / Inf in V and float16 V blocks holding +-65504 under q8_0 / q4_0 (the xfails below): the
+    GPU kernels do not handle those yet."""
     out = gpu_attention(*case.inputs(), v_format=case.v_format, causal=case.causal, route=case.route)
     P.check_attention(out, case.reference(), case, f"{case!r} EP=CUDA")
 
@@ -66,5 +67,26 @@ def _v_poison_case(v_format, route, hidden):
 @pytest.mark.parametrize("hidden", [True, False], ids=["hidden-key", "visible-key"])
 def test_nonfinite_v_gpu(hidden, v_format, route):
     case = _v_poison_case(v_format, route, hidden)
+    out = gpu_attention(*case.inputs(), v_format=case.v_format, causal=case.causal, route=case.route)
+    P.check_attention(out, case.reference(), case, f"{case!r} EP=CUDA")
+
+
+# ---- float16 V blocks of +-65504 under q8_0 / q4_0 ------------------------------------------------------------------
+# Such a block's scale rounds up (fp16(65504 / 127) = 516), so its largest level dequantizes to 65532, past float16.
+# The reference and the CPU saturate the float16 output at 65504; the GPU decode gives a NaN row (found by the
+# property test above: B = Hq = Hkv = Sq = 1, Sk = 513, D = 64). strict: once fixed, drop the marker and the
+# generator's fp16_max_v=False.
+
+@pytest.mark.xfail(strict=True, reason="GPU kernels: float16 V blocks of 65504 under q8_0 give a NaN row")
+def test_fp16_max_v_blocks_gpu():
+    rng = np.random.default_rng(3)
+    Sk, D = 513, 64
+    q = rng.standard_normal((1, 1, 1, D), dtype=np.float32).astype(np.float16)
+    k = rng.standard_normal((1, 1, Sk, D), dtype=np.float32)
+    v = rng.standard_normal((1, 1, Sk, D), dtype=np.float32)
+    v = np.where(rng.random(v.shape) < 0.05, np.sign(v) * np.float32(65504), v).astype(np.float16)
+    kp, ks = R.pack_k(k)
+    value, vs = R.pack_v(v, "q8_0")
+    case = P.AttnCase("float16", "q8_0", 0, "auto", q, kp, ks, value, vs, None, ("normal", "normal", "fp16max"))
     out = gpu_attention(*case.inputs(), v_format=case.v_format, causal=case.causal, route=case.route)
     P.check_attention(out, case.reference(), case, f"{case!r} EP=CUDA")
