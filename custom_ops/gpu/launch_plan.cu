@@ -194,8 +194,8 @@ bool plan_mma_cfg(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev,
   // (32, 8, 128): q4_0 84.8 us by TMA vs 75.9 by registers, q8_0 100.1 vs 93.2; dense rows 69.1 / 84.0 by TMA).
   // q8_0 / q4_0 V take their staging without TMA where it fits the same warps, so the output keeps the dense plan's
   // bits (warps and splits fix the summation order; staging and stages do not). float16 V keeps TMA: its long walks
-  // take 8 warps there. D = 256 keeps TMA too: its 272-byte rows stream faster by TMA (H200, (24, 4, 256) from a
-  // packed cache: 128k q8_0 105.0 us by TMA vs 110.3 by cp.async, q4_0 96.9 vs 97.8; 16k q4_0 33.3 vs 37.2).
+  // take 8 warps there. D = 256 keeps TMA too: its 272-byte rows stream no slower by TMA (H200, (24, 4, 256) from
+  // a packed cache: 128k q8_0 105.2 us by TMA vs 110.3 by cp.async, q4_0 98.4 vs 97.8; 16k q4_0 37.3 vs 37.2).
   if (mode == kStageTma && ov.staging != kStageTma && VK != kVF16 && D <= 128 && padded_rows(p)) {
     int nw2 = 0, nst2 = 0;
     const int st2 = kAuto == kStageRegs ? 1 : split || walk <= 1 ? 2 : 3;
