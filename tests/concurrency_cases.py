@@ -9,6 +9,7 @@ runs at the same time (the work split depends on the shapes, never on which thre
 """
 from __future__ import annotations
 
+import gc
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -107,3 +108,25 @@ def check_gqa(sess) -> None:
     serial = [gqa_sequence(sess, seed) for seed in range(THREADS)]
     parallel = run_concurrently(lambda seed: gqa_sequence(sess, seed), list(range(THREADS)))
     assert_same(serial, parallel, "Dot4GroupQueryAttention prompt + decode")
+
+
+def check_release(attention_session) -> None:
+    """The library's process-wide state (ISA choice, kernels table, scratch) survives a session's release: a
+    session made before keeps giving the same bits, and ones made after work too. attention_session(route) makes
+    a Dot4Attention session forced onto `route` with ROUTE_SHAPES's V format."""
+    feeds = attention_inputs("split_k", seed=11)
+    first, second = attention_session("split_k"), attention_session("split_k")
+    want = second.run(None, feeds)[0]
+    assert np.array_equal(first.run(None, feeds)[0], want)
+    del first
+    gc.collect()
+    assert np.array_equal(second.run(None, feeds)[0], want), "the surviving session changed its result"
+    third = attention_session("split_k")
+    assert np.array_equal(third.run(None, feeds)[0], want), "a session made after the release differs"
+    del second, third
+    gc.collect()
+    f = attention_inputs("decode", seed=12)
+    out = attention_session("decode").run(None, f)[0]
+    want = R.attention(f["query"], f["k_payload"], f["k_scales"], f["value"], f["v_scales"],
+                       v_format=ROUTE_SHAPES["decode"][-1])
+    assert R.nmse(out, want) <= REF_TOL

@@ -5,7 +5,6 @@ after another was released. Sessions disable the CPU fallback, so every node run
 a working CUDA EP or a library built with CUDA kernels (test_ort_cuda's autouse fixture)."""
 from __future__ import annotations
 
-import gc
 
 import numpy as np
 import pytest
@@ -46,12 +45,4 @@ def test_two_sessions_with_different_routes_side_by_side():
 
 
 def test_session_after_another_was_released():
-    feeds = CC.attention_inputs("split_k", seed=11)
-    first, second = _attention_session("split_k"), _attention_session("split_k")
-    want = second.run(None, feeds)[0]
-    assert np.array_equal(first.run(None, feeds)[0], want)
-    del first
-    gc.collect()
-    assert np.array_equal(second.run(None, feeds)[0], want), "the surviving session changed its result"
-    third = _attention_session("split_k")
-    assert np.array_equal(third.run(None, feeds)[0], want), "a session made after the release differs"
+    CC.check_release(_attention_session)
