@@ -23,7 +23,8 @@ from onnx_ir.passes.common import RemoveUnusedNodesPass, RemoveUnusedOpsetsPass,
 from onnxscript.rewriter import pattern
 
 from . import _common, ms_mha, onnx_attention, unfused_dynamo, unfused_torchscript
-from ..model_io import EXTERNAL_DATA_THRESHOLD, FLOAT_PARTS, PAST_RE, BadModelError, check_model_file
+from ..model_io import (EXTERNAL_DATA_THRESHOLD, FLOAT_PARTS, PAST_RE, BadModelError, check_model_file,
+                        folders_removed_on_failure)
 from ._common import DOMAIN, LayerIO, PassState, RewriteOptions
 
 RULE_MODULES = (unfused_dynamo, unfused_torchscript, onnx_attention, ms_mha)
@@ -337,41 +338,35 @@ def save_atomic(model: ir.Model, out: str | os.PathLike, external_threshold: int
     checker, a full disk, a folder that is not writable) nothing is left behind: not the temp folder, not the
     folders made for OUT, not half a file; the error is a RewriteError naming OUT."""
     out = Path(out).resolve()
-    made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]
     tmpdir = None
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        size = sum((v.const_value.nbytes if v.const_value is not None else 0)
-                   for v in model.graph.initializers.values())
-        tmpdir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        tmp = tmpdir / out.name
-        data_name = out.name + ".data"
-        if size > external_threshold:
-            ir.save(model, str(tmp), external_data=data_name, size_threshold_bytes=1024)
-        else:
-            proto = ir.serde.serialize_model(model)
-            _load_external_into(proto, model)
-            onnx.save(proto, str(tmp))
-        if check:
-            try:
-                onnx.checker.check_model(str(tmp), full_check=True)
-            except Exception as e:
-                raise RewriteError(f"the rewritten model fails onnx.checker: {e}") from None
-        if (tmpdir / data_name).exists():
-            os.replace(tmpdir / data_name, out.parent / data_name)
-        os.replace(tmp, out)
-        made = []  # in place: keep the folders
-    except OSError as e:  # ENOSPC, EFBIG (a file size limit), EACCES, EROFS, ...
-        raise RewriteError(f"{out}: cannot write the rewritten model: {e.strerror or e} "
-                           f"({type(e).__name__}, errno {e.errno})") from None
-    finally:
-        if tmpdir is not None:
-            shutil.rmtree(tmpdir, ignore_errors=True)
-        for p in made:  # innermost first
-            try:
-                p.rmdir()
-            except OSError:
-                pass
+    with folders_removed_on_failure(out.parent):
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            size = sum((v.const_value.nbytes if v.const_value is not None else 0)
+                       for v in model.graph.initializers.values())
+            tmpdir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+            tmp = tmpdir / out.name
+            data_name = out.name + ".data"
+            if size > external_threshold:
+                ir.save(model, str(tmp), external_data=data_name, size_threshold_bytes=1024)
+            else:
+                proto = ir.serde.serialize_model(model)
+                _load_external_into(proto, model)
+                onnx.save(proto, str(tmp))
+            if check:
+                try:
+                    onnx.checker.check_model(str(tmp), full_check=True)
+                except Exception as e:
+                    raise RewriteError(f"the rewritten model fails onnx.checker: {e}") from None
+            if (tmpdir / data_name).exists():
+                os.replace(tmpdir / data_name, out.parent / data_name)
+            os.replace(tmp, out)
+        except OSError as e:  # ENOSPC, EFBIG (a file size limit), EACCES, EROFS, ...
+            raise RewriteError(f"{out}: cannot write the rewritten model: {e.strerror or e} "
+                               f"({type(e).__name__}, errno {e.errno})") from None
+        finally:
+            if tmpdir is not None:
+                shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 def _load_external_into(proto: onnx.ModelProto, model: ir.Model) -> None:

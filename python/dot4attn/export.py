@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .model_io import EXTERNAL_DATA_THRESHOLD
+from .model_io import EXTERNAL_DATA_THRESHOLD, folders_removed_on_failure
 
 EXPORTERS = ("dynamo", "dynamo23", "dynamo23gqa", "torchscript", "optimum", "transformers", "dynamo_ort")
 
@@ -237,39 +237,33 @@ def export(model_or_dir, out: str | os.PathLike, exporter: str = "dynamo", hf_di
         model = model_or_dir
     import torch
 
-    # Folders made for OUT are removed again when the export fails: a failed export leaves nothing behind.
-    made = [p for p in (out.parent.resolve(), *out.parent.resolve().parents) if not p.exists()]
     tmp = out.with_name(out.name + ".tmp-export")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp.mkdir(exist_ok=True)
-        tmp_model = tmp / out.name
-        with torch.no_grad(), _quiet():
-            if exporter == "optimum":
-                d = hf_dir
-                if d is None:
-                    d = str(tmp / "hf")
-                    model.save_pretrained(d)
-                _export_optimum(Path(d), tmp_model)
-            elif exporter == "transformers":
-                _export_transformers(model, tmp_model)
-            elif exporter == "dynamo_ort":
-                _export_torch(model, tmp_model, "dynamo")
-                _ort_fusions(tmp_model)
-            else:
-                _export_torch(model, tmp_model, exporter)
-        _finalize(tmp_model, out)
-        made = []
-    except OSError as e:  # a full disk, a file size limit, a folder that is not writable
-        raise ExportError(f"{out}: cannot write the exported model: {e.strerror or e} "
-                          f"({type(e).__name__}, errno {e.errno})") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        for p in made:  # innermost first
-            try:
-                p.rmdir()
-            except OSError:
-                pass
+    # Folders made for OUT are removed again when the export fails: a failed export leaves nothing behind.
+    with folders_removed_on_failure(out.parent.resolve()):
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp.mkdir(exist_ok=True)
+            tmp_model = tmp / out.name
+            with torch.no_grad(), _quiet():
+                if exporter == "optimum":
+                    d = hf_dir
+                    if d is None:
+                        d = str(tmp / "hf")
+                        model.save_pretrained(d)
+                    _export_optimum(Path(d), tmp_model)
+                elif exporter == "transformers":
+                    _export_transformers(model, tmp_model)
+                elif exporter == "dynamo_ort":
+                    _export_torch(model, tmp_model, "dynamo")
+                    _ort_fusions(tmp_model)
+                else:
+                    _export_torch(model, tmp_model, exporter)
+            _finalize(tmp_model, out)
+        except OSError as e:  # a full disk, a file size limit, a folder that is not writable
+            raise ExportError(f"{out}: cannot write the exported model: {e.strerror or e} "
+                              f"({type(e).__name__}, errno {e.errno})") from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 

@@ -6,7 +6,9 @@ key / value (float cache, as exported) or key_payload / key_scales / value_paylo
 """
 from __future__ import annotations
 
+import contextlib
 import re
+from pathlib import Path
 
 PAST_RE = re.compile(r"^past_key_values\.(\d+)\.(\w+)$")  # group 1: the layer, group 2: the part
 FLOAT_PARTS = ("key", "value")
@@ -14,6 +16,23 @@ FLOAT_PARTS = ("key", "value")
 # A model whose initializers hold more bytes than this is saved with its tensors as external data (`<OUT>.data`):
 # one ONNX protobuf file cannot pass 2 GiB, and the graph itself needs some room under that.
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+
+
+@contextlib.contextmanager
+def folders_removed_on_failure(folder: Path):
+    """For a writer that makes `folder` (and its missing parents) for its output: when the body raises, the folders
+    that did not exist before are removed again, innermost first (one something else was written into stays), so a
+    failed write leaves no folders behind. The body must have removed its own files by then."""
+    made = [p for p in (folder, *folder.parents) if not p.exists()]
+    try:
+        yield
+    except BaseException:
+        for p in made:
+            try:
+                p.rmdir()
+            except OSError:
+                pass
+        raise
 
 
 class BadModelError(ValueError):
