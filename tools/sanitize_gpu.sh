@@ -21,9 +21,8 @@ filter="sanitizer or split_k-B2 or one-length-run or split_merge_concurrent"
 cd "$root"
 status=0
 for tool in "${tools[@]}"; do
+  # (initcheck also shows that the cache rows past a batch row's valid length, never written, are never read.)
   extra=()
-  # initcheck: ORT's arena hands out memory that its own kernels fill before reading; ours must never read bytes
-  # nobody wrote (the cache rows past a batch row's valid length are never read: that is what this checks).
   [[ $tool == racecheck ]] && extra=(--racecheck-report all)
   t0=$(date +%s)
   log=$(mktemp)
