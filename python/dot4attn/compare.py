@@ -143,7 +143,8 @@ class Comparison:
         ]
 
 
-def _metrics(la: np.ndarray, lb: np.ndarray):
+def logit_metrics(la: np.ndarray, lb: np.ndarray):
+    """Per position of two logit arrays [..., vocab]: (top-1 agrees, KL(a || b)), and max |la - lb| overall."""
     pa, pb = log_softmax(la), log_softmax(lb)
     kl = (np.exp(pa) * (pa - pb)).sum(-1)
     agree = la.argmax(-1) == lb.argmax(-1)
@@ -181,7 +182,7 @@ def compare(original: str, rewritten: str, prompt_len: int = 32, steps: int = 32
         t2 = time.perf_counter()
         times[0] += t1 - t0
         times[1] += t2 - t1
-        ag, kl, md = _metrics(la, lb)
+        ag, kl, md = logit_metrics(la, lb)
         agree.append(ag.reshape(-1))
         kls.append(kl.reshape(-1))
         maxdiff = max(maxdiff, float(md))

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dot4attn.compare import logit_metrics
+
 
 def og():
     return pytest.importorskip("onnxruntime_genai", reason="pip install '.[genai]' (CI installs it)")
@@ -86,14 +88,8 @@ def batch_logits(folder, prompts: list[list[int]], new_tokens: int, share: bool,
 
 def agreement(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     """(top-1 agreement, mean KL(a || b)) over the rows of two logit arrays [..., vocab]."""
-    a = a.reshape(-1, a.shape[-1])
-    b = b.reshape(-1, b.shape[-1])
-    la = a - a.max(-1, keepdims=True)
-    la -= np.log(np.exp(la).sum(-1, keepdims=True))
-    lb = b - b.max(-1, keepdims=True)
-    lb -= np.log(np.exp(lb).sum(-1, keepdims=True))
-    kl = float((np.exp(la) * (la - lb)).sum(-1).mean())
-    return float((a.argmax(-1) == b.argmax(-1)).mean()), kl
+    agree, kl, _ = logit_metrics(a, b)
+    return float(agree.mean()), float(kl.mean())
 
 
 def tree_digest(folder: Path) -> dict[str, str]:

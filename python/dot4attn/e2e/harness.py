@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..compare import log_softmax
+from ..compare import logit_metrics
 from .models import ROWS, RUNNER
 from .runners import cache_bytes_per_token, make_runner
 
@@ -174,6 +174,5 @@ def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log
 
 
 def _agreement(ref: np.ndarray, new: np.ndarray) -> dict:
-    la, lb = log_softmax(ref), log_softmax(new)
-    kl = (np.exp(la) * (la - lb)).sum(-1)
-    return dict(kl=float(kl.mean()), kl_max=float(kl.max()), top1=float((ref.argmax(-1) == new.argmax(-1)).mean()))
+    agree, kl, _ = logit_metrics(ref, new)
+    return dict(kl=float(kl.mean()), kl_max=float(kl.max()), top1=float(agree.mean()))
