@@ -333,10 +333,15 @@ def load_checked(path: str | os.PathLike) -> ir.Model:
 
 
 def save_atomic(model: ir.Model, out: str | os.PathLike, external_threshold: int = EXTERNAL_DATA_THRESHOLD,
-                check: bool = True) -> None:
+                check: bool = True, share_external: bool = False) -> None:
     """Write to a temp folder next to OUT, run onnx.checker (full), then move into place. On any failure (the
     checker, a full disk, a folder that is not writable) nothing is left behind: not the temp folder, not the
-    folders made for OUT, not half a file; the error is a RewriteError naming OUT."""
+    folders made for OUT, not half a file; the error is a RewriteError naming OUT.
+
+    share_external: the source's external data files are reused as they are (hard-linked next to OUT, or copied
+    byte for byte across file systems) instead of re-serialized, when every external tensor comes from one folder
+    and the tensors made in memory are small (external_data_shared says when). A rewrite changes the graph, not
+    the weights: a 15 GB genai folder is then rewritten in seconds and, linked, with no second copy on disk."""
     out = Path(out).resolve()
     tmpdir = None
     with folders_removed_on_failure(out.parent):
@@ -347,7 +352,13 @@ def save_atomic(model: ir.Model, out: str | os.PathLike, external_threshold: int
             tmpdir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
             tmp = tmpdir / out.name
             data_name = out.name + ".data"
-            if size > external_threshold:
+            shared = external_data_shared(model) if share_external else None
+            if shared is not None:
+                base, locations = shared
+                for location in locations:
+                    _link_or_copy(base / location, tmpdir / location)
+                ir.save(model, str(tmp))  # external tensors keep their location (relative), offset and length
+            elif size > external_threshold:
                 ir.save(model, str(tmp), external_data=data_name, size_threshold_bytes=1024)
             else:
                 proto = ir.serde.serialize_model(model)
@@ -358,8 +369,9 @@ def save_atomic(model: ir.Model, out: str | os.PathLike, external_threshold: int
                     onnx.checker.check_model(str(tmp), full_check=True)
                 except Exception as e:
                     raise RewriteError(f"the rewritten model fails onnx.checker: {e}") from None
-            if (tmpdir / data_name).exists():
-                os.replace(tmpdir / data_name, out.parent / data_name)
+            for item in tmpdir.iterdir():  # the data first: OUT never names data that is not there yet
+                if item.name != out.name:
+                    os.replace(item, out.parent / item.name)
             os.replace(tmp, out)
         except OSError as e:  # ENOSPC, EFBIG (a file size limit), EACCES, EROFS, ...
             raise RewriteError(f"{out}: cannot write the rewritten model: {e.strerror or e} "
@@ -367,6 +379,36 @@ def save_atomic(model: ir.Model, out: str | os.PathLike, external_threshold: int
         finally:
             if tmpdir is not None:
                 shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+# Tensors made in memory by a rewrite stay inside the model file when the data is shared: their total is kept far
+# below protobuf's 2 GB limit.
+INLINE_LIMIT = 256 << 20
+
+
+def external_data_shared(model: ir.Model) -> tuple[Path, list[str]] | None:
+    """(folder, [data file names]) when every external tensor of model lives in files of one folder, under plain
+    relative names, and the in-memory initializers add up to less than INLINE_LIMIT; else None."""
+    bases, locations, inline = set(), set(), 0
+    for v in model.graph.initializers.values():
+        tv = v.const_value
+        if isinstance(tv, ir.ExternalTensor):
+            bases.add(Path(tv.base_dir).resolve())
+            locations.add(str(tv.location))
+        elif tv is not None:
+            inline += tv.nbytes
+    if len(bases) != 1 or inline >= INLINE_LIMIT:
+        return None
+    if any(Path(loc).is_absolute() or Path(loc).name != loc for loc in locations):
+        return None  # a location in a sub-folder or outside: not worth the special case
+    return bases.pop(), sorted(locations)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or links not allowed there
+        shutil.copyfile(src, dst)
 
 
 def _load_external_into(proto: onnx.ModelProto, model: ir.Model) -> None:

@@ -114,7 +114,7 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=parent))
     try:
         try:
-            save_atomic(model, tmp / model_name, check=False)
+            save_atomic(model, tmp / model_name, check=False, share_external=True)
         except RewriteError as e:  # a write error (full disk, ...): it names the temp copy inside OUT's folder
             raise GenaiError(f"writing {dst}: {e}") from None
         skip = {model_name, CONFIG} | _external_files(model_path)

@@ -66,7 +66,33 @@ def test_outputs_written(smoke):
     assert all(g["value"] is None for g in data["goals"] if "16k" in g["name"])
 
 
+def test_resume_measures_only_what_is_missing(smoke, tmp_path):
+    """A run split over two sittings: row 1 alone first, then --resume adds rows 2-4, keeps row 1's numbers as they
+    were, and still compares the new rows with row 1 (its logits are kept beside the models)."""
+    base = ["e2e", "--smoke", "--out", str(tmp_path), "--contexts", "64,128", "--batches", "1"]  # the smoke's model
+    assert cli(base + ["--rows", "genai"]) == 0
+    first = json.loads((tmp_path / "smoke.json").read_text())["results"]
+    assert [r["row"] for r in first] == ["genai", "genai"]
+    assert cli(base + ["--resume"]) == 0
+    second = json.loads((tmp_path / "smoke.json").read_text())["results"]
+    assert [r["row"] for r in second] == ["genai", "genai-int8kv", "d4a-q8_0", "d4a-q4_0"] * 2
+    assert [r["ms_per_token"] for r in second if r["row"] == "genai"] == [r["ms_per_token"] for r in first]
+    _, data = smoke  # rows 2-4 compare with row 1 as in the one-sitting run
+    for r in second:
+        if r["row"] != "genai":
+            same = next(x for x in data["results"] if x["row"] == r["row"] and x.get("context") == r["context"]
+                        and x.get("batch") == 1)
+            assert r["kl"] == pytest.approx(same["kl"], rel=1e-6), r
+
+
+def test_resume_refuses_other_settings(smoke, capsys):
+    out, _ = smoke
+    assert cli(["e2e", "--smoke", "--out", str(out), "--resume", "--steps", "3"]) == 2
+    assert "measured with other steps" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv,message", [
+    (["--rows", "genai,gqa"], "unknown rows"),
     (["--contexts", "64,128", "--batch-contexts", "256"], "must be among --contexts"),
     (["--contexts", "64,-1"], "positive integers"),
     (["--steps", "300"], "at most 256"),

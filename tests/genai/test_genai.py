@@ -117,6 +117,29 @@ def test_q4_0_values_make_a_narrower_v_cache(rewritten):
     assert facts["v_row_bytes"] < facts["k_row_bytes"]
 
 
+@pytest.mark.parametrize("link", [True, False], ids=["same-file-system", "links-refused"])
+def test_the_weights_are_shared_not_rewritten(tmp_path, monkeypatch, link):
+    """A rewrite changes the graph, not the weights: the source's data file is hard-linked into OUT (a 15 GB folder
+    costs no second copy), or copied byte for byte where links fail; the rewritten model reads it unchanged."""
+    src = _copy(genai_model("gqa7-d64", "fp32"), tmp_path)
+    if not link:
+        def refuse(a, b):
+            raise OSError(18, "Invalid cross-device link")
+        monkeypatch.setattr(os, "link", refuse)
+    before = tree_digest(src)
+    out = tmp_path / "out"
+    assert cli(["rewrite", str(src), str(out)]) == 0
+    assert tree_digest(src) == before
+    data_in, data_out = (src / "model.onnx.data").stat(), (out / "model.onnx.data").stat()
+    assert (data_out.st_ino == data_in.st_ino) == link
+    assert (out / "model.onnx.data").read_bytes() == (src / "model.onnx.data").read_bytes()
+    m = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    assert {e.value for t in m.graph.initializer for e in t.external_data if e.key == "location"} == {"model.onnx.data"}
+    tokens = [int(t) for t in np.random.default_rng(1).integers(0, 256, 64)]  # as test_teacher_forced_logits_agree
+    top1, kl = agreement(teacher_forced_logits(src, tokens, "prompt"), teacher_forced_logits(out, tokens, "prompt"))
+    assert top1 >= 0.95 and kl <= 1e-3, f"top-1 {top1:.3f}, KL {kl:.2e}"
+
+
 # ---- bad input: one clear error each, nothing written, IN untouched ------------------------------------------
 
 def _rewrite_fails(src, out, capsys, match, out_before=None):

@@ -16,6 +16,8 @@ import json
 import os
 from pathlib import Path
 
+from .models import ROWS
+
 PRESETS = {  # device -> defaults
     # Batches > 1 at 4k only on the CPU: onnxruntime-genai prefills a batch in one call, and ORT's CPU
     # GroupQueryAttention holds a [batch, heads, tokens, tokens] fp32 score buffer for it (30 GB for 2 x 16k).
@@ -59,6 +61,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache", type=Path, default=None, help="model cache folder (default $DOT4ATTN_MODEL_CACHE/e2e "
                    "or ~/.cache/dot4attn/models/e2e)")
     p.add_argument("--out", type=Path, default=Path("e2e-out"), help="folder for DEVICE.json/.md/.png")
+    p.add_argument("--rows", type=_rows, help=f"rows to run, comma-separated (default all: {', '.join(ROWS)})")
+    p.add_argument("--resume", action="store_true",
+                   help="keep what OUT/DEVICE.json already holds for the same model and settings and measure only "
+                        "the rest (a long run split over several sittings)")
+
+
+def _rows(text: str) -> list[str]:
+    rows = [x for x in text.replace(" ", "").split(",") if x]
+    unknown = [r for r in rows if r not in ROWS]
+    if not rows or unknown:
+        raise argparse.ArgumentTypeError(f"unknown rows {unknown or text!r}; known: {', '.join(ROWS)}")
+    return rows
 
 
 def settings_from_args(args):
@@ -135,18 +149,26 @@ def run(args) -> int:
                                               Path.home() / ".cache" / "dot4attn" / "models")) / "e2e"
     spec = ModelSpec(shape, precision, args.device, max(settings.contexts + [settings.fit_context]) + MARGIN)
     try:
-        folders = prepare(cache, spec, log=con.log)
+        folders = prepare(cache, spec, log=con.log, rows=args.rows or list(ROWS))
     except (ValueError, RuntimeError) as e:
         print(f"dot4attn e2e: {e}", file=sys.stderr)
         return 1
     facts = model_facts(folders["genai"], shape, precision, args.device)
     facts.update(machine=machine(args.device), weight_bytes=weight_bytes(folders["genai"]),
+                 model_key=folders["genai"].parent.name,  # the build (shape, max positions, versions) measured
                  settings=vars(settings), kl="batch 1 only: over the timed teacher-forced steps, against row 1")
     vocab = int(json.loads((folders["genai"] / "genai_config.json").read_text())["model"]["vocab_size"])
     name = "smoke" if args.smoke else args.device
+    try:
+        previous = resumed(args.out / f"{name}.json", facts) if args.resume else []
+    except ValueError as e:
+        print(f"dot4attn e2e: {e}", file=sys.stderr)
+        return 2
+    if previous:
+        con.log(f"--resume: {len(previous)} results kept from {args.out / f'{name}.json'}")
 
     def finish(results, final=False):
-        results = [dict(r) for r in results]
+        results = report.ordered([dict(r) for r in results])
         facts["load_average_1min"] = os.getloadavg()[0]  # a shared machine slows every row
         base_kv = report.baseline_kv_bytes(results, args.device, facts)
         facts["baseline_kv_bytes_per_token"] = base_kv
@@ -158,5 +180,27 @@ def run(args) -> int:
             for path in paths.values():
                 con.log(f"wrote {path}")
 
-    finish(run_rows(folders, settings, vocab, log=con.log, on_case=finish), final=True)
+    finish(run_rows(folders, settings, vocab, log=con.log, on_case=finish, previous=previous, rows=args.rows,
+                    references=folders["genai"].parent / "references"), final=True)
     return 0
+
+
+RESUME_KEYS = ("steps", "warmup", "seed", "chunk", "device")  # settings that change what a case measures
+
+
+def resumed(path: Path, facts: dict) -> list[dict]:
+    """The measured results of an earlier run written to path, when it ran the same model with the same
+    per-case settings; [] when there is no such file."""
+    if not path.is_file():
+        return []
+    try:
+        old = json.loads(path.read_text())
+        old_facts, results = old["facts"], old["results"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--resume: {path} is not an e2e result file ({e})") from None
+    mismatch = [k for k in ("model", "model_key", "weight_bytes") if old_facts.get(k) != facts.get(k)]
+    mismatch += [k for k in RESUME_KEYS if old_facts.get("settings", {}).get(k) != facts["settings"].get(k)]
+    if mismatch:
+        raise ValueError(f"--resume: {path} was measured with other {', '.join(mismatch)}; "
+                         f"drop --resume or choose another --out")
+    return [r for r in results if "unavailable" not in r]

@@ -72,12 +72,13 @@ def memory_used(device: str) -> tuple[int | None, int | None]:
 
 
 def _prompt(settings: Settings, context: int, batch: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
-    """(prompt [batch, context], forced tokens [batch, warmup + steps]): row b is the same for every batch size."""
-    rng = np.random.default_rng((settings.seed, context))
-    rows = max(settings.batches)
-    prompt = rng.integers(0, vocab, (rows, context), dtype=np.int64)
-    forced = rng.integers(0, vocab, (rows, settings.warmup + settings.steps), dtype=np.int64)
-    return prompt[:batch], forced[:batch]
+    """(prompt [batch, context], forced tokens [batch, warmup + steps]): sequence b depends on (seed, context, b)
+    alone, so it is the same in every case and every run (a resumed run compares with an earlier one)."""
+    rows = [np.random.default_rng((settings.seed, context, b)).integers(0, vocab, context + settings.warmup
+                                                                         + settings.steps, dtype=np.int64)
+            for b in range(batch)]
+    tokens = np.stack(rows)
+    return tokens[:, :context], tokens[:, context:]
 
 
 def run_case(runner, settings: Settings, context: int, batch: int, vocab: int, base_mem: int | None) -> dict:
@@ -131,46 +132,77 @@ def fit_batch(runner, settings: Settings, per_token: int, log) -> dict:
     return dict(fit_batch=0, fit_note="no batch fitted")
 
 
-def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log=print, on_case=None) -> list[dict]:
-    """One result dict per row and case (plus one per unavailable row, with its reason). Cases run in the outer
-    loop and the four rows one after another inside it, each row's model loaded for its case and released after
-    it (four 7B models do not fit one GPU together); on_case(results) runs after every row's case (partial
-    outputs)."""
-    results: list[dict] = [dict(row=row, label=label, unavailable=folders.get(row) or "not built")
-                           for row, label in ROWS.items() if not isinstance(folders.get(row), Path)]
-    rows = [row for row in ROWS if isinstance(folders.get(row), Path)]
-    per_token = {row: cache_bytes_per_token(folders[row]) for row in rows}
-    for context, batch in settings.cases():
-        reference = None
-        for row in rows:
-            log(f"{row}: context {context}, batch {batch}")
+def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log=print, on_case=None,
+             previous: list[dict] | None = None, rows: list[str] | None = None,
+             references: Path | None = None) -> list[dict]:
+    """One result dict per row and case (plus one per unavailable row, with its reason, and one per row's fit
+    search). Rows run one after another (row 1 first: its batch-1 logits are every other row's reference), each
+    row's model loaded once for all its cases (four 7B models do not fit one GPU together; one load per case
+    would cost minutes) and once more, fresh, for the fit search. on_case(results) runs after every case, so a
+    stopped run keeps what it measured.
+
+    previous: results of an earlier run of the same settings (--resume); what they hold is not measured again.
+    rows: the rows to run (default all; the others are neither run nor reported). references: a folder keeping row 1's batch-1 logits per context, so that
+    a row measured in a later run is still compared with row 1."""
+    results = [dict(r) for r in previous or [] if "unavailable" not in r and "failed" not in r]
+    results += [dict(row=row, label=label, unavailable=folders.get(row) or "not built")
+                for row, label in ROWS.items()
+                if not isinstance(folders.get(row), Path) and (rows is None or row in rows)]
+    done = {(r["row"], r.get("context"), r.get("batch"), "fit_batch" in r) for r in results}
+    wanted = [row for row in ROWS if isinstance(folders.get(row), Path) and (rows is None or row in rows)]
+    for row in wanted:
+        per_token = cache_bytes_per_token(folders[row])
+        cases = [(c, b) for c, b in settings.cases() if (row, c, b, False) not in done]
+        if cases:
             gc.collect()
             base_mem, _ = memory_used(settings.device)
             runner = make_runner(RUNNER[row], folders[row], settings.device)
-            r = run_case(runner, settings, context, batch, vocab, base_mem)
+            for context, batch in cases:
+                log(f"{row}: context {context}, batch {batch}")
+                try:
+                    r = run_case(runner, settings, context, batch, vocab, base_mem)
+                except Exception as e:  # noqa: BLE001 - out of memory, say: kept as the case's result, run goes on
+                    reason = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+                    log(f"  failed: {reason}")
+                    results.append(dict(row=row, label=ROWS[row], context=context, batch=batch, failed=reason))
+                    runner.close()  # a fresh model for the next case: the failed one may hold its memory
+                    del runner
+                    gc.collect()
+                    runner = make_runner(RUNNER[row], folders[row], settings.device)
+                    if on_case:
+                        on_case(results)
+                    continue
+                logits = r.pop("logits")
+                ref_file = None if references is None else references / _reference_name(settings, context)
+                if logits is not None and row == "genai" and ref_file is not None:
+                    ref_file.parent.mkdir(parents=True, exist_ok=True)
+                    np.save(ref_file, logits)
+                elif logits is not None and ref_file is not None and ref_file.is_file():
+                    r.update(_agreement(np.load(ref_file), logits))
+                r.update(row=row, label=ROWS[row], runner=RUNNER[row], cache_bytes_per_token=per_token,
+                         cache_bytes=per_token * context * batch)
+                log(f"  prefill {r['prefill_s']:.2f} s, {r['ms_per_token']:.2f} ms/token, "
+                    f"{r['tokens_per_s']:.1f} tokens/s" + (f", KL {r['kl']:.2e}" if "kl" in r else ""))
+                results.append(r)
+                if on_case:
+                    on_case(results)
             runner.close()
             del runner
-            logits = r.pop("logits")
-            if logits is not None and row == "genai":
-                reference = logits
-            elif logits is not None and reference is not None:
-                r.update(_agreement(reference, logits))
-            r.update(row=row, label=ROWS[row], runner=RUNNER[row], cache_bytes_per_token=per_token[row],
-                     cache_bytes=per_token[row] * context * batch)
-            log(f"  prefill {r['prefill_s']:.2f} s, {r['ms_per_token']:.2f} ms/token, "
-                f"{r['tokens_per_s']:.1f} tokens/s" + (f", KL {r['kl']:.2e}" if "kl" in r else ""))
-            results.append(r)
-            if on_case:  # after every row: a stopped run keeps what it measured
+        if settings.fit_context and (row, None, None, True) not in done:
+            log(f"{row}: largest batch of {settings.fit_context}-token sequences")
+            gc.collect()
+            runner = make_runner(RUNNER[row], folders[row], settings.device)
+            results.append(dict(row=row, label=ROWS[row], cache_bytes_per_token=per_token,
+                                **fit_batch(runner, settings, per_token, log)))
+            runner.close()
+            del runner
+            if on_case:
                 on_case(results)
-    for row in rows if settings.fit_context else []:
-        log(f"{row}: largest batch of {settings.fit_context}-token sequences")
-        gc.collect()
-        runner = make_runner(RUNNER[row], folders[row], settings.device)
-        results.append(dict(row=row, label=ROWS[row], cache_bytes_per_token=per_token[row],
-                            **fit_batch(runner, settings, per_token[row], log)))
-        runner.close()
-        del runner
     return results
+
+
+def _reference_name(settings: Settings, context: int) -> str:
+    return f"row1-logits-c{context}-seed{settings.seed}-w{settings.warmup}-n{settings.steps}.npy"
 
 
 def _agreement(ref: np.ndarray, new: np.ndarray) -> dict:

@@ -5,8 +5,9 @@
 From one random-weight Hugging Face model (dot4attn.genai_models) the builder makes the baseline folder (row 1); its
 caches, read back after a calibration prompt, give the per-channel scales of ORT's own int8 KV cache, which the
 builder then bakes into a second folder (row 2); `dot4attn rewrite` turns the baseline into packed K + q8_0 V
-(row 3) and packed K + q4_0 V (row 4). Every folder is written under a temporary name and renamed into place, so an
-interrupted build is rebuilt on the next run, never half-used.
+(row 3) and packed K + q4_0 V (row 4), whose weight files are hard links to the baseline's (the rewrite changes the
+graph only). Every folder is written under a temporary name and renamed into place, so an interrupted build is
+rebuilt on the next run, never half-used. The HF model is removed once both builder folders exist.
 """
 from __future__ import annotations
 
@@ -79,9 +80,12 @@ def _hf_device() -> tuple[str, str]:
     return ("float16", "cuda") if torch.cuda.is_available() else ("float32", "cpu")
 
 
-def prepare(cache: Path, spec: ModelSpec, calib_tokens: int = 512, log=print) -> dict[str, Path | str]:
-    """Builds (or finds) every row's folder under cache/spec.key(); a row whose folder cannot be built maps to
-    the reason (a string) instead of a path."""
+def prepare(cache: Path, spec: ModelSpec, calib_tokens: int = 512, log=print,
+            rows: list[str] | tuple[str, ...] = tuple(ROWS)) -> dict[str, Path | str]:
+    """Builds (or finds) the folders of `rows` (row 1's always: the others come from it) under cache/spec.key();
+    a row whose folder cannot be built maps to the reason (a string) instead of a path. rows=["genai"] makes the
+    HF model and row 1's folder only, which needs no GPU build of onnxruntime (a machine can make them while the
+    rest is still being installed)."""
     from ..genai import rewrite_folder
     from ..genai_models import SHAPES, build_genai, make_hf_model
 
@@ -99,6 +103,7 @@ def prepare(cache: Path, spec: ModelSpec, calib_tokens: int = 512, log=print) ->
         extra = {**BUILD_OPTIONS, **(extra or {})}
 
         def make(tmp: Path):
+            _atomic_dir(root / "hf", hf)  # made when a builder needs it, and only then
             options = " ".join(f"{k}={v}" for k, v in extra.items())
             log(f"onnxruntime-genai builder -p {spec.precision} -e {spec.ep} {options} -> {tmp.name}")
             out = build_genai(root / "hf", tmp / "m", spec.precision, spec.ep, extra=extra)
@@ -108,25 +113,37 @@ def prepare(cache: Path, spec: ModelSpec, calib_tokens: int = 512, log=print) ->
             shutil.rmtree(str(tmp / "m") + ".cache", ignore_errors=True)
         return make
 
-    _atomic_dir(root / "hf", hf)
+    wanted = set(rows)
     rows: dict[str, Path | str] = {"genai": _atomic_dir(root / "genai", builder())}
-    scales = root / "kv_scales.json"
-    if not scales.is_file():
-        calib_tokens = min(calib_tokens, spec.max_positions)
-        log(f"calibrating int8 KV scales on {calib_tokens} tokens -> {scales}")
-        write_scales(calibrate(rows["genai"], spec.ep, calib_tokens, spec.seed + 1), scales)
-    try:
-        rows["genai-int8kv"] = _atomic_dir(root / "genai-int8kv", builder(
-            {"kv_cache_quant_scheme": INT8_SCHEME, "kv_cache_scale_file": str(scales)}))
-    except RuntimeError as e:  # the builder's own refusal, kept as the row's reason
-        rows["genai-int8kv"] = f"the model builder refused {INT8_SCHEME}: {str(e).strip().splitlines()[-1]}"
+    if "genai-int8kv" in wanted:
+        rows["genai-int8kv"] = _int8kv_folder(root, spec, rows["genai"], builder, calib_tokens, log)
     for fmt in ("q8_0", "q4_0"):
+        if f"d4a-{fmt}" not in wanted:
+            continue
+
         def rewrite(tmp: Path, fmt=fmt):
             log(f"dot4attn rewrite --v-format {fmt} -> d4a-{fmt}")
             tmp.rmdir()  # rewrite_folder wants a new or empty folder and writes atomically itself
             rewrite_folder(rows["genai"], tmp, fmt)
         rows[f"d4a-{fmt}"] = _atomic_dir(root / f"d4a-{fmt}", rewrite)
     return rows
+
+
+def _int8kv_folder(root: Path, spec: ModelSpec, baseline: Path, builder, calib_tokens: int, log) -> Path | str:
+    """Row 2: per-channel scales calibrated on row 1's own cache, baked in by the builder; the builder's refusal
+    (a string) if it refuses. The HF model goes once both builder folders exist."""
+    scales = root / "kv_scales.json"
+    if not scales.is_file():
+        calib_tokens = min(calib_tokens, spec.max_positions)
+        log(f"calibrating int8 KV scales on {calib_tokens} tokens -> {scales}")
+        write_scales(calibrate(baseline, spec.ep, calib_tokens, spec.seed + 1), scales)
+    try:
+        folder = _atomic_dir(root / "genai-int8kv", builder(
+            {"kv_cache_quant_scheme": INT8_SCHEME, "kv_cache_scale_file": str(scales)}))
+    except RuntimeError as e:  # the builder's own refusal, kept as the row's reason
+        return f"the model builder refused {INT8_SCHEME}: {str(e).strip().splitlines()[-1]}"
+    shutil.rmtree(root / "hf", ignore_errors=True)  # built from: 15 GB at the 7B shape, remade if ever needed
+    return folder
 
 
 def calibrate(folder: Path, device: str, tokens: int, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:

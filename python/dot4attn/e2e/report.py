@@ -86,6 +86,9 @@ def table_rows(results: list[dict]) -> list[list[str]]:
         n = str(ROW_NUMBER[r["row"]])
         if "unavailable" in r:
             rows.append([n, r["row"], "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", r["unavailable"]])
+        elif "failed" in r:
+            rows.append([n, r["row"], f"{r['context']:,}", str(r["batch"]), "-", "-", "-", "-", "-", "-", "-", "-",
+                         "-", f"failed: {r['failed']}"])
         elif "fit_batch" in r:
             rows.append([n, r["row"], "fit", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-",
                          f"largest batch: {r['fit_batch']} ({r['fit_note']})"])
@@ -136,6 +139,14 @@ def print_report(con, results, goal_list, facts) -> None:
         goals_table.add_row(g["name"], "not measured" if g["value"] is None else f"{g['value']:.2f}x",
                             f">= {g['goal']}x", verdict)
     con.print(goals_table)
+
+
+def ordered(results: list[dict]) -> list[dict]:
+    """Table order: batch, then context, then row; each row's fit search after every case."""
+    def key(r):
+        fit = "context" not in r
+        return (fit, r.get("batch", 0), r.get("context", 0), ROW_NUMBER[r["row"]])
+    return sorted(results, key=key)
 
 
 def write_outputs(out: Path, device: str, results, goal_list, facts) -> dict[str, Path]:
