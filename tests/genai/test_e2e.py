@@ -85,6 +85,28 @@ def test_resume_measures_only_what_is_missing(smoke, tmp_path):
             assert r["kl"] == pytest.approx(same["kl"], rel=1e-6), r
 
 
+@pytest.mark.parametrize("row", ["genai", "d4a-q4_0"])
+def test_fit_probe_answers_in_its_own_process(smoke, row):
+    """One try of the fit search (fit_probe.py, a process per try): a small batch fits; an absurd one is refused
+    with the allocation's error, as a JSON answer and exit status 0 (the search reads the answer, not a crash)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _, data = smoke
+    folder = Path(os.environ["DOT4ATTN_MODEL_CACHE"]) / "e2e" / data["facts"]["model_key"] / row
+    probe = lambda batch: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "dot4attn.e2e.fit_probe", "inplace", str(folder), "cpu", str(batch), "200"],
+        capture_output=True, text=True)
+    ok = probe(2)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout.splitlines()[-1])["fits"] is True
+    huge = probe(1 << 40)  # 2^40 sequences: no allocator takes that
+    answer = json.loads(huge.stdout.splitlines()[-1])
+    assert huge.returncode == 0 and answer["fits"] is False and answer["error"]
+
+
 def test_resume_refuses_other_settings(smoke, capsys):
     out, _ = smoke
     assert cli(["e2e", "--smoke", "--out", str(out), "--resume", "--steps", "3"]) == 2

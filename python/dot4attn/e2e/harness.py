@@ -105,30 +105,43 @@ def run_case(runner, settings: Settings, context: int, batch: int, vocab: int, b
                 logits=np.stack(logits) if logits else None)
 
 
-def fit_batch(runner, settings: Settings, per_token: int, log) -> dict:
+def fit_batch(folder: Path, settings: Settings, per_token: int, log) -> dict:
     """The largest batch of fit_context-token sequences whose cache allocates and decodes: starts from the free
-    memory (with the model loaded) over the cache bytes of one sequence and steps down 5 % per failure."""
-    used, total = memory_used(settings.device)
-    if used is None:
-        return dict(fit_batch=None, fit_note="device memory not measurable (needs torch with CUDA)")
-    per_seq = per_token * settings.max_length(settings.fit_context)
-    guess = max(1, int((total - used) * 0.97 // per_seq))
-    for _ in range(12):
-        prompt = np.zeros((guess, 16), np.int64)
-        try:
-            runner.start(prompt, settings.max_length(settings.fit_context), 16)
-            for _ in range(2):
-                runner.step(None)
-            runner.stop()
-            return dict(fit_batch=guess, fit_note=f"free {(total - used) / 2**30:.1f} GiB after model load, "
-                                                   f"{per_seq / 2**20:.0f} MiB cache per sequence")
-        except Exception as e:  # noqa: BLE001 - an allocation failure: try a smaller batch
-            log(f"  batch {guess} at {settings.fit_context} did not fit ({type(e).__name__}); trying smaller")
-            runner.stop()
-            gc.collect()
-            guess = int(guess * 0.95)
-            if guess < 1:
-                break
+    memory with the model loaded over the cache bytes of one sequence and steps down 5 % per failure. Each try
+    runs in a process of its own (fit_probe.py): a failed allocation leaves onnxruntime's arena holding what it
+    grew, for every later model of the process. Every row is tried by dot4attn.inplace (the caches as the only
+    per-sequence memory): onnxruntime-genai-cuda 0.18 refuses a batch over 32 ("batch_size (36) must be in
+    [1, 32]"), a runtime limit, not the memory this search is after."""
+    kind = "inplace"
+    import json
+    import subprocess
+    import sys
+
+    max_length = settings.max_length(settings.fit_context)
+
+    def probe(batch: int) -> dict:
+        cmd = [sys.executable, "-m", "dot4attn.e2e.fit_probe", kind, str(folder), settings.device, str(batch),
+               str(max_length)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
+        if done.returncode or not lines:
+            return dict(fits=False, free=None, error=f"exit {done.returncode}: {done.stderr.strip()[-200:]}")
+        return json.loads(lines[-1])
+
+    first = probe(0)
+    if not first.get("free"):
+        return dict(fit_batch=None, fit_note=f"device memory not measurable ({first.get('error') or 'no torch'})")
+    per_seq = per_token * max_length
+    guess = max(1, int(first["free"] * 0.97 // per_seq))
+    note = f"free {first['free'] / 2**30:.1f} GiB after model load, {per_seq / 2**20:.0f} MiB cache per sequence"
+    for _ in range(16):
+        got = probe(guess)
+        if got["fits"]:
+            return dict(fit_batch=guess, fit_note=note)
+        log(f"  batch {guess} at {settings.fit_context} did not fit ({got['error'][:80]}); trying smaller")
+        guess = int(guess * 0.95)
+        if guess < 1:
+            break
     return dict(fit_batch=0, fit_note="no batch fitted")
 
 
@@ -136,66 +149,61 @@ def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log
              previous: list[dict] | None = None, rows: list[str] | None = None,
              references: Path | None = None) -> list[dict]:
     """One result dict per row and case (plus one per unavailable row, with its reason, and one per row's fit
-    search). Rows run one after another (row 1 first: its batch-1 logits are every other row's reference), each
-    row's model loaded once for all its cases (four 7B models do not fit one GPU together; one load per case
-    would cost minutes) and once more, fresh, for the fit search. on_case(results) runs after every case, so a
-    stopped run keeps what it measured.
+    search). The fit searches run first, each try in a process of its own, while this process holds no device
+    memory. Then the rows one after another (row 1 first: its batch-1 logits are every other row's reference),
+    each case with a fresh model (four 7B models do not fit one GPU together, and a failed case must not leave its
+    memory to the next). A case that fails (out of memory, say) is kept with its reason and the run goes on.
+    on_case(results) runs after every case, so a stopped run keeps what it measured.
 
     previous: results of an earlier run of the same settings (--resume); what they hold is not measured again.
-    rows: the rows to run (default all; the others are neither run nor reported). references: a folder keeping row 1's batch-1 logits per context, so that
-    a row measured in a later run is still compared with row 1."""
-    results = [dict(r) for r in previous or [] if "unavailable" not in r and "failed" not in r]
+    rows: the rows to run (default all; the others are neither run nor reported). references: a folder keeping
+    row 1's batch-1 logits per context, so that a row measured in a later run is still compared with row 1."""
+    results = [dict(r) for r in previous or [] if "unavailable" not in r]  # a failed case stays failed
     results += [dict(row=row, label=label, unavailable=folders.get(row) or "not built")
                 for row, label in ROWS.items()
                 if not isinstance(folders.get(row), Path) and (rows is None or row in rows)]
     done = {(r["row"], r.get("context"), r.get("batch"), "fit_batch" in r) for r in results}
     wanted = [row for row in ROWS if isinstance(folders.get(row), Path) and (rows is None or row in rows)]
+    for row in wanted if settings.fit_context else []:  # first: this process holds no device memory yet
+        if (row, None, None, True) not in done:
+            log(f"{row}: largest batch of {settings.fit_context}-token sequences")
+            per_token = cache_bytes_per_token(folders[row])
+            results.append(dict(row=row, label=ROWS[row], cache_bytes_per_token=per_token,
+                                **fit_batch(folders[row], settings, per_token, log)))
+            if on_case:
+                on_case(results)
     for row in wanted:
         per_token = cache_bytes_per_token(folders[row])
         cases = [(c, b) for c, b in settings.cases() if (row, c, b, False) not in done]
-        if cases:
+        for context, batch in cases:
+            log(f"{row}: context {context}, batch {batch}")
             gc.collect()
-            base_mem, _ = memory_used(settings.device)
+            base_mem, _ = memory_used(settings.device)  # a fresh model per case: its memory is the case's own
             runner = make_runner(RUNNER[row], folders[row], settings.device)
-            for context, batch in cases:
-                log(f"{row}: context {context}, batch {batch}")
-                try:
-                    r = run_case(runner, settings, context, batch, vocab, base_mem)
-                except Exception as e:  # noqa: BLE001 - out of memory, say: kept as the case's result, run goes on
-                    reason = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
-                    log(f"  failed: {reason}")
-                    results.append(dict(row=row, label=ROWS[row], context=context, batch=batch, failed=reason))
-                    runner.close()  # a fresh model for the next case: the failed one may hold its memory
-                    del runner
-                    gc.collect()
-                    runner = make_runner(RUNNER[row], folders[row], settings.device)
-                    if on_case:
-                        on_case(results)
-                    continue
-                logits = r.pop("logits")
-                ref_file = None if references is None else references / _reference_name(settings, context)
-                if logits is not None and row == "genai" and ref_file is not None:
-                    ref_file.parent.mkdir(parents=True, exist_ok=True)
-                    np.save(ref_file, logits)
-                elif logits is not None and ref_file is not None and ref_file.is_file():
-                    r.update(_agreement(np.load(ref_file), logits))
-                r.update(row=row, label=ROWS[row], runner=RUNNER[row], cache_bytes_per_token=per_token,
-                         cache_bytes=per_token * context * batch)
-                log(f"  prefill {r['prefill_s']:.2f} s, {r['ms_per_token']:.2f} ms/token, "
-                    f"{r['tokens_per_s']:.1f} tokens/s" + (f", KL {r['kl']:.2e}" if "kl" in r else ""))
-                results.append(r)
+            try:
+                r, failed = run_case(runner, settings, context, batch, vocab, base_mem), None
+            except Exception as e:  # noqa: BLE001 - out of memory, say: kept as the case's result, run goes on
+                r, failed = None, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:240]}"
+            runner.close()
+            del runner
+            if failed:
+                log(f"  failed: {failed}")
+                results.append(dict(row=row, label=ROWS[row], context=context, batch=batch, failed=failed))
                 if on_case:
                     on_case(results)
-            runner.close()
-            del runner
-        if settings.fit_context and (row, None, None, True) not in done:
-            log(f"{row}: largest batch of {settings.fit_context}-token sequences")
-            gc.collect()
-            runner = make_runner(RUNNER[row], folders[row], settings.device)
-            results.append(dict(row=row, label=ROWS[row], cache_bytes_per_token=per_token,
-                                **fit_batch(runner, settings, per_token, log)))
-            runner.close()
-            del runner
+                continue
+            logits = r.pop("logits")
+            ref_file = None if references is None else references / _reference_name(settings, context)
+            if logits is not None and row == "genai" and ref_file is not None:
+                ref_file.parent.mkdir(parents=True, exist_ok=True)
+                np.save(ref_file, logits)
+            elif logits is not None and ref_file is not None and ref_file.is_file():
+                r.update(_agreement(np.load(ref_file), logits))
+            r.update(row=row, label=ROWS[row], runner=RUNNER[row], cache_bytes_per_token=per_token,
+                     cache_bytes=per_token * context * batch)
+            log(f"  prefill {r['prefill_s']:.2f} s, {r['ms_per_token']:.2f} ms/token, "
+                f"{r['tokens_per_s']:.1f} tokens/s" + (f", KL {r['kl']:.2e}" if "kl" in r else ""))
+            results.append(r)
             if on_case:
                 on_case(results)
     return results
