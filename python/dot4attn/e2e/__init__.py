@@ -25,7 +25,7 @@ PRESETS = {  # device -> defaults
     "cpu": dict(shape="qwen2.5-0.5b", precision="int4", contexts=[4096, 16384], batches=[1, 2],
                 batch_contexts=[4096], fit_context=0, chunk=1024, steps=16),
     "cuda": dict(shape="qwen2.5-7b", precision="fp16", contexts=[4096, 16384, 32768, 65536, 131072],
-                 batches=[1, 16], batch_contexts=[4096, 16384, 32768], fit_context=32768, chunk=16384),
+                 batches=[1, 16], batch_contexts=[16384, 32768], fit_context=32768, chunk=16384),
     "smoke": dict(shape="qwen2-bias", precision="fp32", contexts=[64, 128], batches=[1, 2], batch_contexts=[128],
                   fit_context=0, chunk=64, steps=4),
 }
