@@ -1,4 +1,5 @@
-"""The timed part of `dot4attn e2e`: every row over every (context, batch) case, in one process.
+"""The timed part of `dot4attn e2e`: every row over every (context, batch) case in one process, and the fit search
+(each of its tries in a process of its own).
 
 Per case: the prompt (random token ids of the context's length, the same array for every row) is prefilled (in
 chunks at batch 1) and timed; then `warmup` untimed and `steps` timed decode steps, teacher-forced with the same
@@ -10,7 +11,10 @@ them) is measured beside its speed.
 from __future__ import annotations
 
 import gc
+import json
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,15 +116,10 @@ def fit_batch(folder: Path, settings: Settings, per_token: int, log) -> dict:
     grew, for every later model of the process. Every row is tried by dot4attn.inplace (the caches as the only
     per-sequence memory): onnxruntime-genai-cuda 0.18 refuses a batch over 32 ("batch_size (36) must be in
     [1, 32]"), a runtime limit, not the memory this search is after."""
-    kind = "inplace"
-    import json
-    import subprocess
-    import sys
-
     max_length = settings.max_length(settings.fit_context)
 
     def probe(batch: int) -> dict:
-        cmd = [sys.executable, "-m", "dot4attn.e2e.fit_probe", kind, str(folder), settings.device, str(batch),
+        cmd = [sys.executable, "-m", "dot4attn.e2e.fit_probe", "inplace", str(folder), settings.device, str(batch),
                str(max_length)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
