@@ -1,6 +1,6 @@
 """The four model folders of the end-to-end benchmark, built once into a cache folder and reused.
 
-    rows = prepare(Path("~/.cache/dot4attn/e2e"), "qwen2.5-0.5b", "int4", "cpu", max_positions=33000)
+    rows = prepare(Path("~/.cache/dot4attn/e2e"), ModelSpec("qwen2.5-0.5b", "int4", "cpu", max_positions=33000))
 
 From one random-weight Hugging Face model (dot4attn.genai_models) the builder makes the baseline folder (row 1); its
 caches, read back after a calibration prompt, give the per-channel scales of ORT's own int8 KV cache, which the
