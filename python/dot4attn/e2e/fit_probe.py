@@ -15,7 +15,7 @@ import numpy as np
 
 def main(argv: list[str]) -> int:
     kind, folder, device, batch, max_length = argv[0], argv[1], argv[2], int(argv[3]), int(argv[4])
-    from .harness import memory_used
+    from .harness import error_line, memory_used
     from .runners import make_runner
 
     runner = make_runner(kind, folder, device)
@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
             for _ in range(2):
                 runner.step(None)
         except Exception as e:  # noqa: BLE001 - what did not fit is the answer
-            out.update(fits=False, error=f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}")
+            out.update(fits=False, error=error_line(e, 200))
     print(json.dumps(out), flush=True)
     return 0
 

@@ -75,6 +75,11 @@ def memory_used(device: str) -> tuple[int | None, int | None]:
     return rss, os.sysconf("SC_PHYS_PAGES") * page
 
 
+def error_line(e: BaseException, width: int = 240) -> str:
+    """The exception's type and the first line of its message (onnxruntime's run errors span many lines)."""
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:width]}"
+
+
 def _prompt(settings: Settings, context: int, batch: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
     """(prompt [batch, context], forced tokens [batch, warmup + steps]): sequence b depends on (seed, context, b)
     alone, so it is the same in every case and every run (a resumed run compares with an earlier one)."""
@@ -163,16 +168,15 @@ def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log
                 if not isinstance(folders.get(row), Path) and (rows is None or row in rows)]
     done = {(r["row"], r.get("context"), r.get("batch"), "fit_batch" in r) for r in results}
     wanted = [row for row in ROWS if isinstance(folders.get(row), Path) and (rows is None or row in rows)]
+    per_token = {row: cache_bytes_per_token(folders[row]) for row in wanted}
     for row in wanted if settings.fit_context else []:  # first: this process holds no device memory yet
         if (row, None, None, True) not in done:
             log(f"{row}: largest batch of {settings.fit_context}-token sequences")
-            per_token = cache_bytes_per_token(folders[row])
-            results.append(dict(row=row, label=ROWS[row], cache_bytes_per_token=per_token,
-                                **fit_batch(folders[row], settings, per_token, log)))
+            results.append(dict(row=row, label=ROWS[row], cache_bytes_per_token=per_token[row],
+                                **fit_batch(folders[row], settings, per_token[row], log)))
             if on_case:
                 on_case(results)
     for row in wanted:
-        per_token = cache_bytes_per_token(folders[row])
         cases = [(c, b) for c, b in settings.cases() if (row, c, b, False) not in done]
         for context, batch in cases:
             log(f"{row}: context {context}, batch {batch}")
@@ -182,7 +186,7 @@ def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log
             try:
                 r, failed = run_case(runner, settings, context, batch, vocab, base_mem), None
             except Exception as e:  # noqa: BLE001 - out of memory, say: kept as the case's result, run goes on
-                r, failed = None, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:240]}"
+                r, failed = None, error_line(e)
             runner.close()
             del runner
             if failed:
@@ -198,8 +202,8 @@ def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log
                 np.save(ref_file, logits)
             elif logits is not None and ref_file is not None and ref_file.is_file():
                 r.update(_agreement(np.load(ref_file), logits))
-            r.update(row=row, label=ROWS[row], runner=RUNNER[row], cache_bytes_per_token=per_token,
-                     cache_bytes=per_token * context * batch)
+            r.update(row=row, label=ROWS[row], runner=RUNNER[row], cache_bytes_per_token=per_token[row],
+                     cache_bytes=per_token[row] * context * batch)
             log(f"  prefill {r['prefill_s']:.2f} s, {r['ms_per_token']:.2f} ms/token, "
                 f"{r['tokens_per_s']:.1f} tokens/s" + (f", KL {r['kl']:.2e}" if "kl" in r else ""))
             results.append(r)

@@ -1,6 +1,6 @@
 """The four model folders of the end-to-end benchmark, built once into a cache folder and reused.
 
-    rows = prepare(Path("~/.cache/dot4attn/e2e"), ModelSpec("qwen2.5-0.5b", "int4", "cpu", max_positions=33000))
+    folders = prepare(Path("~/.cache/dot4attn/e2e"), ModelSpec("qwen2.5-0.5b", "int4", "cpu", max_positions=33000))
 
 From one random-weight Hugging Face model (dot4attn.genai_models) the builder makes the baseline folder (row 1); its
 caches, read back after a calibration prompt, give the per-channel scales of ORT's own int8 KV cache, which the
@@ -113,20 +113,19 @@ def prepare(cache: Path, spec: ModelSpec, calib_tokens: int = 512, log=print,
             shutil.rmtree(str(tmp / "m") + ".cache", ignore_errors=True)
         return make
 
-    wanted = set(rows)
-    rows: dict[str, Path | str] = {"genai": _atomic_dir(root / "genai", builder())}
-    if "genai-int8kv" in wanted:
-        rows["genai-int8kv"] = _int8kv_folder(root, spec, rows["genai"], builder, calib_tokens, log)
+    folders: dict[str, Path | str] = {"genai": _atomic_dir(root / "genai", builder())}
+    if "genai-int8kv" in rows:
+        folders["genai-int8kv"] = _int8kv_folder(root, spec, folders["genai"], builder, calib_tokens, log)
     for fmt in ("q8_0", "q4_0"):
-        if f"d4a-{fmt}" not in wanted:
+        if f"d4a-{fmt}" not in rows:
             continue
 
         def rewrite(tmp: Path, fmt=fmt):
             log(f"dot4attn rewrite --v-format {fmt} -> d4a-{fmt}")
             tmp.rmdir()  # rewrite_folder wants a new or empty folder and writes atomically itself
-            rewrite_folder(rows["genai"], tmp, fmt)
-        rows[f"d4a-{fmt}"] = _atomic_dir(root / f"d4a-{fmt}", rewrite)
-    return rows
+            rewrite_folder(folders["genai"], tmp, fmt)
+        folders[f"d4a-{fmt}"] = _atomic_dir(root / f"d4a-{fmt}", rewrite)
+    return folders
 
 
 def _int8kv_folder(root: Path, spec: ModelSpec, baseline: Path, builder, calib_tokens: int, log) -> Path | str:
