@@ -14,6 +14,8 @@
 //      groups (valid on wave32 and wave64).
 //   4. P.V in float32: each thread owns RPT rows x 2 columns x one key subset, dequantizes V once per (key,
 //      column) and reuses it for its rows; key subsets are summed once at the end.
+//   Non-finite V (vendor.h, "The V side"): every tile is checked for V-poisoned keys (a block flag); only tiles that
+//   hold one pay for finding them, NaN-ing their logits after masking and zeroing their V in shared memory.
 //
 // Output: the normalised row in T (decode, prefill), or the unnormalised float32 accumulator with its running
 // max / sum (split_k stage 1, merged by split_k_gpu.cu). 64-bit offsets throughout; no host synchronisation.
@@ -130,6 +132,46 @@ __device__ __forceinline__ float load_t(const void* p, int64_t i, int half) {
   return half ? h2f(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
 }
 
+// V-poisoned keys of float V (vendor.h, "The V side"): nf accumulates 0 x every value of 16-byte V pieces (one
+// float32, or a float16 pair for float16 V): it stays +-0 while they are finite and turns NaN for good at a NaN /
+// +-Inf (0 x Inf = NaN). One FMA per float32 value or float16 pair, where exponent tests take three integer
+// operations per 32-bit word (no fast math here: x * 0 is not folded).
+template <int VK>
+__device__ __forceinline__ uint32_t v_nonfinite_acc(uint32_t nf, const uint4 u) {
+  static_assert(VK == kVF32 || VK == kVF16, "float V");
+  if constexpr (VK == kVF32) {
+    float a = __uint_as_float(nf);
+    a = fmaf(__uint_as_float(u.x), 0.f, a);
+    a = fmaf(__uint_as_float(u.y), 0.f, a);
+    a = fmaf(__uint_as_float(u.z), 0.f, a);
+    a = fmaf(__uint_as_float(u.w), 0.f, a);
+    return __float_as_uint(a);
+  } else {
+#if defined(D4A_HIP)
+    typedef _Float16 h2_t __attribute__((ext_vector_type(2)));
+    const h2_t zero = {_Float16(0), _Float16(0)};
+    h2_t a, x;
+    __builtin_memcpy(&a, &nf, 4);
+    __builtin_memcpy(&x, &u.x, 4); a = x * zero + a;  // v_pk_fma_f16
+    __builtin_memcpy(&x, &u.y, 4); a = x * zero + a;
+    __builtin_memcpy(&x, &u.z, 4); a = x * zero + a;
+    __builtin_memcpy(&x, &u.w, 4); a = x * zero + a;
+    __builtin_memcpy(&nf, &a, 4);
+    return nf;
+#else
+    const __half2 zero = __float2half2_rn(0.f);
+    __half2 a = *reinterpret_cast<const __half2*>(&nf);
+    a = __hfma2(*reinterpret_cast<const __half2*>(&u.x), zero, a);
+    a = __hfma2(*reinterpret_cast<const __half2*>(&u.y), zero, a);
+    a = __hfma2(*reinterpret_cast<const __half2*>(&u.z), zero, a);
+    a = __hfma2(*reinterpret_cast<const __half2*>(&u.w), zero, a);
+    return *reinterpret_cast<const uint32_t*>(&a);
+#endif
+  }
+}
+// Whether an accumulator of v_nonfinite_acc (started at 0) met a NaN / +-Inf: any bit but the sign bits (+-0).
+__device__ __forceinline__ bool v_nonfinite(uint32_t nf) { return (nf & 0x7fff7fffu) != 0u; }
+
 // VK: V storage; DMAX: largest head dim of the class (D <= DMAX, D runtime); RB rows per block; RPT rows per
 // thread in P.V; ST the most pipeline stages (a.nst <= ST are used).
 template <int VK, int DMAX, int RB, int RPT, int ST>
@@ -155,6 +197,9 @@ __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const TileArgs a) {
   float* rowl = reinterpret_cast<float*>(smem + L.off_rowl);
   float* S = reinterpret_cast<float*>(smem + L.off_s);   // [RB][KT+4] logits (log2 units)
   float* P = reinterpret_cast<float*>(smem + L.off_p);   // [KT][RB+4] probabilities
+  // The last tile (its number + 1) found holding a V-poisoned key: one int in S's padding (column KT of row 0, never
+  // a logit); a tile number needs no reset between tiles.
+  int* vflag = reinterpret_cast<int*>(S + KT);
   uint8_t* stages = smem + L.off_stages;
   constexpr int SP = KT + 4, PP = RB + 4;
 
@@ -217,6 +262,7 @@ __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const TileArgs a) {
     kmax[r] = km;
     mrow[r] = mo;
   }
+  if (t == 0) *vflag = 0;
   __syncthreads();
   int64_t kmin_all = INT64_MAX, kmax_all = -1;
   for (int r = 0; r < nrows; ++r) {
@@ -325,13 +371,40 @@ __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const TileArgs a) {
   for (int64_t tile = 0; tile < nkt; ++tile) {
     issue_tile(tile + nst - 1);
     cp_async_wait_stages<ST>(nst);
-    __syncthreads();
 
-    const uint8_t* st = stages + int(tile % nst) * L.stage_bytes;
+    uint8_t* st = stages + int(tile % nst) * L.stage_bytes;
     const int8_t* kt = reinterpret_cast<const int8_t*>(st);
-    const uint8_t* vt = st + L.stage_k;
+    uint8_t* vt = st + L.stage_k;
     const uint16_t* kst = reinterpret_cast<const uint16_t*>(st + L.stage_k + L.stage_v);
-    const uint16_t* vst = reinterpret_cast<const uint16_t*>(st + L.stage_k + L.stage_v + L.stage_ks);
+    uint16_t* vst = reinterpret_cast<uint16_t*>(st + L.stage_k + L.stage_v + L.stage_ks);
+    // ---- V-poisoned keys (vendor.h, "The V side"), step 1: does the tile hold one? Each thread checks the pieces
+    // issue_tile gave it (its own copies are complete and visible to it after the wait; zero-filled past the key
+    // range), float V pieces or q8_0 / q4_0 scale pieces, and marks the tile before the barrier publishes the stage.
+    {
+      bool bad = false;
+      if constexpr (kVq) {
+        if (sc_mode == 2) {  // halves t + kThreads i
+#pragma unroll
+          for (int i = 0; i < (KT * NBMAX + kThreads - 1) / kThreads; ++i)
+            if (t + kThreads * i < KT * nb) bad |= half_nonfinite(vst[t + kThreads * i]);
+        } else {  // half pairs t + kThreads i
+#pragma unroll
+          for (int i = 0; i < (KT * NBMAX / 2 + kThreads - 1) / kThreads; ++i)
+            if (t + kThreads * i < KT * nb / 2)
+              bad |= halves_nonfinite(reinterpret_cast<const uint32_t*>(vst)[t + kThreads * i]) != 0u;
+        }
+      } else {  // 16-byte pieces t + kThreads i
+        uint32_t nf = 0;
+#pragma unroll
+        for (int i = 0; i < (KT * v_row_bytes(VK, DMAX) / 16 + kThreads - 1) / kThreads; ++i)
+          if (t + kThreads * i < KT * vchunks)
+            nf = v_nonfinite_acc<VK>(nf, reinterpret_cast<const uint4*>(vt)[t + kThreads * i]);
+        bad = v_nonfinite(nf);
+      }
+      if (bad) *vflag = int(tile) + 1;
+    }
+    __syncthreads();
+    const bool vpoison = *vflag == int(tile) + 1;  // block-uniform; rare
     const int64_t j0 = kbeg + tile * KT;
     const int tlen = int(kend - j0 < KT ? kend - j0 : KT);
     const bool check = a.mask_kind != 0 || tlen < KT || j0 + KT - 1 > kmin_all;
@@ -391,6 +464,35 @@ __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const TileArgs a) {
       }
     }
     __syncthreads();
+    // ---- V-poisoned keys, step 2, only on tiles that hold one (rare; apart from the logit loop, which keeps its
+    // registers): one thread per key checks its V row (zeros past the key range: never bad). A bad key's logits
+    // become NaN where a row sees it (S holds the masked logits, hidden keys -inf: fold_v_poison), so those rows
+    // turn NaN through l as for a poisoned K; its V enters P.V as zeros (q8_0 / q4_0: zero scales), so the rows it
+    // is hidden from (p = 0) stay finite. Every detection read of the stage is behind the barrier above.
+    if (vpoison) {
+      if (t < KT) {
+        bool bad = false;
+        if constexpr (kVq) {
+          for (int blk = 0; blk < nb; ++blk) bad |= half_nonfinite(vst[t * nb + blk]);
+          if (bad) {
+            for (int blk = 0; blk < nb; ++blk) vst[t * nb + blk] = 0;
+          }
+        } else {
+          uint4* row = reinterpret_cast<uint4*>(vt + t * vrow);
+          uint32_t nf = 0;
+          for (int c = 0; c < vchunks; ++c) nf = v_nonfinite_acc<VK>(nf, row[c]);
+          bad = v_nonfinite(nf);
+          if (bad) {
+            for (int c = 0; c < vchunks; ++c) row[c] = make_uint4(0u, 0u, 0u, 0u);
+          }
+        }
+        if (bad) {  // (not unrolled: RB loads in flight would cost registers in the whole kernel)
+#pragma unroll 1
+          for (int r = 0; r < RB; ++r) S[r * SP + t] = fold_v_poison(S[r * SP + t], true);
+        }
+      }
+      __syncthreads();  // the folded logits before the softmax, the zeroed V before P.V
+    }
 
     // ---- online softmax ----
     if (sm_active) {

@@ -15,6 +15,8 @@
 //     those 8 values once for all RB rows (q4_0: one 32-bit load = 8 nibbles; the block scale is folded into p).
 //   * the end: key slots are summed by shuffles, warps' (m, l, acc) are combined in shared memory, and the block
 //     writes the normalised output (decode) or the split partials for the merge kernel (split_k).
+//   * non-finite V (vendor.h, "The V side"): every chunk is checked for V-poisoned keys (one warp vote); only
+//     chunks that hold one NaN their logits after masking and zero their V (q8_0 / q4_0: scales) in the stage.
 // The math is the contract's up to float32 rounding: logits = scale * sum_blocks((sq * sk) * dot), invisible keys
 // -inf, rows with no visible key give exact zeros (decode) or l = 0 partials (dropped by the merge).
 #pragma once
@@ -61,6 +63,15 @@ __device__ __forceinline__ float bits_f(uint32_t u) {
   float f;
   __builtin_memcpy(&f, &u, 4);
   return f;
+}
+
+// Whether p holds in some lane of the warp (the same in every lane: a warp-uniform branch).
+__device__ __forceinline__ bool decode_any_lane(bool p) {
+#if defined(D4A_HIP)
+  return __ballot(p) != 0ull;
+#else
+  return __any_sync(0xffffffffu, p) != 0;
+#endif
 }
 
 // Copies `cnt` fp16 scales starting at element e0 of src (4-byte aligned base) into dst with 4-byte cp.async
@@ -378,11 +389,47 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) decode_kernel(const TileArg
     cp_async_wait_stages<ST>(nst);
     warp_sync();
 
-    const uint8_t* st = wbase + (it % nst) * L.stage;
+    uint8_t* st = wbase + (it % nst) * L.stage;
     const int64_t j0 = kbeg + int64_t(w + int64_t(it) * nw) * KC;
     const int n = int(kend - j0 < KC ? kend - j0 : KC);
     const int sh = sc_mode == 0 ? int(((head_row + j0) * NB) & 1) : 0;  // half-word shift of a scale run (copy_scales)
     const uint16_t* kss = reinterpret_cast<const uint16_t*>(st + L.st_k) + sh;
+    uint8_t* vt = st + L.st_k + L.st_ks;  // V [KC][VROW] (unpadded), then the q8_0 / q4_0 scale run
+
+    // ---- V-poisoned keys (vendor.h, "The V side"): vbad = this lane's key, vany = any key of the chunk ----
+    // A bad key's V becomes zeros here (q8_0 / q4_0: its scales, so P.V adds p x 0); P.V reads the stage after the
+    // warp_sync that publishes P.
+    bool vbad = false, vany;
+    if constexpr (VQ) {
+      // lane = key: its NB scales (past the chunk: stale bytes, not a key)
+      uint16_t* vsk = reinterpret_cast<uint16_t*>(vt + L.st_v) + sh + lane * NB;
+#pragma unroll
+      for (int blk = 0; blk < NB; ++blk) vbad |= half_nonfinite(vsk[blk]);
+      vbad = vbad && lane < n;
+      vany = decode_any_lane(vbad);
+      if (vany && vbad) {
+#pragma unroll
+        for (int blk = 0; blk < NB; ++blk) vsk[blk] = 0;
+      }
+    } else {
+      // The chunk in the 16-byte pieces this lane copied (conflict free; zero-filled past the chunk): does it hold a
+      // bad key at all? Only then (rare, warp-uniform) each lane checks its own key's row.
+      uint32_t nf = 0;
+#pragma unroll
+      for (int i = 0; i < NPV; ++i)
+        nf = v_nonfinite_acc<VK>(nf, *reinterpret_cast<const uint4*>(vt + 16 * (lane + WS * i)));
+      vany = decode_any_lane(v_nonfinite(nf));
+      if (vany) {
+        uint8_t* vrow = vt + lane * VROW;
+        uint32_t rf = 0;
+        for (int c = 0; c < VROW; c += 16) rf = v_nonfinite_acc<VK>(rf, *reinterpret_cast<const uint4*>(vrow + c));
+        vbad = v_nonfinite(rf);
+        warp_sync();  // every lane's reads above before any row is zeroed
+        if (vbad) {
+          for (int c = 0; c < VROW; c += 16) *reinterpret_cast<uint4*>(vrow + c) = make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+    }
 
     // ---- logits: lane = key ----
     float s[RB];
@@ -428,6 +475,9 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) decode_kernel(const TileArg
         }
         if (!vis) x = -INFINITY;
       }
+      // after all masking (also on unmasked chunks): a seen V-poisoned key's logit is NaN, so its rows turn NaN
+      // through l as for a poisoned K; hidden stays -inf
+      if (vany) x = fold_v_poison(x, vbad);
       // ---- online softmax (log2 domain); m is warp-uniform, the sum stays per lane ----
       const float m_new = fmaxf(m_run[r], warp_max(x));
       const float m_use = m_new == -INFINITY ? 0.f : m_new;
@@ -453,7 +503,6 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) decode_kernel(const TileArg
 
     // ---- P.V: lane = (key slot, 8 columns) ----
     if (pv_slot < KPI) {
-      const uint8_t* vt = st + L.st_k + L.st_ks;
       const uint16_t* vss = reinterpret_cast<const uint16_t*>(st + L.st_k + L.st_ks + L.st_v) + sh;
 #pragma unroll 2
       for (int j = pv_slot; j < n; j += KPI) {

@@ -660,6 +660,77 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
       }
     }
 
+    // ---- V-poisoned keys and q8_0 / q4_0 scales past the float16 limit ------------------------------------------
+    // Lane = key. A V-poisoned key (vendor.h) gets a NaN K scale here, before the K scale table is made: its logit
+    // is then NaN, and the K side of the policy (masking turns hidden keys to -inf, NaN logits poison the rows that
+    // see them) does the rest without a further instruction on the hot path; its V enters P.V as zeros.
+    // q8_0 / q4_0: one compare per scale pair finds both NaN scales and scales past the limit; only then (rare,
+    // warp-uniform) the NaN ones are told apart and zeroed. float16 V: one HFMA2 per word over the chunk
+    // (0 x Inf / NaN = NaN), then, only if some lane found one, each lane its key's row. Keys past the chunk's range
+    // are zeros here (zero-filled or zeroed above).
+    bool vbig = false;
+    float pshift = 0.f;  // this chunk's p are 2^pshift times their value (q8_0 / q4_0 scales past the limit)
+    uint16_t* kbad = reinterpret_cast<uint16_t*>(const_cast<uint8_t*>(st) + L::OFF_KS + 2 * NB * lane);
+    if constexpr (kVq) {
+      uint16_t* vsk = reinterpret_cast<uint16_t*>(const_cast<uint8_t*>(st) + L::OFF_VS + 2 * NB * lane);
+      bool past = false;
+#pragma unroll
+      for (int i = 0; i < NB / 2; ++i) past |= scales_past_limit<VK>(reinterpret_cast<const uint32_t*>(vsk)[i]);
+      vbig = __any_sync(0xffffffffu, past);
+      if (vbig) {
+        uint32_t smax = 0;
+#pragma unroll 1
+        for (int blk = 0; blk < NB; ++blk) {
+          if (half_nonfinite(vsk[blk])) {
+            vsk[blk] = 0;
+            kbad[0] = uint16_t(0x7e00u);
+          }
+          smax = max(smax, uint32_t(vsk[blk] & 0x7fffu));
+        }
+        // A scale past the limit: this chunk's V scales times 2^-k and its p times 2^k (pshift; exact: such scales
+        // stay normal, and only scales below 2^(k - 14) lose low bits), so no dequantized value passes float16.
+        int k = 0;
+        for (float sm = h2f(uint16_t(__reduce_max_sync(0xffffffffu, smax))); sm > v_scale_limit<VK>(); sm *= 0.5f) ++k;
+        if (k > 0) {
+          const float f = __int_as_float((127 - k) << 23);  // 2^-k
+#pragma unroll 1
+          for (int blk = 0; blk < NB; ++blk) vsk[blk] = f2h(h2f(vsk[blk]) * f);
+          pshift = float(k);
+        }
+      }
+    } else {
+      const uint8_t* vp = st + (kTma ? L::OFF_V + 16 * lane : soff_v);  // the copy's own 16-byte pieces (no padding)
+      constexpr int kStep = kTma ? 512 : kStepV;
+      const __half2 zero2 = __float2half2_rn(0.f);
+      __half2 nf = zero2;
+#pragma unroll 4
+      for (int i = 0; i < NPV; ++i) {
+        const uint4 u = *reinterpret_cast<const uint4*>(vp + i * kStep);
+        nf = __hfma2(*reinterpret_cast<const __half2*>(&u.x), zero2, nf);
+        nf = __hfma2(*reinterpret_cast<const __half2*>(&u.y), zero2, nf);
+        nf = __hfma2(*reinterpret_cast<const __half2*>(&u.z), zero2, nf);
+        nf = __hfma2(*reinterpret_cast<const __half2*>(&u.w), zero2, nf);
+      }
+      if (__any_sync(0xffffffffu, (*reinterpret_cast<const uint32_t*>(&nf) & 0x7fff7fffu) != 0u)) {
+        uint8_t* vrow = const_cast<uint8_t*>(st) + L::OFF_V;
+        uint32_t bad = 0;
+#pragma unroll 1
+        for (int c = 0; c < VROW; c += 16) {
+          const uint4 u = *reinterpret_cast<const uint4*>(vrow + row_byte<VROW, VSTR, kTma>(lane, c));
+          bad |= halves_nonfinite(u.x) | halves_nonfinite(u.y) | halves_nonfinite(u.z) | halves_nonfinite(u.w);
+        }
+        __syncwarp();  // every lane's reads before the zeroing
+        if (bad != 0u) {
+          kbad[0] = uint16_t(0x7e00u);
+#pragma unroll 1
+          for (int c = 0; c < VROW; c += 16)
+            *reinterpret_cast<uint4*>(vrow + row_byte<VROW, VSTR, kTma>(lane, c)) = make_uint4(0u, 0u, 0u, 0u);
+        }
+        if constexpr (kTma) fence_proxy_async_smem();  // before the TMA rewrites these bytes
+      }
+    }
+    __syncwarp();  // the zeroed V and the NaN K scales before the other lanes read them
+
     // ---- the chunk's K scales: float4 (block, step jp, lane tq) = keys 16 jp + 2 tq + (0, 1, 8, 9), the keys of
     // that lane's n tiles 2 jp and 2 jp + 1 (one 16-byte load per step and lane in the Q.K) ----
     {
@@ -740,15 +811,16 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
     const float m_new = fmaxf(m_run, cmax);
     const float m_use = m_new == -INFINITY ? 0.f : m_new;
     const float alpha = ex2(m_run - m_use);
+    const float m_p = m_use - pshift;
     float p[4][2], psum = 0.f;
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        p[j][e] = ex2(x[j][e] - m_use);
+        p[j][e] = ex2(x[j][e] - m_p);
         psum += p[j][e];
       }
-    l_run = l_run * alpha + psum;
+    l_run = l_run * alpha + psum * ex2(-pshift);
     m_run = m_new;
     // The accumulator holds rows 2tq, 2tq + 1 (owned by lanes 8tq, 8tq + 4): their alphas.
     const float al0 = __shfl_sync(0xffffffffu, alpha, 8 * tq), al1 = __shfl_sync(0xffffffffu, alpha, 8 * tq + 4);

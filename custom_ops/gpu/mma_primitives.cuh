@@ -149,6 +149,27 @@ __device__ __forceinline__ uint32_t lop3_imm(uint32_t x) {
   return r;
 }
 
+// q8_0 / q4_0 V dequantized in float16 (level * scale, one rounding) overflows past the largest scale whose levels
+// (|level| <= 127 / 8) stay below float16's 65520: 515.5 (q8_0, bits 0x6007) and 8188 (q4_0, 0x6FFF). float16 V
+// blocks of +-65504 pack to 516 (127 x 516 = 65532 -> inf, and p = 0 times inf is NaN), float32 V up to 65504.
+// VK: kVQ8 (2) or kVQ4 (3) of gpu/attention_tile.cuh.
+template <int VK>
+__device__ __forceinline__ constexpr float v_scale_limit() { return VK == 2 ? 515.5f : 8188.f; }
+// Whether either V scale of the pair w is past that limit, or NaN (the compare is false for NaN).
+template <int VK>
+__device__ __forceinline__ bool scales_past_limit(uint32_t w) {
+  constexpr unsigned short kLim = VK == 2 ? 0x6007u : 0x6FFFu;
+  const __half2 x = *reinterpret_cast<const __half2*>(&w);
+  return !__hble2(__habs2(x), __halves2half2(__ushort_as_half(kLim), __ushort_as_half(kLim)));
+}
+// Both halves clamped to +-65504 (an overflowed +-inf becomes +-65504).
+__device__ __forceinline__ uint32_t hclamp_u(uint32_t a) {
+  const __half2 big = __halves2half2(__ushort_as_half(0x7BFFu), __ushort_as_half(0x7BFFu));
+  __half2 x = *reinterpret_cast<const __half2*>(&a);
+  x = __hmax2(__hmin2(x, big), __hneg2(big));
+  return *reinterpret_cast<const uint32_t*>(&x);
+}
+
 __device__ __forceinline__ uint32_t hsub2_u(uint32_t a, uint32_t b) {
   __half2 x = *reinterpret_cast<const __half2*>(&a);
   const __half2 y = *reinterpret_cast<const __half2*>(&b);

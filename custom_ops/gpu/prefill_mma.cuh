@@ -32,6 +32,13 @@
 //    Accuracy: f16 P and f16 V each add ~2^-12 relative error per term, NMSE ~1e-7 (contract bound 1e-6).
 //  * causal: heaviest query chunks launch first (position-major block order when Sq % 64 == 0), a block stops
 //    at the last key its rows can see, a warp skips tiles its rows cannot see at all (exact: p would be 0).
+//  * V-poisoned keys (docs/ops.md, vendor.h): each thread checks the V it prepares for a tile (float16: one HFMA2
+//    per word; q8_0 / q4_0: one compare per scale, which finds scales past the float16 limit too) and the barrier
+//    that publishes the tile ORs the answers (__syncthreads_or). q8_0 / q4_0 chunks with such a scale are converted
+//    again by their thread (rare): a NaN / Inf scale as 0, values clamped to +-65504. Only a tile that holds a
+//    poisoned key (block-uniform) takes the slow branch: thread j flags key j (zeroing the NaN / Inf halves of a
+//    float16 row), so p = 0 times its V stays 0, and the flags go through shared memory into the logits after
+//    masking (NaN where seen: the row turns NaN).
 //
 //  * D <= 128 (Q in registers): one block barrier per tile (Traits::kPipe layout): the K scales and f16 V
 //    of tile t+1 are prepared at the end of tile t into double buffers; raw q8_0 / q4_0 V is converted by the
@@ -51,6 +58,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 
 #include "gpu/attention_tile.cuh"
 #include "gpu/mma_primitives.cuh"
@@ -168,6 +176,55 @@ __device__ __forceinline__ uint4 cvt_q4(uint32_t w, __half2 s) {
   const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
   const uint32_t x0 = __byte_perm(lo, hi, 0x5140), x1 = __byte_perm(lo, hi, 0x7362);  // e0..e3, e4..e7
   return bytes8_to_f16(x0, x1, 0x64086408u, s);                                      // bias (1032, 1032)
+}
+
+// 8 dequantized f16 values clamped to +-65504: a scale past the float16 limit (scales_past_limit) overflows.
+__device__ __forceinline__ uint4 hclamp4(uint4 o) {
+  return make_uint4(hclamp_u(o.x), hclamp_u(o.y), hclamp_u(o.z), hclamp_u(o.w));
+}
+
+// The V-poisoned keys of a tile (rare; the common path only checks, see prep_pipe): key j's flag is found by thread
+// j alone, which also zeroes the NaN / +-Inf halves of a float16 row. Zeroing those values alone is enough: the other
+// values of a poisoned key are finite, and p = 0 (rows that do not see the key) times a finite value is 0, while the
+// rows that see it turn NaN through the logit (fold_v_poison). C 16-byte chunks, chunk c at at(c).
+template <int C, typename At>
+__device__ __forceinline__ bool f16_row_poisoned(At at) {
+  uint32_t any = 0;
+#pragma unroll 4
+  for (int c = 0; c < C; ++c) {
+    uint4 u = *at(c);
+    const uint32_t m0 = halves_nonfinite(u.x), m1 = halves_nonfinite(u.y);
+    const uint32_t m2 = halves_nonfinite(u.z), m3 = halves_nonfinite(u.w);
+    if ((m0 | m1 | m2 | m3) != 0u) {  // bit 15 / 31 of m -> the half's 16 bits: (m >> 15) * 0xffff
+      u.x &= ~((m0 >> 15) * 0xffffu);
+      u.y &= ~((m1 >> 15) * 0xffffu);
+      u.z &= ~((m2 >> 15) * 0xffffu);
+      u.w &= ~((m3 >> 15) * 0xffffu);
+      *at(c) = u;
+      any = 1u;
+    }
+  }
+  return any != 0u;
+}
+// q8_0 / q4_0: a NaN / Inf among the key's NB V scales (its fp16 scale run, 4-byte aligned).
+template <int NB>
+__device__ __forceinline__ bool v_scales_poisoned(const uint16_t* vs) {
+  uint32_t m = 0;
+#pragma unroll
+  for (int b = 0; b < NB / 2; ++b) m |= halves_nonfinite(reinterpret_cast<const uint32_t*>(vs)[b]);
+  return m != 0u;
+}
+// This thread's keys 8 n + 2 tig + (0, 1) from the tile's flag bytes fl[64], as bits 2 n + (0, 1) (the S[.][n][e]
+// layout: bit 2 n + (e & 1)).
+__device__ __forceinline__ uint32_t v_flag_bits(const uint8_t* fl, int tig) {
+  uint32_t vm = 0;
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    const uint32_t w = *reinterpret_cast<const uint16_t*>(fl + 8 * n + 2 * tig);
+    vm |= ((w & 0xffu) != 0u ? 1u : 0u) << (2 * n);
+    vm |= ((w >> 8) != 0u ? 2u : 0u) << (2 * n);
+  }
+  return vm;
 }
 
 // Facts of a run of rows [r0, r1) of one (b, hkv) row space: smallest and largest last-visible key index
@@ -405,41 +462,111 @@ __global__ void __launch_bounds__(kThreads, MINB)
   // KSF and f16 V of `tile` into buffer tile & 1: the scale runs must be visible to all threads (a barrier after
   // their group), the raw V only to this thread (it copied exactly these chunks; its own wait is enough; with TMA
   // every thread has waited on the tile's mbarrier).
+  // V-poisoned keys: vbad tells whether this thread's V chunks of the tile hold a non-finite value (float16: a NaN /
+  // Inf half, left for the tile's rare branch to zero; q8_0 / q4_0: a NaN / Inf scale, dequantized as 0 right here);
+  // the next barrier ORs it (see the loop).
+  bool vbad = false;
   auto prep_pipe = [&](int tile) {
     const int buf = int(tile & 1);
     const uint8_t* sc = smem + kSC + buf * Tr::SC;
     const uint16_t* kst = reinterpret_cast<const uint16_t*>(sc);
     k_scales<NB>(kst, KSF + buf * Tr::KSF_N, tid);
+    vbad = false;
+    const int jv = tid / vch, pv = tid % vch;
     if constexpr (Tr::kConv) {
-      const __half* vsr = reinterpret_cast<const __half*>(sc + Tr::ST_KS);
+      const uint16_t* vsr = reinterpret_cast<const uint16_t*>(sc + Tr::ST_KS);
       uint8_t* vh = VH + buf * Tr::P_VHB;
       // 16 f16 bytes of key j at row byte b: padded rows for ldmatrix, or with wgmma the MN-major 128-byte-swizzle
       // layout the f16 V tile has when the TMA writes it (so the P.V reads both the same way)
       auto vh_at = [&](int j, int b) {
         return reinterpret_cast<uint4*>(vh + (kWG ? tma_row_byte<2 * D, kKeys>(j, b) : j * Tr::VSTR + b));
       };
-      const int jv = tid / vch, pv = tid % vch;
+      // fix = false: the plain conversion, and whether a scale of this thread's chunks is past the float16 limit or
+      // non-finite (past). Only then (rare, per thread) the chunks are converted again with fix = true: a NaN / Inf
+      // scale as 0 (vbad), every value clamped to +-65504.
+      bool past = false;
+      auto conv = [&](auto fix) {
 #pragma unroll
-      for (int i = 0; i < VIT; ++i) {
-        const int j = jv + i * (kThreads / vch);
-        const int at = kT ? tma_row_byte<Tr::VROW, kKeys>(j, pv * 16) : j * Tr::VRAW + pv * 16;
-        const uint4 w = *reinterpret_cast<const uint4*>(smem + kVR + at);
-        if constexpr (VK == kVQ8) {  // 16 values of block pv / 2
-          const __half2 s2 = __half2half2(vsr[j * NB + (pv >> 1)]);
-          *vh_at(j, pv * 32) = cvt_q8(w.x, w.y, s2);
-          *vh_at(j, pv * 32 + 16) = cvt_q8(w.z, w.w, s2);
-        } else {  // q4_0: 32 values of block pv
-          const __half2 s2 = __half2half2(vsr[j * NB + pv]);
-          *vh_at(j, pv * 64) = cvt_q4(w.x, s2);
-          *vh_at(j, pv * 64 + 16) = cvt_q4(w.y, s2);
-          *vh_at(j, pv * 64 + 32) = cvt_q4(w.z, s2);
-          *vh_at(j, pv * 64 + 48) = cvt_q4(w.w, s2);
+        for (int i = 0; i < VIT; ++i) {
+          const int j = jv + i * (kThreads / vch);
+          const int at = kT ? tma_row_byte<Tr::VROW, kKeys>(j, pv * 16) : j * Tr::VRAW + pv * 16;
+          const uint4 w = *reinterpret_cast<const uint4*>(smem + kVR + at);
+          const uint16_t sb = vsr[j * NB + (VK == kVQ8 ? pv >> 1 : pv)];  // q8_0: block pv / 2; q4_0: block pv
+          __half2 s2 = __half2half2(__ushort_as_half(sb));
+          if constexpr (decltype(fix)::value) {
+            if (half_nonfinite(sb)) {
+              s2 = __float2half2_rn(0.f);
+              vbad = true;
+            }
+          } else {
+            past |= scales_past_limit<VK>(sb);  // the upper half (0) is within the limit
+          }
+          auto put = [&](int b, uint4 o) {
+            if constexpr (decltype(fix)::value) o = hclamp4(o);
+            *vh_at(j, b) = o;
+          };
+          if constexpr (VK == kVQ8) {  // 16 values of block pv / 2
+            put(pv * 32, cvt_q8(w.x, w.y, s2));
+            put(pv * 32 + 16, cvt_q8(w.z, w.w, s2));
+          } else {  // q4_0: 32 values of block pv
+            put(pv * 64, cvt_q4(w.x, s2));
+            put(pv * 64 + 16, cvt_q4(w.y, s2));
+            put(pv * 64 + 32, cvt_q4(w.z, s2));
+            put(pv * 64 + 48, cvt_q4(w.w, s2));
+          }
         }
-      }
+      };
+      conv(std::false_type{});
+      if (past) conv(std::true_type{});
       // wgmma reads the buffer through the async proxy: order these generic-proxy writes before it (the barrier
       // at the top of the next tile then publishes them to the other warps)
       if constexpr (kWG) fence_proxy_async_smem();
+    } else {
+      // f16 V where it lies in the ring slot (this thread's chunks: the ones it copied, or with TMA the same split):
+      // acc = w * 0 + acc stays +-0 while every half is finite and turns NaN at an Inf / NaN (four short chains)
+      const uint8_t* vt = smem + kRingO + buf * kRingB + (kT ? Tr::T_KT : Tr::ST_K);
+      const __half2 z2 = __float2half2_rn(0.f);
+      __half2 nf[4] = {z2, z2, z2, z2};
+#pragma unroll
+      for (int i = 0; i < VIT; ++i) {
+        const int j = jv + i * (kThreads / vch);
+        const uint4 u = *reinterpret_cast<const uint4*>(
+            vt + (kT ? tma_row_byte<Tr::VROW, kKeys>(j, pv * 16) : j * Tr::VRAW + pv * 16));
+        nf[0] = __hfma2(*reinterpret_cast<const __half2*>(&u.x), z2, nf[0]);
+        nf[1] = __hfma2(*reinterpret_cast<const __half2*>(&u.y), z2, nf[1]);
+        nf[2] = __hfma2(*reinterpret_cast<const __half2*>(&u.z), z2, nf[2]);
+        nf[3] = __hfma2(*reinterpret_cast<const __half2*>(&u.w), z2, nf[3]);
+      }
+      const __half2 nfa = __hadd2(__hadd2(nf[0], nf[1]), __hadd2(nf[2], nf[3]));
+      vbad = (*reinterpret_cast<const uint32_t*>(&nfa) & 0x7fff7fffu) != 0u;
     }
+  };
+  // The rare branch of a tile whose V holds a poisoned key (block-uniform, after the barrier that ORed vbad): thread
+  // j < 64 finds key j's flag (float16: zeroing the row's NaN / Inf halves in the ring slot; q8_0 / q4_0: its NB V
+  // scales, still in the tile's scale slot: issue_pipe(tile + 1) refills that after this) and writes it to the other
+  // KSF buffer (free until prep_pipe(tile + 1)); then every thread takes its keys' bits (v_flag_bits).
+  auto v_poison_pipe = [&](int tile) {
+    const int buf = int(tile & 1);
+    uint8_t* fl = reinterpret_cast<uint8_t*>(KSF + (buf ^ 1) * Tr::KSF_N);
+    if (tid < kKeys) {
+      bool bad;
+      if constexpr (Tr::kConv) {
+        const uint16_t* vs = reinterpret_cast<const uint16_t*>(smem + kSC + buf * Tr::SC + Tr::ST_KS);
+        bad = v_scales_poisoned<NB>(vs + tid * NB);
+      } else {
+        uint8_t* vt = smem + kRingO + buf * kRingB + (kT ? Tr::T_KT : Tr::ST_K);
+        bad = f16_row_poisoned<vch>([&](int c) {
+          return reinterpret_cast<uint4*>(vt + (kT ? tma_row_byte<Tr::VROW, kKeys>(tid, c * 16)
+                                                   : tid * Tr::VRAW + c * 16));
+        });
+        if constexpr (kT) fence_proxy_async_smem();  // zeroed bytes: before wgmma / the next TMA into the slot
+      }
+      fl[tid] = bad ? 1 : 0;
+    }
+    __syncthreads();  // the flags and zeroed V; every scale read before issue_pipe(tile + 1) refills the slot
+    const uint32_t vm = v_flag_bits(fl, tid & 3);
+    __syncthreads();  // every thread has its bits before prep_pipe(tile + 1) refills that KSF buffer
+    return vm;
   };
 
   auto wait_tma = [&](int tile) {  // kT: every thread waits until the tile's tensor copies have landed
@@ -581,8 +708,10 @@ __global__ void __launch_bounds__(kThreads, MINB)
   };
 
   // One tile of this warp: S = Q.K, mask, online softmax, O += P.V. K from the stage at k_st, the K scale
-  // pairs at KSF, f16 V rows at v_addr (shared addresses).
-  auto compute = [&](const int j0, const unsigned k_st, const float4* __restrict__ ksf, const unsigned v_addr) {
+  // pairs at KSF, f16 V rows at v_addr (shared addresses). vm: this thread's V-poisoned keys (v_flag_bits; 0 on
+  // the tiles without one).
+  auto compute = [&](const int j0, const unsigned k_st, const float4* __restrict__ ksf, const unsigned v_addr,
+                     const uint32_t vm) {
     // ---- S = Q.K (log2 units) ----
     float S[MT][8][4];
 #pragma unroll
@@ -684,6 +813,16 @@ __global__ void __launch_bounds__(kThreads, MINB)
             S[mt][n][e] = vis ? x : -INFINITY;
           }
         }
+    }
+    // ---- V-poisoned keys: NaN where seen (also on tiles that skip the masking: every key is seen there), so the
+    // row's l turns NaN (ex2(NaN); fmaxf drops NaN from the row max) and the epilogue writes a NaN row ----
+    if (vm != 0u) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) S[mt][n][e] = fold_v_poison(S[mt][n][e], (vm >> (2 * n + (e & 1))) & 1u);
     }
 
     // ---- online softmax (rows gid, gid + 8 of each m tile; a quad shares a row) ----
@@ -805,34 +944,83 @@ __global__ void __launch_bounds__(kThreads, MINB)
       issue_tile(tile + nst - 1);
     }
 
-    const uint8_t* st = stages + int(tile % nst) * Tr::STAGE;
-    const uint16_t* kst = reinterpret_cast<const uint16_t*>(st + Tr::ST_K + Tr::ST_V);
-    // ---- per tile, once per block: K scale pairs; V to f16 ----
-    k_scales<NB>(kst, KSF, tid);
+    uint8_t* st = stages + int(tile % nst) * Tr::STAGE;
+    uint8_t* kst = st + Tr::ST_K + Tr::ST_V;
+    // ---- per tile, once per block: K scale pairs; V to f16 (and the V checks, see prep_pipe) ----
+    k_scales<NB>(reinterpret_cast<const uint16_t*>(kst), KSF, tid);
+    constexpr int C8 = D / 8, IT8 = kKeys * C8 / kThreads;  // 16-byte f16 pieces per key, pieces per thread
+    vbad = false;  // as in prep_pipe: this thread's V pieces hold a non-finite value
     if constexpr (Tr::kConv) {
       const uint8_t* vr = st + Tr::ST_K;
-      const __half* vsr = reinterpret_cast<const __half*>(st + Tr::ST_K + Tr::ST_V + Tr::ST_KS);
-      constexpr int C8 = D / 8;  // 8-column pieces per key
+      const uint16_t* vsr = reinterpret_cast<const uint16_t*>(st + Tr::ST_K + Tr::ST_V + Tr::ST_KS);
+      bool past = false;
+      auto conv = [&](auto fix) {  // as in prep_pipe: fix (rare, per thread) when a scale is past the limit
 #pragma unroll 4
-      for (int u = tid; u < kKeys * C8; u += kThreads) {
-        const int j = u / C8, c8 = u % C8;
-        uint4 o;
-        if constexpr (VK == kVQ8) {
-          const uint2 w = *reinterpret_cast<const uint2*>(vr + j * Tr::VRAW + c8 * 8);
-          o = cvt_q8(w.x, w.y, __half2half2(vsr[j * NB + (c8 >> 2)]));
-        } else {
-          const uint32_t w = *reinterpret_cast<const uint32_t*>(vr + j * Tr::VRAW + c8 * 4);
-          o = cvt_q4(w, __half2half2(vsr[j * NB + (c8 >> 2)]));
+        for (int it = 0; it < IT8; ++it) {
+          const int u = tid + it * kThreads, j = u / C8, c8 = u % C8;
+          const uint16_t sb = vsr[j * NB + (c8 >> 2)];
+          __half2 s2 = __half2half2(__ushort_as_half(sb));
+          if constexpr (decltype(fix)::value) {
+            if (half_nonfinite(sb)) {
+              s2 = __float2half2_rn(0.f);
+              vbad = true;
+            }
+          } else {
+            past |= scales_past_limit<VK>(sb);
+          }
+          uint4 o;
+          if constexpr (VK == kVQ8) {
+            const uint2 w = *reinterpret_cast<const uint2*>(vr + j * Tr::VRAW + c8 * 8);
+            o = cvt_q8(w.x, w.y, s2);
+          } else {
+            const uint32_t w = *reinterpret_cast<const uint32_t*>(vr + j * Tr::VRAW + c8 * 4);
+            o = cvt_q4(w, s2);
+          }
+          if constexpr (decltype(fix)::value) o = hclamp4(o);
+          *reinterpret_cast<uint4*>(VH + j * Tr::VSTR + c8 * 16) = o;
         }
-        *reinterpret_cast<uint4*>(VH + j * Tr::VSTR + c8 * 16) = o;
+      };
+      conv(std::false_type{});
+      if (past) conv(std::true_type{});
+    } else {  // f16 V in the stage (padded rows: only the 2 D bytes of V are read)
+      const __half2 z2 = __float2half2_rn(0.f);
+      __half2 nf[4] = {z2, z2, z2, z2};
+#pragma unroll 4
+      for (int it = 0; it < IT8; ++it) {
+        const int u = tid + it * kThreads;
+        const uint4 w = *reinterpret_cast<const uint4*>(st + Tr::ST_K + (u / C8) * Tr::VRAW + (u % C8) * 16);
+        nf[0] = __hfma2(*reinterpret_cast<const __half2*>(&w.x), z2, nf[0]);
+        nf[1] = __hfma2(*reinterpret_cast<const __half2*>(&w.y), z2, nf[1]);
+        nf[2] = __hfma2(*reinterpret_cast<const __half2*>(&w.z), z2, nf[2]);
+        nf[3] = __hfma2(*reinterpret_cast<const __half2*>(&w.w), z2, nf[3]);
       }
+      const __half2 nfa = __hadd2(__hadd2(nf[0], nf[1]), __hadd2(nf[2], nf[3]));
+      vbad = (*reinterpret_cast<const uint32_t*>(&nfa) & 0x7fff7fffu) != 0u;
     }
-    __syncthreads();  // KSF / VH ready
+    // KSF / VH ready; and whether the tile holds a V-poisoned key (block-uniform)
+    const bool vpois = __syncthreads_or(vbad) != 0;
+    uint32_t vm = 0;
+    if (vpois) {  // rare, as v_poison_pipe; the flags in the stage's K scale run (read by k_scales before the
+                  // barrier, refilled only after the next tile's first barrier)
+      if (tid < kKeys) {
+        bool bad;
+        if constexpr (Tr::kConv) {
+          const uint16_t* vs = reinterpret_cast<const uint16_t*>(st + Tr::ST_K + Tr::ST_V + Tr::ST_KS);
+          bad = v_scales_poisoned<NB>(vs + tid * NB);
+        } else {
+          bad = f16_row_poisoned<C8>(
+              [&](int c) { return reinterpret_cast<uint4*>(st + Tr::ST_K + tid * Tr::VRAW + c * 16); });
+        }
+        kst[tid] = bad ? 1 : 0;
+      }
+      __syncthreads();  // the flags and zeroed V
+      vm = v_flag_bits(kst, tid & 3);
+    }
 
     const int j0 = tile * kKeys;
     if (j0 > kmax_w) continue;  // no row of this warp sees any key of the tile (uniform per warp)
     compute(j0, smem_u32(st), KSF,
-            smem_u32(Tr::kConv ? static_cast<const void*>(VH) : static_cast<const void*>(st + Tr::ST_K)));
+            smem_u32(Tr::kConv ? static_cast<const void*>(VH) : static_cast<const void*>(st + Tr::ST_K)), vm);
   }
   } else {
   // one barrier per tile: it publishes KSF / f16 V of `tile` (prepared at the end of tile - 1) and K (+ f16 V)
@@ -844,7 +1032,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
     prep_pipe(0);
   }
   for (int tile = 0; tile < nkt; ++tile) {
-    __syncthreads();
+    const bool vpois = __syncthreads_or(vbad) != 0;  // and whether the tile holds a V-poisoned key (prep_pipe)
+    uint32_t vm = 0;
+    if (vpois) vm = v_poison_pipe(tile);  // rare
     issue_pipe(tile + 1);  // K / V of tile + 1, scale runs of tile + 2
     const int buf = int(tile & 1);
     const int j0 = tile * kKeys;
@@ -852,7 +1042,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
                                  // all 4 warps take part: such a warp's rows are all masked, so its P is 0)
       const unsigned ring = smem_u32(smem + kRingO + buf * kRingB);
       compute(j0, ring, KSF + buf * Tr::KSF_N,
-              Tr::kConv ? smem_u32(VH + buf * Tr::P_VHB) : ring + unsigned(kT ? Tr::T_KT : Tr::ST_K));
+              Tr::kConv ? smem_u32(VH + buf * Tr::P_VHB) : ring + unsigned(kT ? Tr::T_KT : Tr::ST_K), vm);
     }
     cp_async_wait<0>();  // this thread's copies of tile + 1
     if (tile + 1 < nkt) {

@@ -222,6 +222,23 @@ __device__ __forceinline__ float q_block_scale(float amax, float& div) {
   return amax == INFINITY ? __int_as_float(0x7fc00000) : div;
 }
 
+// The V side. A key is V-poisoned when its V row holds a non-finite value: a NaN V scale (q8_0 / q4_0; an infinite
+// scale is outside the format and counts too), a NaN / +-Inf element of float V. Every kernel does two things for
+// such a key: its logit becomes NaN in the rows that see it (after masking: fold_v_poison), so those rows turn NaN
+// exactly as a poisoned K makes them; and its V enters P.V as zeros, so rows that do not see it stay untouched
+// (p = 0 times NaN would poison them). Both only on tiles that hold such a key (a uniform branch), so the common
+// path pays for the detection alone.
+__device__ __forceinline__ bool half_nonfinite(uint16_t h) { return (h & 0x7c00u) == 0x7c00u; }
+// Nonzero when either float16 half of w is non-finite (exponent all ones: + 0x0400 carries into bit 15).
+__device__ __forceinline__ uint32_t halves_nonfinite(uint32_t w) {
+  return ((w & 0x7c007c00u) + 0x04000400u) & 0x80008000u;
+}
+__device__ __forceinline__ bool float_nonfinite(float x) { return !(fabsf(x) <= 3.402823466e38f); }
+// The logit x (after masking: -inf is a hidden key) of a key whose V is poisoned (`bad`): NaN where the key is seen.
+__device__ __forceinline__ float fold_v_poison(float x, bool bad) {
+  return bad && x != -INFINITY ? __int_as_float(0x7fc00000) : x;
+}
+
 // A row's value o / l: 0 where no key was visible (l = 0), NaN where a poisoned key was (l NaN).
 __device__ __forceinline__ float normalise(float o, float l) { return l == 0.f ? 0.f : o / l; }
 

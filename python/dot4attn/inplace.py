@@ -75,6 +75,12 @@ class InPlaceDecoder:
         self.ids_dtype = np.int64 if names["input_ids"].type == "tensor(int64)" else np.int32
         self.mask_dtype = np.int64 if names["attention_mask"].type == "tensor(int64)" else np.int32
         self.logits_name = "logits"
+        out = {o.name: o for o in self.sess.get_outputs()}
+        if self.logits_name not in out:
+            raise ValueError(f"{folder}: the model has no 'logits' output (not a genai builder decoder)")
+        vocab = out[self.logits_name].shape[-1]
+        self.vocab = vocab if isinstance(vocab, int) else None  # static: decode steps write a preallocated buffer
+        self.logits_dtype = _NP.get(out[self.logits_name].type, np.float32)
         self.values: dict[str, object] = {}
         self.batch = 0
         self.length = 0
@@ -104,6 +110,16 @@ class InPlaceDecoder:
         for name, (_, dt, h, last) in self.caches.items():
             self.values[name] = ort.OrtValue.ortvalue_from_shape_and_type([batch, h, max_length, last], dt,
                                                                           self.device, 0)
+        # Per-step inputs and outputs that live on the device for the whole run, so that a decode step allocates
+        # nothing and moves only the token ids in and the logits out: an all-ones attention mask as long as the
+        # cache (a step binds its first batch x length values: all ones, whatever their row layout), the ids of a
+        # one-token step and that step's logits.
+        self._ones_host = np.ones((batch, max_length), self.mask_dtype)  # the CPU OrtValue aliases it: kept alive
+        self._ones = ort.OrtValue.ortvalue_from_numpy(self._ones_host, self.device, 0)
+        self._ids1 = ort.OrtValue.ortvalue_from_shape_and_type([batch, 1], self.ids_dtype, self.device, 0)
+        self._logits1 = (None if self.vocab is None else
+                         ort.OrtValue.ortvalue_from_shape_and_type([batch, 1, self.vocab], self.logits_dtype,
+                                                                   self.device, 0))
         self.binding = self.sess.io_binding()
         self.binding.bind_output(self.logits_name, self.device)  # first: get_outputs() keeps the binding order
         for name, (present, _, _, _) in self.caches.items():
@@ -121,17 +137,27 @@ class InPlaceDecoder:
         total = self.length + ids.shape[1]
         if total > self.max_length:
             raise ValueError(f"{total} tokens exceed the cache's max_length {self.max_length}")
-        if mask is None:
-            mask = np.ones((self.batch, total), self.mask_dtype)
         b = self.binding
-        b.bind_ortvalue_input("input_ids", ort.OrtValue.ortvalue_from_numpy(ids, self.device, 0))
-        b.bind_ortvalue_input("attention_mask",
-                              ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(mask, self.mask_dtype),
-                                                               self.device, 0))
-        b.bind_output(self.logits_name, self.device)  # ORT allocates it per step (S changes)
+        one = ids.shape[1] == 1
+        if one:
+            self._ids1.update_inplace(ids)
+            b.bind_ortvalue_input("input_ids", self._ids1)
+        else:
+            b.bind_ortvalue_input("input_ids", ort.OrtValue.ortvalue_from_numpy(ids, self.device, 0))
+        if mask is None:
+            b.bind_input("attention_mask", self.device, 0, self.mask_dtype, [self.batch, total], self._ones.data_ptr())
+        else:
+            b.bind_ortvalue_input("attention_mask",
+                                  ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(mask, self.mask_dtype),
+                                                                   self.device, 0))
+        if one and self._logits1 is not None:
+            b.bind_ortvalue_output(self.logits_name, self._logits1)
+        else:
+            b.bind_output(self.logits_name, self.device)  # ORT allocates it (S changes)
         self.sess.run_with_iobinding(b)
         self.length = total
-        logits = b.get_outputs()[0].numpy()  # [B, S, vocab]: the builder's graph returns every position's logits
+        # [B, S, vocab]: the builder's graph returns every position's logits
+        logits = self._logits1.numpy() if one and self._logits1 is not None else b.get_outputs()[0].numpy()
         return logits[:, -1].astype(np.float32)
 
     def fill(self, length: int) -> None:

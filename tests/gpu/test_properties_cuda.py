@@ -34,19 +34,16 @@ def test_pack_properties_gpu(case):
 
 @seed(P.FUZZ_SEED)
 @settings(max_examples=P.examples(1500))
-@given(case=P.attention_cases(nonfinite_v=False, fp16_max_v=False))
+@given(case=P.attention_cases())
 def test_attention_properties_gpu(case):
-    """Everything but NaN / Inf in V and float16 V blocks holding +-65504 under q8_0 / q4_0 (the xfails below): the
-    GPU kernels do not handle those yet."""
     out = gpu_attention(*case.inputs(), v_format=case.v_format, causal=case.causal, route=case.route)
     P.check_attention(out, case.reference(), case, f"{case!r} EP=CUDA")
 
 
-# ---- the V side of the policy: not implemented in the GPU kernels yet ------------------------------------------------
-# P.V multiplies every key of a tile by its p, so a hidden key (p = 0) whose V is NaN / Inf still poisons the row
-# (0 x NaN), and a visible one makes only its columns non-finite instead of the whole row. The CPU tile kernels
-# guard both; the GPU needs V scales folded into the logits (q8_0 / q4_0) and a sanitising pass over float V tiles.
-# strict: once the kernels do it, these pass and must lose their marker.
+# ---- the V side of the policy, one NaN in one V row, every route and V format ---------------------------------
+# P.V multiplies every key of a tile by its p, so a hidden key (p = 0) whose V is NaN / Inf would poison the row
+# (0 x NaN), and a visible one would make only its columns non-finite instead of the whole row: the kernels fold a
+# V-poisoned key into its logit and feed its V to P.V as zeros (gpu/vendor.h, fold_v_poison).
 
 def _v_poison_case(v_format, route, hidden):
     rng = np.random.default_rng(11)
@@ -61,7 +58,6 @@ def _v_poison_case(v_format, route, hidden):
     return case
 
 
-@pytest.mark.xfail(strict=True, reason="GPU kernels: V side of the non-finite policy not implemented")
 @pytest.mark.parametrize("route", ["prefill", "decode", "split_k"])
 @pytest.mark.parametrize("v_format", ["float", "q8_0", "q4_0"])
 @pytest.mark.parametrize("hidden", [True, False], ids=["hidden-key", "visible-key"])
@@ -72,12 +68,10 @@ def test_nonfinite_v_gpu(hidden, v_format, route):
 
 
 # ---- float16 V blocks of +-65504 under q8_0 / q4_0 ------------------------------------------------------------------
-# Such a block's scale rounds up (fp16(65504 / 127) = 516), so its largest level dequantizes to 65532, past float16.
-# The reference and the CPU saturate the float16 output at 65504; the GPU decode gives a NaN row (found by the
-# property test above: B = Hq = Hkv = Sq = 1, Sk = 513, D = 64). strict: once fixed, drop the marker and the
-# generator's fp16_max_v=False.
+# Such a block's scale rounds up (fp16(65504 / 127) = 516), so its largest level dequantizes to 65532, past float16:
+# the tensor-core kernels, which dequantize V in float16, clamp such tiles to +-65504 (gpu/mma_primitives.cuh). The
+# case the property test first found: B = Hq = Hkv = Sq = 1, Sk = 513, D = 64, decode.
 
-@pytest.mark.xfail(strict=True, reason="GPU kernels: float16 V blocks of 65504 under q8_0 give a NaN row")
 def test_fp16_max_v_blocks_gpu():
     rng = np.random.default_rng(3)
     Sk, D = 513, 64
