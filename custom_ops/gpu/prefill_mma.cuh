@@ -36,9 +36,9 @@
 //    per word; q8_0 / q4_0: one compare per scale, which finds scales past the float16 limit too) and the barrier
 //    that publishes the tile ORs the answers (__syncthreads_or). q8_0 / q4_0 chunks with such a scale are converted
 //    again by their thread (rare): a NaN / Inf scale as 0, values clamped to +-65504. Only a tile that holds a
-//    poisoned key (block-uniform) takes the slow branch: thread j flags key j (zeroing the NaN / Inf halves of a
-//    float16 row), so p = 0 times its V stays 0, and the flags go through shared memory into the logits after
-//    masking (NaN where seen: the row turns NaN).
+//    poisoned key (block-uniform) takes the slow branch: thread j checks key j (zeroing the NaN / Inf halves of a
+//    float16 row, so p = 0 times its V stays 0) and makes a bad key's K scale NaN in the tile's K scale table
+//    (ksf_poison): its logit is NaN, and the K side's masking and softmax do the rest.
 //
 //  * D <= 128 (Q in registers): one block barrier per tile (Traits::kPipe layout): the K scales and f16 V
 //    of tile t+1 are prepared at the end of tile t into double buffers; raw q8_0 / q4_0 V is converted by the
@@ -186,7 +186,7 @@ __device__ __forceinline__ uint4 hclamp4(uint4 o) {
 // The V-poisoned keys of a tile (rare; the common path only checks, see prep_pipe): key j's flag is found by thread
 // j alone, which also zeroes the NaN / +-Inf halves of a float16 row. Zeroing those values alone is enough: the other
 // values of a poisoned key are finite, and p = 0 (rows that do not see the key) times a finite value is 0, while the
-// rows that see it turn NaN through the logit (fold_v_poison). C 16-byte chunks, chunk c at at(c).
+// rows that see it turn NaN through the logit (ksf_poison). C 16-byte chunks, chunk c at at(c).
 template <int C, typename At>
 __device__ __forceinline__ bool f16_row_poisoned(At at) {
   uint32_t any = 0;
@@ -214,17 +214,13 @@ __device__ __forceinline__ bool v_scales_poisoned(const uint16_t* vs) {
   for (int b = 0; b < NB / 2; ++b) m |= halves_nonfinite(reinterpret_cast<const uint32_t*>(vs)[b]);
   return m != 0u;
 }
-// This thread's keys 8 n + 2 tig + (0, 1) from the tile's flag bytes fl[64], as bits 2 n + (0, 1) (the S[.][n][e]
-// layout: bit 2 n + (e & 1)).
-__device__ __forceinline__ uint32_t v_flag_bits(const uint8_t* fl, int tig) {
-  uint32_t vm = 0;
-#pragma unroll
-  for (int n = 0; n < 8; ++n) {
-    const uint32_t w = *reinterpret_cast<const uint16_t*>(fl + 8 * n + 2 * tig);
-    vm |= ((w & 0xffu) != 0u ? 1u : 0u) << (2 * n);
-    vm |= ((w >> 8) != 0u ? 2u : 0u) << (2 * n);
-  }
-  return vm;
+// A V-poisoned key j of the tile: its K scale of block 0 becomes NaN in the tile's K scale table (k_scales'
+// layout: float4 (block 0, step j / 16, lane (j % 8) / 2), component (j & 1) + 2 ((j % 16) >= 8)), so its logit is
+// NaN and the K side of the policy does the rest: masking hides it with -inf where unseen, a seen NaN logit turns the
+// row's l NaN. No code in the tile loop's Q.K or softmax for it (a fold there costs the kernels registers and spills).
+__device__ __forceinline__ void ksf_poison(float4* ksf, int j) {
+  const int r = j & 15;
+  reinterpret_cast<float*>(ksf + 4 * (j >> 4) + ((r & 7) >> 1))[(r & 1) + 2 * (r >> 3)] = __int_as_float(0x7fc00000);
 }
 
 // Facts of a run of rows [r0, r1) of one (b, hkv) row space: smallest and largest last-visible key index
@@ -542,12 +538,11 @@ __global__ void __launch_bounds__(kThreads, MINB)
     }
   };
   // The rare branch of a tile whose V holds a poisoned key (block-uniform, after the barrier that ORed vbad): thread
-  // j < 64 finds key j's flag (float16: zeroing the row's NaN / Inf halves in the ring slot; q8_0 / q4_0: its NB V
-  // scales, still in the tile's scale slot: issue_pipe(tile + 1) refills that after this) and writes it to the other
-  // KSF buffer (free until prep_pipe(tile + 1)); then every thread takes its keys' bits (v_flag_bits).
+  // j < 64 checks key j (float16: zeroing the row's NaN / Inf halves in the ring slot; q8_0 / q4_0: its NB V scales,
+  // still in the tile's scale slot: issue_pipe(tile + 1) refills that after this) and, when it is bad, makes its K
+  // scale NaN in the tile's K scale table (ksf_poison) before compute reads it.
   auto v_poison_pipe = [&](int tile) {
     const int buf = int(tile & 1);
-    uint8_t* fl = reinterpret_cast<uint8_t*>(KSF + (buf ^ 1) * Tr::KSF_N);
     if (tid < kKeys) {
       bool bad;
       if constexpr (Tr::kConv) {
@@ -561,12 +556,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
         });
         if constexpr (kT) fence_proxy_async_smem();  // zeroed bytes: before wgmma / the next TMA into the slot
       }
-      fl[tid] = bad ? 1 : 0;
+      if (bad) ksf_poison(KSF + buf * Tr::KSF_N, tid);
     }
-    __syncthreads();  // the flags and zeroed V; every scale read before issue_pipe(tile + 1) refills the slot
-    const uint32_t vm = v_flag_bits(fl, tid & 3);
-    __syncthreads();  // every thread has its bits before prep_pipe(tile + 1) refills that KSF buffer
-    return vm;
+    __syncthreads();  // the NaN K scales and zeroed V; every scale read before issue_pipe(tile + 1) refills the slot
   };
 
   auto wait_tma = [&](int tile) {  // kT: every thread waits until the tile's tensor copies have landed
@@ -708,10 +700,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
   };
 
   // One tile of this warp: S = Q.K, mask, online softmax, O += P.V. K from the stage at k_st, the K scale
-  // pairs at KSF, f16 V rows at v_addr (shared addresses). vm: this thread's V-poisoned keys (v_flag_bits; 0 on
-  // the tiles without one).
-  auto compute = [&](const int j0, const unsigned k_st, const float4* __restrict__ ksf, const unsigned v_addr,
-                     const uint32_t vm) {
+  // pairs at KSF, f16 V rows at v_addr (shared addresses).
+  auto compute = [&](const int j0, const unsigned k_st, const float4* __restrict__ ksf, const unsigned v_addr) {
     // ---- S = Q.K (log2 units) ----
     float S[MT][8][4];
 #pragma unroll
@@ -814,17 +804,6 @@ __global__ void __launch_bounds__(kThreads, MINB)
           }
         }
     }
-    // ---- V-poisoned keys: NaN where seen (also on tiles that skip the masking: every key is seen there), so the
-    // row's l turns NaN (ex2(NaN); fmaxf drops NaN from the row max) and the epilogue writes a NaN row ----
-    if (vm != 0u) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) S[mt][n][e] = fold_v_poison(S[mt][n][e], (vm >> (2 * n + (e & 1))) & 1u);
-    }
-
     // ---- online softmax (rows gid, gid + 8 of each m tile; a quad shares a row) ----
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -999,9 +978,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     }
     // KSF / VH ready; and whether the tile holds a V-poisoned key (block-uniform)
     const bool vpois = __syncthreads_or(vbad) != 0;
-    uint32_t vm = 0;
-    if (vpois) {  // rare, as v_poison_pipe; the flags in the stage's K scale run (read by k_scales before the
-                  // barrier, refilled only after the next tile's first barrier)
+    if (vpois) {  // rare, as v_poison_pipe: a bad key's K scale NaN in KSF (ksf_poison) before compute reads it
       if (tid < kKeys) {
         bool bad;
         if constexpr (Tr::kConv) {
@@ -1011,16 +988,15 @@ __global__ void __launch_bounds__(kThreads, MINB)
           bad = f16_row_poisoned<C8>(
               [&](int c) { return reinterpret_cast<uint4*>(st + Tr::ST_K + tid * Tr::VRAW + c * 16); });
         }
-        kst[tid] = bad ? 1 : 0;
+        if (bad) ksf_poison(KSF, tid);
       }
-      __syncthreads();  // the flags and zeroed V
-      vm = v_flag_bits(kst, tid & 3);
+      __syncthreads();  // the NaN K scales and zeroed V
     }
 
     const int j0 = tile * kKeys;
     if (j0 > kmax_w) continue;  // no row of this warp sees any key of the tile (uniform per warp)
     compute(j0, smem_u32(st), KSF,
-            smem_u32(Tr::kConv ? static_cast<const void*>(VH) : static_cast<const void*>(st + Tr::ST_K)), vm);
+            smem_u32(Tr::kConv ? static_cast<const void*>(VH) : static_cast<const void*>(st + Tr::ST_K)));
   }
   } else {
   // one barrier per tile: it publishes KSF / f16 V of `tile` (prepared at the end of tile - 1) and K (+ f16 V)
@@ -1033,8 +1009,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   }
   for (int tile = 0; tile < nkt; ++tile) {
     const bool vpois = __syncthreads_or(vbad) != 0;  // and whether the tile holds a V-poisoned key (prep_pipe)
-    uint32_t vm = 0;
-    if (vpois) vm = v_poison_pipe(tile);  // rare
+    if (vpois) v_poison_pipe(tile);  // rare
     issue_pipe(tile + 1);  // K / V of tile + 1, scale runs of tile + 2
     const int buf = int(tile & 1);
     const int j0 = tile * kKeys;
@@ -1042,7 +1017,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
                                  // all 4 warps take part: such a warp's rows are all masked, so its P is 0)
       const unsigned ring = smem_u32(smem + kRingO + buf * kRingB);
       compute(j0, ring, KSF + buf * Tr::KSF_N,
-              Tr::kConv ? smem_u32(VH + buf * Tr::P_VHB) : ring + unsigned(kT ? Tr::T_KT : Tr::ST_K), vm);
+              Tr::kConv ? smem_u32(VH + buf * Tr::P_VHB) : ring + unsigned(kT ? Tr::T_KT : Tr::ST_K));
     }
     cp_async_wait<0>();  // this thread's copies of tile + 1
     if (tile + 1 < nkt) {
