@@ -48,8 +48,11 @@ def big_inputs(B: int, Hq: int, Hkv: int, Sq: int, Sk: int, dtype=np.float32, se
         for h in range(Hkv):
             direction = q[b, h * G:(h + 1) * G].astype(np.float32).mean(axis=(0, 1))
             direction /= np.linalg.norm(direction)
+            # one query row's norm (the head's rows differ by 0.9..1.1): the norm of the whole [Sq, D] block would
+            # shrink the logits by sqrt(Sq) and let the zero keys dominate again
+            row_norm = float(np.linalg.norm(q[b, h * G].astype(np.float32), axis=-1).mean())
             for n, j in enumerate(hot):
-                k_row = direction * (45.0 + n) * np.sqrt(D) / (np.linalg.norm(q[b, h * G]) + 1e-6)
+                k_row = direction * (45.0 + n) * np.sqrt(D) / (row_norm + 1e-6)
                 kp[b, h, j], ks[b, h, j] = (a[0, 0, 0] for a in R.pack_k(k_row[None, None, None]))
                 vp[b, h, j], vs[b, h, j] = (a[0, 0, 0] for a in R.pack_v(
                     rng.standard_normal((1, 1, 1, D), dtype=np.float32), "q8_0"))

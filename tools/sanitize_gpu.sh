@@ -10,8 +10,8 @@
 # bias, Sq = 300 prefill, split_k over 4099 keys with its scratch, Sk = 0, dead mask rows, scale + mask; PackK and
 # PackV), Dot4GroupQueryAttention appending in place on device buffers (split_k over two and four batch rows, one
 # and several valid lengths), the split_k merge from concurrent sessions, and a NaN in one V row on every route and V
-# format plus float16 V blocks of +-65504 (the kernels' rare paths that zero V in shared memory). Each tool runs the
-# set once.
+# format plus float16 V blocks of +-65504 (the kernels' rare paths that zero V in shared memory), and the float16-V
+# prefill's V scan with two of four heads poisoned (scan forced on, off, automatic). Each tool runs the set once.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 python=${PYTHON:-python3}
@@ -19,7 +19,7 @@ tools=("$@")
 [[ ${#tools[@]} -gt 0 ]] || tools=(memcheck racecheck synccheck initcheck)
 command -v compute-sanitizer >/dev/null || { echo "sanitize_gpu: compute-sanitizer not found" >&2; exit 2; }
 select=(tests/gpu/test_ort_cuda.py tests/gpu/test_cache_cuda.py tests/gpu/test_properties_cuda.py)
-filter="sanitizer or split_k-B2 or one-length-run or split_merge_concurrent or nonfinite_v or fp16_max_v"
+filter="sanitizer or split_k-B2 or one-length-run or split_merge_concurrent or nonfinite_v or fp16_max_v or prefill_v_scan"
 cd "$root"
 status=0
 for tool in "${tools[@]}"; do

@@ -1,6 +1,6 @@
 // Dot4Attention on the GPU: the launcher. Plans a validated call on the current device (gpu/launch_plan.h), then
 // executes the plan on the EP's stream: no host synchronisation and no device allocation happen here (split_k's
-// scratch comes from the caller, plan.scratch_bytes of it).
+// partials and the prefill's V flags come from the caller: plan.scratch_bytes of scratch).
 #include <map>
 #include <mutex>
 
@@ -42,6 +42,7 @@ TileArgs make_tile_args(const AttentionParams& p, const GpuPlan& plan) {
   a.ks_stride = p.ks_row();
   a.v_stride = v_stride_bytes(p);
   a.vs_stride = p.vs_row();
+  a.v_flags = nullptr;  // the prefill's V scan sets it (run_prefill)
   return a;
 }
 
@@ -112,10 +113,10 @@ void attention_gpu(const AttentionParams& p, const gpu::GpuPlan& plan, void* scr
   }
   if (plan.scratch_bytes > 0 && scratch == nullptr)
     throw std::runtime_error("Dot4Attention GPU: the plan needs " + std::to_string(plan.scratch_bytes) +
-                             " bytes of split_k scratch, none given");
+                             " bytes of scratch (split_k partials or the prefill's V flags), none given");
   const TileArgs a = make_tile_args(p, plan);
   switch (plan.route) {
-    case Route::kPrefill: run_prefill(plan, a, s); return;
+    case Route::kPrefill: run_prefill(plan, a, scratch, s); return;
     case Route::kSplitK: run_split_k(plan, a, scratch, s); return;
     case Route::kDecode:
       if (run_decode(plan, a, s)) return;

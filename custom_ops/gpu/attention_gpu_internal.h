@@ -37,8 +37,9 @@ bool run_decode(const GpuPlan& plan, const TileArgs& a, gpuStream_t stream);
 // log-sum-exp merge.
 void run_split_k(const GpuPlan& plan, TileArgs a, void* scratch, gpuStream_t stream);
 
-// prefill/prefill_gpu.cu: a plan of the tensor-core prefill or of the prefill tile kernel.
-void run_prefill(const GpuPlan& plan, const TileArgs& a, gpuStream_t stream);
+// prefill/prefill_gpu.cu: a plan of the tensor-core prefill or of the prefill tile kernel (scratch: the V scan's
+// flags when plan.v_scan, else unused).
+void run_prefill(const GpuPlan& plan, const TileArgs& a, void* scratch, gpuStream_t stream);
 
 }  // namespace gpu
 }  // namespace dot4attn

@@ -66,6 +66,9 @@ struct TileArgs {
   int64_t ks_stride;  // halves between K scale rows
   int64_t v_stride;   // bytes between V rows, every format (a multiple of 16)
   int64_t vs_stride;  // halves between V scale rows
+  // Tensor-core prefill with float16 V (v_scan.cuh): per (b, kv head), nonzero where its V rows may hold a NaN / Inf,
+  // from one scan before the prefill; null: every tile checks its V itself.
+  const int* v_flags;
 };
 
 __host__ __device__ constexpr int v_row_bytes(int vk, int d) {

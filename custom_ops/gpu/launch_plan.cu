@@ -350,6 +350,17 @@ bool plan_prefill_inst(GpuPlan& pl, const AttentionParams& p, const DeviceFacts&
   if (block_count(pl, p) > kMaxBlocks) return refuse(why, "tensor-core prefill: more than 2^31 - 1 blocks");
   pl.kernel = KernelKind::kPrefillMma;
   set_blocks(pl, p);
+  // float16 V on the wgmma path (3 blocks per SM): the V check once per call (v_scan.cuh) instead of once per tile and
+  // block, where every V tile is read by 8 blocks or more and the keys are enough for the scan and the second launch
+  // (the flagged heads', its other blocks returning at once: ~5 us in all) to cost less than the check's 6-8 %
+  pl.v_scan = false;
+  if constexpr (VK == kVF16 && MINB == 3) {
+    if (!pl.wgmma) return true;
+    const int64_t reads = pl.blocks / (p.B * p.Hkv);  // blocks reading each V tile of a (batch, KV head)
+    const bool fits = p.B * p.Hkv * cdiv(p.Sk, kVScanKeys) <= kMaxBlocks;
+    pl.v_scan = fits && (ov.v_scan == 1 || (ov.v_scan != 0 && reads >= 8 && p.Sk >= 2048));
+    if (pl.v_scan) pl.scratch_bytes = size_t(p.B * p.Hkv) * sizeof(int);
+  }
   return true;
 }
 
@@ -544,9 +555,10 @@ PlanOverrides parse_plan_overrides(const char* s) {
     else if (k == "tma") ov.tma = to_int(k, v, 0, 1, kWhat);
     else if (k == "wgmma") ov.wgmma = to_int(k, v, 0, 1, kWhat);
     else if (k == "split_waves") ov.split_waves = to_int(k, v, 0, 64, kWhat);
+    else if (k == "v_scan") ov.v_scan = to_int(k, v, 0, 1, kWhat);
     else
       fail(kWhat, "unknown key '", k, "' (expected kernel, warps, stages, staging, cluster, m_tiles, min_blocks, tma, ",
-           "wgmma, split_waves)");
+           "wgmma, split_waves, v_scan)");
   }
   return ov;
 }
@@ -588,7 +600,8 @@ std::string plan_json(const GpuPlan& pl) {
     o << ", \"staging\": \"" << staging_name(pl.staging) << "\", \"cluster\": " << pl.cluster;
   if (pl.kernel == KernelKind::kPrefillMma)
     o << ", \"m_tiles\": " << pl.m_tiles << ", \"min_blocks\": " << pl.min_blocks << ", \"tma\": "
-      << (pl.tma ? "true" : "false") << ", \"wgmma\": " << (pl.wgmma ? "true" : "false");
+      << (pl.tma ? "true" : "false") << ", \"wgmma\": " << (pl.wgmma ? "true" : "false") << ", \"v_scan\": "
+      << (pl.v_scan ? "true" : "false");
   o << ", \"smem_bytes\": " << pl.smem_bytes << ", \"n_splits\": " << pl.n_splits << ", \"split_len\": "
     << pl.split_len << ", \"n_chunks\": " << pl.n_chunks << ", \"blocks\": " << pl.blocks
     << ", \"scratch_bytes\": " << pl.scratch_bytes << ", \"strided\": " << (pl.strided ? "true" : "false")

@@ -13,6 +13,7 @@
 //   cluster=N                   the tensor-core decode route's cluster size (1: none)
 //   m_tiles=1|2  min_blocks=2|3 tma=0|1  wgmma=0|1     the tensor-core prefill's instance
 //   split_waves=N               split_k's waves of (batch, KV head, split) items per multiprocessor
+//   v_scan=0|1                  the float16-V tensor-core prefill's V scan (GpuPlan::v_scan)
 // Host code only; no GPU runtime call here (device facts come in as a value).
 #pragma once
 
@@ -43,6 +44,10 @@ struct DeviceFacts {
   bool tma = false;         // the driver's tensor-map encoder is available
 };
 
+// Keys per block of the prefill's V scan (v_scan.cuh): 64 KB of float16 V at D = 128, enough blocks to fill the
+// device at 2k keys.
+constexpr int kVScanKeys = 256;
+
 struct PlanOverrides {
   int kernel = -1;  // -1 auto, else a KernelKind (kDecodeMma / kPrefillMma: "mma", the route's tensor-core kernel)
   int warps = 0, stages = 0;
@@ -51,6 +56,7 @@ struct PlanOverrides {
   int m_tiles = 0, min_blocks = 0;
   int tma = -1, wgmma = -1;  // -1 auto, 0 off, 1 on (where possible)
   int split_waves = 0;       // 0: the default (2)
+  int v_scan = -1;           // -1 auto, 0 off, 1 on (tensor-core prefill, float16 V)
 };
 
 struct GpuPlan {
@@ -74,7 +80,9 @@ struct GpuPlan {
   int reverse_chunks = 0;    // causal prefill: heaviest row chunks first
   int64_t causal_tiles = 0;  // tensor-core causal prefill with Sq % rows == 0: row tiles per head (else 0)
   int64_t blocks = 0;
-  size_t scratch_bytes = 0;  // split_k partials (device memory the caller provides)
+  size_t scratch_bytes = 0;  // split_k partials or the prefill's V flags (device memory the caller provides)
+  bool v_scan = false;       // tensor-core prefill, float16 V: one scan flags the (b, KV head)s whose V holds a NaN /
+                             // Inf, so the kernel's tiles of every other head skip their V check (gpu/v_scan.cuh)
   bool strided = false;      // K / V rows strided (AttentionParams' row layout is not the dense one)
   std::string fallback;      // why the route's preferred kernel was not taken ("" when it was)
   PlanOverrides overrides;   // what the plan was made with (a refused cluster launch is planned again without)

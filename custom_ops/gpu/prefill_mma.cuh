@@ -33,8 +33,10 @@
 //  * causal: heaviest query chunks launch first (position-major block order when Sq % 64 == 0), a block stops
 //    at the last key its rows can see, a warp skips tiles its rows cannot see at all (exact: p would be 0).
 //  * V-poisoned keys (docs/ops.md, vendor.h): each thread checks the V it prepares for a tile (float16: one HFMA2
-//    per word; q8_0 / q4_0: one compare per scale, which finds scales past the float16 limit too) and the barrier
-//    that publishes the tile ORs the answers (__syncthreads_or). q8_0 / q4_0 chunks with such a scale are converted
+//    per word, a pass over the whole tile since the wgmma P.V never holds V in registers; when the plan scans V first
+//    (v_scan.cuh), only the VC instance that runs the flagged heads has the check; q8_0 / q4_0: one compare per scale
+//    during their conversion, which finds scales past the float16 limit too) and the barrier that publishes the
+//    tile ORs the answers (__syncthreads_or). q8_0 / q4_0 chunks with such a scale are converted
 //    again by their thread (rare): a NaN / Inf scale as 0, values clamped to +-65504. Only a tile that holds a
 //    poisoned key (block-uniform) takes the slow branch: thread j checks key j (zeroing the NaN / Inf halves of a
 //    float16 row, so p = 0 times its V stays 0) and makes a bad key's K scale NaN in the tile's K scale table
@@ -252,7 +254,10 @@ __device__ __forceinline__ void run_kminmax(const TileArgs& a, int64_t r0, int64
 // TMA (sm_90, pipelined layout only): K / V tiles by tensor copies from the maps in tm (else tm is unused).
 // WG (with TMA, MT = 1, D <= 128): P.V by wgmma from the swizzled f16 V where the build has it (sm_90a, D4A_WGMMA);
 // elsewhere the same launch runs mma.sync (the shared-memory layout is the TMA one either way).
-template <int VK, int D, int MT, int MINB, bool TMA, bool WG>
+// VC = false (float16 V only): the instance without the V check, for the heads a V scan left unflagged
+// (v_scan.cuh); with a scan (a.v_flags set) the VC = true instance runs only the flagged heads. Their other blocks
+// return at once. Without a scan (a.v_flags null) the VC = true instance runs every head, checking each tile.
+template <int VK, int D, int MT, int MINB, bool TMA, bool WG, bool VC = true>
 __global__ void __launch_bounds__(kThreads, MINB)
     prefill_mma_kernel(const TileArgs a, const int64_t ncq, const __grid_constant__ TmaMaps tm) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -288,6 +293,11 @@ __global__ void __launch_bounds__(kThreads, MINB)
     if (a.reverse_chunks) chunk = a.n_chunks - 1 - chunk;
   }
   const int64_t b = bh / a.Hkv, hkv = bh % a.Hkv;
+  // float16 V after a scan: this instance takes only the heads of its kind (flagged: VC, unflagged: !VC). The check
+  // is compiled out of the !VC instance, not skipped at run time: its code alone (registers, spills of the 168-register
+  // wgmma instance) cost ~6 % of an 8k prefill whose heads all skipped it.
+  if (VK == kVF16 && a.v_flags != nullptr && (a.v_flags[bh] != 0) != VC) return;
+  constexpr bool kVCheck = VC || VK != kVF16;  // q8_0 / q4_0: always (their conversion needs the scale check anyway)
   const int64_t rows_here = a.g * a.Sq;
   const int64_t row0 = chunk * kRows;
   const int64_t row_end = row0 + kRows < rows_here ? row0 + kRows : rows_here;
@@ -517,7 +527,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
       // wgmma reads the buffer through the async proxy: order these generic-proxy writes before it (the barrier
       // at the top of the next tile then publishes them to the other warps)
       if constexpr (kWG) fence_proxy_async_smem();
-    } else {
+    } else if constexpr (kVCheck) {
       // f16 V where it lies in the ring slot (this thread's chunks: the ones it copied, or with TMA the same split):
       // acc = w * 0 + acc stays +-0 while every half is finite and turns NaN at an Inf / NaN (four short chains)
       const uint8_t* vt = smem + kRingO + buf * kRingB + (kT ? Tr::T_KT : Tr::ST_K);
@@ -961,7 +971,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
       };
       conv(std::false_type{});
       if (past) conv(std::true_type{});
-    } else {  // f16 V in the stage (padded rows: only the 2 D bytes of V are read)
+    } else if constexpr (kVCheck) {  // f16 V in the stage (padded rows: only the 2 D bytes of V are read)
       const __half2 z2 = __float2half2_rn(0.f);
       __half2 nf[4] = {z2, z2, z2, z2};
 #pragma unroll 4
@@ -977,7 +987,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
       vbad = (*reinterpret_cast<const uint32_t*>(&nfa) & 0x7fff7fffu) != 0u;
     }
     // KSF / VH ready; and whether the tile holds a V-poisoned key (block-uniform)
-    const bool vpois = __syncthreads_or(vbad) != 0;
+    const bool vpois = __syncthreads_or(vbad) != 0;  // (the !VC instances all take the pipelined loop below)
     if (vpois) {  // rare, as v_poison_pipe: a bad key's K scale NaN in KSF (ksf_poison) before compute reads it
       if (tid < kKeys) {
         bool bad;
@@ -1008,8 +1018,12 @@ __global__ void __launch_bounds__(kThreads, MINB)
     prep_pipe(0);
   }
   for (int tile = 0; tile < nkt; ++tile) {
-    const bool vpois = __syncthreads_or(vbad) != 0;  // and whether the tile holds a V-poisoned key (prep_pipe)
-    if (vpois) v_poison_pipe(tile);  // rare
+    // and whether the tile holds a V-poisoned key (prep_pipe)
+    if constexpr (kVCheck) {
+      if (__syncthreads_or(vbad) != 0) v_poison_pipe(tile);  // rare
+    } else {
+      __syncthreads();
+    }
     issue_pipe(tile + 1);  // K / V of tile + 1, scale runs of tile + 2
     const int buf = int(tile & 1);
     const int j0 = tile * kKeys;

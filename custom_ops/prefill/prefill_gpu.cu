@@ -1,7 +1,9 @@
 // Dot4Attention prefill route on the GPU (Sq > 8): tiled FlashAttention in one launch. Executes a launch plan
 // (gpu/launch_plan.h) of one of two kernels:
 //   * the tensor-core prefill (gpu/prefill_mma.cuh; CUDA sm_80+, float16 T, D 64 / 128 / 256): int8 mma Q.K, f16
-//     mma.sync P.V, or on sm_90a wgmma P.V from TMA tiles;
+//     mma.sync P.V, or on sm_90a wgmma P.V from TMA tiles; with float16 V a long wgmma call first scans V once for
+//     NaN / Inf (gpu/v_scan.cuh), then runs the unflagged heads on an instance without the V check and the flagged
+//     ones on the checked instance;
 //   * the tile kernel (gpu/attention_tile.cuh; every other case, and HIP): a block owns 64 rows of one (batch, KV
 //     head) row space and walks the keys in 64-key tiles; with causal masking it stops at the last key its rows can
 //     see, tiles that every row sees fully run without any check, only the causal tail (and explicit masks) is
@@ -11,6 +13,7 @@
 
 #include "gpu/attention_gpu_internal.h"
 #include "gpu/prefill_mma.cuh"
+#include "gpu/v_scan.cuh"
 
 namespace dot4attn {
 namespace gpu {
@@ -47,8 +50,10 @@ __global__ void wgmma_marker_kernel(int* p) {
 
 // One planned instance: TMA tiles (sm_90, 2+ blocks per SM of the pipelined layout), with the wgmma P.V where the
 // plan says so, or cp.async tiles.
+// scratch: the V scan's flags (pl.v_scan: float16 V, wgmma, 3 blocks per SM; the only instances compiled without
+// the V check).
 template <int VK, int D, int MT, int MINB>
-void mma_inst(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {
+void mma_inst(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s) {
   using Tr = pmma::Traits<VK, D, MT>;
   TmaMaps tm{};
   if constexpr (Tr::kPipe && MINB >= 2) {
@@ -57,26 +62,38 @@ void mma_inst(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {
           !tma_map_rows(&tm.v, a.v, Tr::VROW, a.v_stride, a.kv_rows, a.Sk, a.B * a.Hkv, pmma::kKeys))
         throw std::runtime_error("Dot4Attention GPU: the driver refused the K / V tensor maps of a TMA plan");
       if constexpr (Tr::kWgmma) {
-        if (pl.wgmma) return launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, true, true>, pl, s, a,
-                                            pl.causal_tiles, tm);
+        if constexpr (VK == kVF16 && MINB == 3) {
+          if (pl.wgmma && pl.v_scan) {  // unflagged heads without the V check, then the flagged ones with it
+            TileArgs b = a;
+            b.v_flags = static_cast<const int*>(scratch);
+            scan_v_nonfinite(b, static_cast<int*>(scratch), s);
+            launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, true, true, false>, pl, s, b, pl.causal_tiles,
+                           tm);
+            return launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, true, true>, pl, s, b, pl.causal_tiles,
+                                  tm);
+          }
+        }
+        if (pl.wgmma && !pl.v_scan)
+          return launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, true, true>, pl, s, a, pl.causal_tiles, tm);
       }
+      if (pl.v_scan) no_instance(pl);  // the planner scans only where the unchecked instance exists
       return launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, true, false>, pl, s, a, pl.causal_tiles, tm);
     }
   }
-  if (pl.tma || pl.wgmma) no_instance(pl);
+  if (pl.tma || pl.wgmma || pl.v_scan) no_instance(pl);
   launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, false, false>, pl, s, a, pl.causal_tiles, tm);
 }
 
 template <int VK>
-void mma_vk(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {
+void mma_vk(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s) {
   const int mt = pl.m_tiles, minb = pl.min_blocks;
-  if (a.D == 64 && mt == 2 && minb == 1) return mma_inst<VK, 64, 2, 1>(pl, a, s);
-  if (a.D == 64 && mt == 1 && minb == 3) return mma_inst<VK, 64, 1, 3>(pl, a, s);
-  if (a.D == 64 && mt == 1 && minb == 2) return mma_inst<VK, 64, 1, 2>(pl, a, s);
-  if (a.D == 128 && mt == 2 && minb == 1) return mma_inst<VK, 128, 2, 1>(pl, a, s);
-  if (a.D == 128 && mt == 1 && minb == 3) return mma_inst<VK, 128, 1, 3>(pl, a, s);
-  if (a.D == 128 && mt == 1 && minb == 2) return mma_inst<VK, 128, 1, 2>(pl, a, s);
-  if (a.D == 256 && mt == 1 && minb == 1) return mma_inst<VK, 256, 1, 1>(pl, a, s);
+  if (a.D == 64 && mt == 2 && minb == 1) return mma_inst<VK, 64, 2, 1>(pl, a, scratch, s);
+  if (a.D == 64 && mt == 1 && minb == 3) return mma_inst<VK, 64, 1, 3>(pl, a, scratch, s);
+  if (a.D == 64 && mt == 1 && minb == 2) return mma_inst<VK, 64, 1, 2>(pl, a, scratch, s);
+  if (a.D == 128 && mt == 2 && minb == 1) return mma_inst<VK, 128, 2, 1>(pl, a, scratch, s);
+  if (a.D == 128 && mt == 1 && minb == 3) return mma_inst<VK, 128, 1, 3>(pl, a, scratch, s);
+  if (a.D == 128 && mt == 1 && minb == 2) return mma_inst<VK, 128, 1, 2>(pl, a, scratch, s);
+  if (a.D == 256 && mt == 1 && minb == 1) return mma_inst<VK, 256, 1, 1>(pl, a, scratch, s);
   no_instance(pl);
 }
 #endif
@@ -104,7 +121,7 @@ bool wgmma_in_binary() {
 #endif
 }
 
-void run_prefill(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {
+void run_prefill(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s) {
   if (pl.kernel == KernelKind::kTile) {
     switch (a.vk) {
       case kVF32: return tile_d<kVF32>(pl, a, s);
@@ -116,9 +133,9 @@ void run_prefill(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {
 #if defined(D4A_HAS_PREFILL_MMA)
   if (pl.kernel == KernelKind::kPrefillMma) {
     switch (a.vk) {
-      case kVF16: return mma_vk<kVF16>(pl, a, s);
-      case kVQ8: return mma_vk<kVQ8>(pl, a, s);
-      case kVQ4: return mma_vk<kVQ4>(pl, a, s);
+      case kVF16: return mma_vk<kVF16>(pl, a, scratch, s);
+      case kVQ8: return mma_vk<kVQ8>(pl, a, scratch, s);
+      case kVQ4: return mma_vk<kVQ4>(pl, a, scratch, s);
       default: break;
     }
   }

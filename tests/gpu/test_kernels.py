@@ -28,7 +28,7 @@ FALLBACKS = {"prefill": ["kernel=tile"], "decode": ["kernel=simt", "kernel=tile"
              "split_k": ["kernel=simt", "kernel=tile"]}
 # The tensor-core kernels' instances (float16 T, D 64 / 128 / 256), forced on the long cases.
 MMA_DECODE = ["staging=cp_async", "staging=tma", "staging=regs", "cluster=1", "warps=2,stages=1", "warps=8"]
-MMA_PREFILL = ["tma=0", "wgmma=0", "min_blocks=2", "m_tiles=2", "tma=0,stages=1"]
+MMA_PREFILL = ["tma=0", "wgmma=0", "min_blocks=2", "m_tiles=2", "tma=0,stages=1", "v_scan=0", "v_scan=1"]
 KERNEL_OF = {"kernel=simt": "decode_simt", "kernel=tile": "tile"}
 
 

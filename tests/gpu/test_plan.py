@@ -52,6 +52,17 @@ def test_h200_prefill_takes_wgmma(v_format):
     assert p["blocks"] == 1 * 8 * 4 * (8192 // 64)  # causal tiles: B x Hkv x group x Sq / 64
 
 
+@pytest.mark.parametrize("v_format,sq,sk,overrides,scan", [
+    ("float", 2048, 2048, "", True), ("float", 8192, 8192, "", True),      # long float16-V prefills: one V scan
+    ("float", 512, 512, "", False), ("float", 4096, 1024, "", False),      # short key walks: each tile checks V
+    ("float", 512, 512, "v_scan=1", True), ("float", 8192, 8192, "v_scan=0", False),
+    ("q8_0", 8192, 8192, "", False), ("q4_0", 8192, 8192, "v_scan=1", False),  # q8_0 / q4_0: checked while converted
+    ("float", 8192, 8192, "wgmma=0", False), ("float", 8192, 8192, "min_blocks=2", False)])  # no unchecked instance
+def test_prefill_v_scan_and_its_scratch(v_format, sq, sk, overrides, scan):
+    p = plan(2, 32, 8, sq, sk, 128, v_format=v_format, overrides=overrides)
+    assert (p["kernel"], p["v_scan"], p["scratch_bytes"]) == ("prefill_mma", scan, 2 * 8 * 4 if scan else 0)
+
+
 def test_plain_sm90_build_keeps_mma_sync_at_two_blocks():
     p = plan(1, 32, 8, 8192, 8192, 128, device=H100_PLAIN_SM90, v_format="float")
     assert (p["kernel"], p["tma"], p["wgmma"], p["min_blocks"]) == ("prefill_mma", True, False, 2)

@@ -15,6 +15,7 @@ from hypothesis import given, seed, settings
 
 import property_cases as P
 from conftest import check_packed
+from dot4attn import native
 from dot4attn import reference as R
 from test_ort_cuda import _need_gpu, gpu_attention, gpu_pack  # noqa: F401 (_need_gpu: autouse, skips without CUDA)
 
@@ -65,6 +66,32 @@ def test_nonfinite_v_gpu(hidden, v_format, route):
     case = _v_poison_case(v_format, route, hidden)
     out = gpu_attention(*case.inputs(), v_format=case.v_format, causal=case.causal, route=case.route)
     P.check_attention(out, case.reference(), case, f"{case!r} EP=CUDA")
+
+
+# ---- the float16-V prefill's V scan (gpu/v_scan.cuh): one pass flags the (batch, KV head)s whose V holds a NaN / Inf,
+# and only their tiles check V. Two heads poisoned (a NaN seen by most rows, an Inf seen by the last row only), two
+# clean: the poisoned heads' rows must follow the policy, the clean heads must equal the reference; with the scan
+# forced on, off, and the planner's choice (on at this size).
+
+@pytest.mark.parametrize("overrides", ["", "v_scan=1", "v_scan=0"])
+def test_prefill_v_scan_gpu(torch_cuda, overrides):
+    from gpu_support import to_device
+
+    rng = np.random.default_rng(23)
+    B, Hq, Hkv, S, D = 2, 4, 2, 2048, 128
+    q = rng.standard_normal((B, Hq, S, D), dtype=np.float32).astype(np.float16)
+    kp, ks = R.pack_k(rng.standard_normal((B, Hkv, S, D), dtype=np.float32))
+    v = rng.standard_normal((B, Hkv, S, D), dtype=np.float32).astype(np.float16)
+    v[1, 0, 1000, 77] = np.nan
+    v[0, 1, S - 1, 3] = np.inf
+    case = P.AttnCase("float16", "float", 1, "prefill", q, kp, ks, v, None, None, ("normal", "normal", "nonfinite"))
+    t = [to_device(torch_cuda, a) for a in (q, kp, ks, v)]
+    out = torch_cuda.empty_like(t[0])
+    call = native.TorchAttention(*t, None, out, v_format="float", causal=True, route="prefill", overrides=overrides)
+    plan = call(return_plan=True)
+    torch_cuda.cuda.synchronize()
+    assert plan["kernel"] == "prefill_mma" and plan["v_scan"] == (overrides != "v_scan=0")
+    P.check_attention(out.cpu().numpy(), case.reference(), case, f"{case!r} {overrides or 'auto'} EP=CUDA")
 
 
 # ---- float16 V blocks of +-65504 under q8_0 / q4_0 ------------------------------------------------------------------

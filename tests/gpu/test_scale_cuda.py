@@ -32,13 +32,7 @@ def _need_gpu():
         pytest.skip(reason)
 
 
-# The prefill over 2^24 + 64 keys reads every hot key (an offset computed in 32 bits would miss one and land far off) but
-# lands at NMSE 3.5e-6 from the exact output, float32 and float16 alike, where decode and split_k stay below 1e-6;
-# the prefill's float32 math over 2^24 keys is not yet understood. strict: a fix makes these pass and must drop it.
-_PREFILL_2_24 = pytest.mark.xfail(strict=True, reason="prefill over 2^24 keys: NMSE 3.5e-6 vs the exact output")
-
-
-@pytest.mark.parametrize("route,Sq", [("decode", 1), ("split_k", 1), pytest.param("prefill", 16, marks=_PREFILL_2_24)])
+@pytest.mark.parametrize("route,Sq", [("decode", 1), ("split_k", 1), ("prefill", 16)])
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 def test_keys_past_2_31_elements(_need_gpu, route, Sq, dtype):
     feeds, hot = SC.big_inputs(1, 2, 1, Sq, SC.BIG_SK, dtype=dtype)

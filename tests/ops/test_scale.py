@@ -22,6 +22,18 @@ def test_the_construction_is_exact(causal):
     check_nmse(SC.expected_output(feeds, hot, causal=causal), want, 1e-10, f"construction causal={causal}")
 
 
+@pytest.mark.parametrize("Sq", [1, 5, 16])
+def test_the_hot_keys_dominate_every_row(Sq):
+    """Every query row gives its hot keys a top logit of at least 25, so the 2^24 zero keys weigh below 2e-4 of
+    its sum: the check measures which keys were read, not the float32 rounding of 2^24 equal terms (a key scale
+    from the whole [Sq, D] query block's norm gave Sq = 16 top logits of ~8, where the zero keys outweigh the hot
+    ones 9000 to 1)."""
+    feeds, hot = SC.big_inputs(1, 2, 1, Sq, 1 << 12)
+    idx = np.asarray(hot)
+    s = R.dot4_logits(feeds["query"], feeds["k_payload"][:, :, idx], feeds["k_scales"][:, :, idx])
+    assert s.max(axis=-1).min() >= 25.0
+
+
 @pytest.fixture(scope="module")
 def big():
     return SC.big_inputs(1, 2, 1, 1, SC.BIG_SK)
