@@ -261,6 +261,11 @@ template <int VK, int D, int MT, int MINB, bool TMA, bool WG, bool VC = true>
 __global__ void __launch_bounds__(kThreads, MINB)
     prefill_mma_kernel(const TileArgs a, const int64_t ncq, const __grid_constant__ TmaMaps tm) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if !defined(D4A_WGMMA)
+  // Only wgmma plans launch the unchecked instance (launch_plan.cu, v_scan), so only sm_90a code needs its body: the
+  // trap keeps the other targets' copies empty (less for ptxas) and loud if ever reached.
+  if constexpr (!VC) __trap();
+#endif
   using Tr = Traits<VK, D, MT>;
   constexpr int kRows = Tr::kRows;
   constexpr int RW = 16 * MT;  // rows per warp
