@@ -185,6 +185,45 @@ __device__ __forceinline__ uint4 hclamp4(uint4 o) {
   return make_uint4(hclamp_u(o.x), hclamp_u(o.y), hclamp_u(o.z), hclamp_u(o.w));
 }
 
+// A q8_0 / q4_0 V chunk's fp16 scale sb as the half2 its conversion multiplies by. FIX = false (the common
+// conversion): past notes a scale past the float16 limit or non-finite (scales_past_limit). FIX = true (that chunk
+// converted again, rare): a NaN / Inf scale becomes 0 and vbad notes the V-poisoned key.
+template <int VK, bool FIX>
+__device__ __forceinline__ __half2 v_scale2(uint16_t sb, bool& past, bool& vbad) {
+  __half2 s2 = __half2half2(__ushort_as_half(sb));
+  if constexpr (FIX) {
+    if (half_nonfinite(sb)) {
+      s2 = __float2half2_rn(0.f);
+      vbad = true;
+    }
+  } else {
+    past |= scales_past_limit<VK>(sb);  // the upper half (0) is within the limit
+  }
+  return s2;
+}
+// Whether N 16-byte pieces of float16 V, piece i at at(i), hold a NaN / Inf (the common path's check, see prep_pipe):
+// acc = w * 0 + acc stays +-0 while every half is finite and turns NaN at an Inf / NaN; one HFMA2 per word in four
+// short chains. UNROLL: the caller's unroll factor (0: full).
+template <int N, int UNROLL, typename At>
+__device__ __forceinline__ bool f16_pieces_nonfinite(At at) {
+  const __half2 z2 = __float2half2_rn(0.f);
+  __half2 nf[4] = {z2, z2, z2, z2};
+  auto add = [&](const uint4 u) {
+    nf[0] = __hfma2(*reinterpret_cast<const __half2*>(&u.x), z2, nf[0]);
+    nf[1] = __hfma2(*reinterpret_cast<const __half2*>(&u.y), z2, nf[1]);
+    nf[2] = __hfma2(*reinterpret_cast<const __half2*>(&u.z), z2, nf[2]);
+    nf[3] = __hfma2(*reinterpret_cast<const __half2*>(&u.w), z2, nf[3]);
+  };
+  if constexpr (UNROLL == 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) add(at(i));
+  } else {
+#pragma unroll UNROLL
+    for (int i = 0; i < N; ++i) add(at(i));
+  }
+  const __half2 nfa = __hadd2(__hadd2(nf[0], nf[1]), __hadd2(nf[2], nf[3]));
+  return (*reinterpret_cast<const uint32_t*>(&nfa) & 0x7fff7fffu) != 0u;
+}
 // The V-poisoned keys of a tile (rare; the common path only checks, see prep_pipe): key j's flag is found by thread
 // j alone, which also zeroes the NaN / +-Inf halves of a float16 row. Zeroing those values alone is enough: the other
 // values of a poisoned key are finite, and p = 0 (rows that do not see the key) times a finite value is 0, while the
@@ -503,15 +542,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
           const int at = kT ? tma_row_byte<Tr::VROW, kKeys>(j, pv * 16) : j * Tr::VRAW + pv * 16;
           const uint4 w = *reinterpret_cast<const uint4*>(smem + kVR + at);
           const uint16_t sb = vsr[j * NB + (VK == kVQ8 ? pv >> 1 : pv)];  // q8_0: block pv / 2; q4_0: block pv
-          __half2 s2 = __half2half2(__ushort_as_half(sb));
-          if constexpr (decltype(fix)::value) {
-            if (half_nonfinite(sb)) {
-              s2 = __float2half2_rn(0.f);
-              vbad = true;
-            }
-          } else {
-            past |= scales_past_limit<VK>(sb);  // the upper half (0) is within the limit
-          }
+          const __half2 s2 = v_scale2<VK, decltype(fix)::value>(sb, past, vbad);
           auto put = [&](int b, uint4 o) {
             if constexpr (decltype(fix)::value) o = hclamp4(o);
             *vh_at(j, b) = o;
@@ -533,23 +564,13 @@ __global__ void __launch_bounds__(kThreads, MINB)
       // at the top of the next tile then publishes them to the other warps)
       if constexpr (kWG) fence_proxy_async_smem();
     } else if constexpr (kVCheck) {
-      // f16 V where it lies in the ring slot (this thread's chunks: the ones it copied, or with TMA the same split):
-      // acc = w * 0 + acc stays +-0 while every half is finite and turns NaN at an Inf / NaN (four short chains)
+      // f16 V where it lies in the ring slot (this thread's chunks: the ones it copied, or with TMA the same split)
       const uint8_t* vt = smem + kRingO + buf * kRingB + (kT ? Tr::T_KT : Tr::ST_K);
-      const __half2 z2 = __float2half2_rn(0.f);
-      __half2 nf[4] = {z2, z2, z2, z2};
-#pragma unroll
-      for (int i = 0; i < VIT; ++i) {
+      vbad = f16_pieces_nonfinite<VIT, 0>([&](int i) {
         const int j = jv + i * (kThreads / vch);
-        const uint4 u = *reinterpret_cast<const uint4*>(
+        return *reinterpret_cast<const uint4*>(
             vt + (kT ? tma_row_byte<Tr::VROW, kKeys>(j, pv * 16) : j * Tr::VRAW + pv * 16));
-        nf[0] = __hfma2(*reinterpret_cast<const __half2*>(&u.x), z2, nf[0]);
-        nf[1] = __hfma2(*reinterpret_cast<const __half2*>(&u.y), z2, nf[1]);
-        nf[2] = __hfma2(*reinterpret_cast<const __half2*>(&u.z), z2, nf[2]);
-        nf[3] = __hfma2(*reinterpret_cast<const __half2*>(&u.w), z2, nf[3]);
-      }
-      const __half2 nfa = __hadd2(__hadd2(nf[0], nf[1]), __hadd2(nf[2], nf[3]));
-      vbad = (*reinterpret_cast<const uint32_t*>(&nfa) & 0x7fff7fffu) != 0u;
+      });
     }
   };
   // The rare branch of a tile whose V holds a poisoned key (block-uniform, after the barrier that ORed vbad): thread
@@ -953,15 +974,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
         for (int it = 0; it < IT8; ++it) {
           const int u = tid + it * kThreads, j = u / C8, c8 = u % C8;
           const uint16_t sb = vsr[j * NB + (c8 >> 2)];
-          __half2 s2 = __half2half2(__ushort_as_half(sb));
-          if constexpr (decltype(fix)::value) {
-            if (half_nonfinite(sb)) {
-              s2 = __float2half2_rn(0.f);
-              vbad = true;
-            }
-          } else {
-            past |= scales_past_limit<VK>(sb);
-          }
+          const __half2 s2 = v_scale2<VK, decltype(fix)::value>(sb, past, vbad);
           uint4 o;
           if constexpr (VK == kVQ8) {
             const uint2 w = *reinterpret_cast<const uint2*>(vr + j * Tr::VRAW + c8 * 8);
@@ -977,19 +990,10 @@ __global__ void __launch_bounds__(kThreads, MINB)
       conv(std::false_type{});
       if (past) conv(std::true_type{});
     } else if constexpr (kVCheck) {  // f16 V in the stage (padded rows: only the 2 D bytes of V are read)
-      const __half2 z2 = __float2half2_rn(0.f);
-      __half2 nf[4] = {z2, z2, z2, z2};
-#pragma unroll 4
-      for (int it = 0; it < IT8; ++it) {
+      vbad = f16_pieces_nonfinite<IT8, 4>([&](int it) {
         const int u = tid + it * kThreads;
-        const uint4 w = *reinterpret_cast<const uint4*>(st + Tr::ST_K + (u / C8) * Tr::VRAW + (u % C8) * 16);
-        nf[0] = __hfma2(*reinterpret_cast<const __half2*>(&w.x), z2, nf[0]);
-        nf[1] = __hfma2(*reinterpret_cast<const __half2*>(&w.y), z2, nf[1]);
-        nf[2] = __hfma2(*reinterpret_cast<const __half2*>(&w.z), z2, nf[2]);
-        nf[3] = __hfma2(*reinterpret_cast<const __half2*>(&w.w), z2, nf[3]);
-      }
-      const __half2 nfa = __hadd2(__hadd2(nf[0], nf[1]), __hadd2(nf[2], nf[3]));
-      vbad = (*reinterpret_cast<const uint32_t*>(&nfa) & 0x7fff7fffu) != 0u;
+        return *reinterpret_cast<const uint4*>(st + Tr::ST_K + (u / C8) * Tr::VRAW + (u % C8) * 16);
+      });
     }
     // KSF / VH ready; and whether the tile holds a V-poisoned key (block-uniform)
     const bool vpois = __syncthreads_or(vbad) != 0;  // (the !VC instances all take the pipelined loop below)
