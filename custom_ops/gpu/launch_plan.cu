@@ -355,7 +355,7 @@ bool plan_prefill_inst(GpuPlan& pl, const AttentionParams& p, const DeviceFacts&
   // (the flagged heads', its other blocks returning at once: ~5 us in all) to cost less than the check's 6-8 %
   pl.v_scan = false;
   if constexpr (VK == kVF16 && MINB == 3) {
-    if (!pl.wgmma) return true;
+    if (!pl.wgmma || p.B * p.Hkv == 0) return true;
     const int64_t reads = pl.blocks / (p.B * p.Hkv);  // blocks reading each V tile of a (batch, KV head)
     const bool fits = p.B * p.Hkv * cdiv(p.Sk, kVScanKeys) <= kMaxBlocks;
     pl.v_scan = fits && (ov.v_scan == 1 || (ov.v_scan != 0 && reads >= 8 && p.Sk >= 2048));

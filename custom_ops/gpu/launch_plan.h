@@ -13,7 +13,8 @@
 //   cluster=N                   the tensor-core decode route's cluster size (1: none)
 //   m_tiles=1|2  min_blocks=2|3 tma=0|1  wgmma=0|1     the tensor-core prefill's instance
 //   split_waves=N               split_k's waves of (batch, KV head, split) items per multiprocessor
-//   v_scan=0|1                  the float16-V tensor-core prefill's V scan (GpuPlan::v_scan)
+//   v_scan=0|1                  the float16-V tensor-core prefill's V scan (GpuPlan::v_scan; 1: where the wgmma
+//                               instance runs)
 // Host code only; no GPU runtime call here (device facts come in as a value).
 #pragma once
 

@@ -202,8 +202,8 @@ __device__ __forceinline__ __half2 v_scale2(uint16_t sb, bool& past, bool& vbad)
   return s2;
 }
 // Whether N 16-byte pieces of float16 V, piece i at at(i), hold a NaN / Inf (the common path's check, see prep_pipe):
-// acc = w * 0 + acc stays +-0 while every half is finite and turns NaN at an Inf / NaN; one HFMA2 per word in four
-// short chains. UNROLL: the caller's unroll factor (0: full).
+// acc = w * 0 + acc stays +-0 while every half is finite and turns NaN at an Inf / NaN; one HFMA2 per word, as
+// v_nonfinite_acc (attention_tile.cuh) but in four short chains, one per word of a piece, not one chain per thread. UNROLL: the caller's unroll factor (0: full).
 template <int N, int UNROLL, typename At>
 __device__ __forceinline__ bool f16_pieces_nonfinite(At at) {
   const __half2 z2 = __float2half2_rn(0.f);
@@ -222,7 +222,7 @@ __device__ __forceinline__ bool f16_pieces_nonfinite(At at) {
     for (int i = 0; i < N; ++i) add(at(i));
   }
   const __half2 nfa = __hadd2(__hadd2(nf[0], nf[1]), __hadd2(nf[2], nf[3]));
-  return (*reinterpret_cast<const uint32_t*>(&nfa) & 0x7fff7fffu) != 0u;
+  return v_nonfinite(*reinterpret_cast<const uint32_t*>(&nfa));  // attention_tile.cuh
 }
 // The V-poisoned keys of a tile (rare; the common path only checks, see prep_pipe): key j's flag is found by thread
 // j alone, which also zeroes the NaN / +-Inf halves of a float16 row. Zeroing those values alone is enough: the other

@@ -18,15 +18,14 @@ namespace dot4attn {
 namespace gpu {
 
 constexpr int kScanThreads = 256;
-constexpr int kScanKeys = kVScanKeys;
 
-// Block x covers keys [kScanKeys * (x % nblk), ...) of (b, kv head) x / nblk. flags: B * Hkv ints, zeroed before.
+// Block x covers keys [kVScanKeys * (x % nblk), ...) of (b, kv head) x / nblk. flags: B * Hkv ints, zeroed before.
 // Only keys < Sk are read (a strided cache's rows past them are not the prefill's).
 __global__ void __launch_bounds__(kScanThreads) v_nonfinite_scan_kernel(const TileArgs a, int64_t nblk, int* flags) {
   const int64_t bid = int64_t(blockIdx.x);
   const int64_t bh = bid / nblk;
-  const int64_t j0 = (bid % nblk) * kScanKeys;
-  const int64_t nk = a.Sk - j0 < kScanKeys ? a.Sk - j0 : kScanKeys;
+  const int64_t j0 = (bid % nblk) * kVScanKeys;
+  const int64_t nk = a.Sk - j0 < kVScanKeys ? a.Sk - j0 : kVScanKeys;
   const int pieces = a.D * 2 / 16;  // 16-byte pieces of a float16 row
   const uint8_t* rows = static_cast<const uint8_t*>(a.v) + (bh * a.kv_rows + j0) * a.v_stride;
   uint32_t nf = 0;
@@ -41,7 +40,7 @@ __global__ void __launch_bounds__(kScanThreads) v_nonfinite_scan_kernel(const Ti
 // Enqueues the scan of a (tensor-core prefill, float16 V) call into flags (B * Hkv ints of device memory).
 inline void scan_v_nonfinite(const TileArgs& a, int* flags, gpuStream_t s) {
   D4A_GPU_CHECK(gpuMemsetAsync(flags, 0, size_t(a.B * a.Hkv) * sizeof(int), s));
-  const int64_t nblk = (a.Sk + kScanKeys - 1) / kScanKeys;
+  const int64_t nblk = (a.Sk + kVScanKeys - 1) / kVScanKeys;
   v_nonfinite_scan_kernel<<<unsigned(a.B * a.Hkv * nblk), kScanThreads, 0, s>>>(a, nblk, flags);
   D4A_GPU_CHECK(gpuGetLastError());
 }

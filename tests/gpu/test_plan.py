@@ -139,6 +139,7 @@ def test_plans_are_pure():
     ("kernel=foo", "'kernel': expected one of auto, tile, simt, mma, got 'foo'"),
     ("warps=99", r"'warps': expected an integer in \[0, 16\], got '99'"),
     ("split_pool=10", "unknown key 'split_pool'"),
+    ("v_scan=2", r"'v_scan': expected an integer in \[0, 1\], got '2'"),
 ])
 def test_bad_overrides(overrides, message):
     with pytest.raises(native.NativeError, match=message):

@@ -15,6 +15,7 @@ from hypothesis import given, seed, settings
 
 import property_cases as P
 from conftest import check_packed
+from gpu_support import to_device
 from dot4attn import native
 from dot4attn import reference as R
 from test_ort_cuda import _need_gpu, gpu_attention, gpu_pack  # noqa: F401 (_need_gpu: autouse, skips without CUDA)
@@ -75,8 +76,6 @@ def test_nonfinite_v_gpu(hidden, v_format, route):
 
 @pytest.mark.parametrize("overrides", ["", "v_scan=1", "v_scan=0"])
 def test_prefill_v_scan_gpu(torch_cuda, overrides):
-    from gpu_support import to_device
-
     rng = np.random.default_rng(23)
     B, Hq, Hkv, S, D = 2, 4, 2, 2048, 128
     q = rng.standard_normal((B, Hq, S, D), dtype=np.float32).astype(np.float16)
