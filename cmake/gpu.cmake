@@ -17,6 +17,9 @@ set(_d4a_gpu_sources
   custom_ops/attention/attention_gpu_entry.cu
   custom_ops/gpu/launch_plan.cu
   custom_ops/decode/decode_gpu.cu
+  custom_ops/decode/decode_tile_gpu.cu
+  custom_ops/decode/decode_simt_gpu.cu
+  custom_ops/decode/decode_mma_gpu.cu
   custom_ops/split_k/split_k_gpu.cu
   custom_ops/prefill/prefill_gpu.cu
   custom_ops/cache/cache_gpu.cu

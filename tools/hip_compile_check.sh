@@ -39,10 +39,14 @@ if [[ ! -f $devlib/oclc_isa_version_1100.bc ]]; then
   /usr/lib/llvm-15/bin/llvm-as "$work/isa1100.ll" -o "$devlib/oclc_isa_version_1100.bc"
 fi
 
-mapfile -t sources < <(cd "$root" && find custom_ops -name '*.cu' | sort)
+# The kernel-instance files first (they take minutes per arch, the rest seconds), so the long compiles start at once
+# and the short ones fill the other cores at the end instead of one long compile running alone.
+heavy=(custom_ops/decode/decode_simt_gpu.cu custom_ops/decode/decode_tile_gpu.cu custom_ops/prefill/prefill_gpu.cu)
+mapfile -t sources < <(cd "$root" && { printf '%s\n' "${heavy[@]}"; find custom_ops -name '*.cu' | sort; } |
+                       awk '!seen[$0]++')
 common=(-std=c++17 -O3 -I"$root/custom_ops" -DDOT4ATTN_WITH_GPU=1 -DDOT4ATTN_WITH_HIP=1 --cuda-device-only -S
         -Wno-unused-command-line-argument)
-# One (arch, source) compile per job, $(nproc) at a time (each is a single-threaded clang run of ~10-60 s), results
+# One (arch, source) compile per job, $(nproc) at a time (each a single-threaded clang run), results
 # printed in order afterwards.
 check_one() {  # arch src idx
   local arch=$1 src=$2 res=$work/res.$3 cc dot
@@ -51,15 +55,16 @@ check_one() {  # arch src idx
     gfx90a) cc=(env HIP_PLATFORM=amd hipcc --offload-arch="$arch" --rocm-device-lib-path="$devlib"); dot='v_dot4c\?_i32_i8' ;;
     gfx11*) cc=(env HIP_PLATFORM=amd hipcc --offload-arch="$arch" --rocm-device-lib-path="$devlib"); dot='v_dot4_i32_iu8' ;;
   esac
-  local out=$work/$(basename "$src" .cu).$arch.s
+  local out=$work/$(basename "$src" .cu).$arch.s t0=$SECONDS
   if "${cc[@]}" "${common[@]}" "$root/$src" -o "$out" 2>"$res.err"; then
     local status=ok
-    # the files that instantiate the attention tile kernel must contain the dot instruction
-    if [[ $src == */decode_gpu.cu || $src == */prefill_gpu.cu ]] && ! grep -q "$dot" "$out"; then
+    # the files that instantiate the tile or SIMT decode kernels must contain the dot instruction
+    if [[ $src == */decode_tile_gpu.cu || $src == */decode_simt_gpu.cu || $src == */prefill_gpu.cu ]] &&
+       ! grep -q "$dot" "$out"; then
       status="FAILED (no $dot in the code: the dot4 builtin was not used)"
       touch "$res.fail"
     fi
-    echo "$arch  $src: $status" > "$res"
+    echo "$arch  $src: $status ($((SECONDS - t0)) s)" > "$res"
   else
     touch "$res.fail"
     { echo "$arch  $src: FAILED"; sed 's/^/    /' "$res.err" | grep -v "linker' input unused" | head -30 || true; } > "$res"
@@ -70,8 +75,8 @@ for arch in "${archs[@]}"; do
 done
 jobs_max=$(nproc 2>/dev/null || echo 2)
 n=0
-for arch in "${archs[@]}"; do
-  for src in "${sources[@]}"; do
+for src in "${sources[@]}"; do
+  for arch in "${archs[@]}"; do
     while [[ $(jobs -rp | wc -l) -ge $jobs_max ]]; do wait -n || true; done
     check_one "$arch" "$src" "$n" &
     n=$((n + 1))

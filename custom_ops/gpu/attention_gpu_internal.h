@@ -9,6 +9,9 @@
 namespace dot4attn {
 namespace gpu {
 
+// Throws the error for a plan whose instance this build did not compile (the plan's JSON in the message).
+[[noreturn]] void no_instance(const GpuPlan& plan);
+
 // The kernels' arguments for p as `plan` lays the work out (row chunks, splits, stages, cluster).
 TileArgs make_tile_args(const AttentionParams& p, const GpuPlan& plan);
 
@@ -29,7 +32,7 @@ void launch_planned(Kernel kern, const GpuPlan& plan, gpuStream_t s, const Args&
   D4A_GPU_CHECK(gpuGetLastError());
 }
 
-// decode/decode_gpu.cu: a plan of the decode kernels or of the decode / split_k tile kernel (split_k stage 1 when
+// decode/decode_gpu.cu (instances: decode/decode_instances.h): a plan of the decode kernels or of the decode / split_k tile kernel (split_k stage 1 when
 // a.part_acc is set). False only when the device refused a cluster launch (the caller plans again without).
 bool run_decode(const GpuPlan& plan, const TileArgs& a, gpuStream_t stream);
 

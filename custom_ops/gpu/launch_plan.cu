@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -609,6 +610,11 @@ std::string plan_json(const GpuPlan& pl) {
   for (char c : pl.fallback) o << (c == '"' || c == '\\' ? '\'' : c);
   o << "\"}";
   return o.str();
+}
+
+// Declared in gpu/attention_gpu_internal.h: the route files throw it for a plan with no compiled instance.
+[[noreturn]] void no_instance(const GpuPlan& pl) {
+  throw std::runtime_error(std::string("Dot4Attention GPU: no compiled instance for the plan ") + plan_json(pl));
 }
 
 }  // namespace gpu

@@ -20,10 +20,6 @@ namespace gpu {
 
 namespace {
 
-[[noreturn]] void no_instance(const GpuPlan& pl) {
-  throw std::runtime_error(std::string("Dot4Attention GPU: no compiled instance for the plan ") + plan_json(pl));
-}
-
 template <int VK>
 void tile_d(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {
   if (a.D <= 64) launch_planned(attn_tile_kernel<VK, 64, 64, 16, 2>, pl, s, a);
