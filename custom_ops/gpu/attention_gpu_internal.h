@@ -32,8 +32,9 @@ void launch_planned(Kernel kern, const GpuPlan& plan, gpuStream_t s, const Args&
   D4A_GPU_CHECK(gpuGetLastError());
 }
 
-// decode/decode_gpu.cu (instances: decode/decode_instances.h): a plan of the decode kernels or of the decode / split_k tile kernel (split_k stage 1 when
-// a.part_acc is set). False only when the device refused a cluster launch (the caller plans again without).
+// decode/decode_gpu.cu (instances: decode/decode_instances.h): a plan of the decode kernels or of the decode /
+// split_k tile kernel (split_k stage 1 when a.part_acc is set). False only when the device refused a cluster launch
+// (the caller plans again without).
 bool run_decode(const GpuPlan& plan, const TileArgs& a, gpuStream_t stream);
 
 // split_k/split_k_gpu.cu: stage 1 over plan.n_splits key splits into `scratch` (plan.scratch_bytes), then the

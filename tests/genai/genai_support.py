@@ -106,6 +106,15 @@ def reference_noise(prompt_logits: np.ndarray, steps_logits: np.ndarray) -> floa
     return float(np.abs(prompt_logits - steps_logits).max())
 
 
+def teacher_forced_agreement(src: Path, out: Path,
+                             tokens: list[int]) -> tuple[dict[str, tuple[float, float]], float]:
+    """Per mode ("prompt", "steps"): (top-1, mean KL) of `out`'s teacher-forced logits against `src`'s, a flip
+    within src's own prompt-vs-steps noise counted as a tie; and that noise (reference_noise)."""
+    ref = {mode: teacher_forced_logits(src, tokens, mode) for mode in ("prompt", "steps")}
+    tie = reference_noise(ref["prompt"], ref["steps"])
+    return {mode: agreement(lg, teacher_forced_logits(out, tokens, mode), tie) for mode, lg in ref.items()}, tie
+
+
 def tree_digest(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(folder.rglob("*")) if p.is_file()}

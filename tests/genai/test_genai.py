@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from genai_support import (agreement, batch_logits, genai_model, reference_noise, teacher_forced_logits,
-                           tree_digest)
+from genai_support import (agreement, batch_logits, genai_model, teacher_forced_agreement,
+                           teacher_forced_logits, tree_digest)
 
 from dot4attn import reference as ref
 from dot4attn.cli import main as cli
@@ -45,10 +45,8 @@ def test_teacher_forced_logits_agree(rewritten, shape, precision):
     tie (genai_support.reference_noise)."""
     src, out = rewritten(shape, precision)
     tokens = [int(t) for t in np.random.default_rng(1).integers(0, 256, 64)]
-    ref = {mode: teacher_forced_logits(src, tokens, mode) for mode in ("prompt", "steps")}
-    tie = reference_noise(ref["prompt"], ref["steps"])
-    for mode in ("prompt", "steps"):
-        top1, kl = agreement(ref[mode], teacher_forced_logits(out, tokens, mode), tie)
+    results, tie = teacher_forced_agreement(src, out, tokens)
+    for mode, (top1, kl) in results.items():
         assert top1 >= 0.95 and kl <= 1e-3, f"{mode}: top-1 {top1:.3f}, KL {kl:.2e} (ties: gaps <= {tie:.1e})"
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "genai"))
-from genai_support import (agreement, batch_logits, genai_model, og, reference_noise,  # noqa: E402
+from genai_support import (agreement, batch_logits, genai_model, og, teacher_forced_agreement,  # noqa: E402
                            teacher_forced_logits)
 
 import dot4attn  # noqa: E402
@@ -55,10 +55,8 @@ def folders(tmp_path_factory):
 def test_teacher_forced_logits_agree_on_cuda(folders, shape):
     src, out = folders(shape)
     tokens = [int(t) for t in np.random.default_rng(1).integers(0, 256, 64)]
-    ref = {mode: teacher_forced_logits(src, tokens, mode) for mode in ("prompt", "steps")}
-    tie = reference_noise(ref["prompt"], ref["steps"])  # ties as in tests/genai/test_genai.py
-    for mode in ("prompt", "steps"):
-        top1, kl = agreement(ref[mode], teacher_forced_logits(out, tokens, mode), tie)
+    results, tie = teacher_forced_agreement(src, out, tokens)
+    for mode, (top1, kl) in results.items():
         assert top1 >= 0.95 and kl <= 1e-3, f"{mode}: top-1 {top1:.3f}, KL {kl:.2e} (ties: gaps <= {tie:.1e})"
 
 
