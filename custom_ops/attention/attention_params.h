@@ -39,6 +39,11 @@ struct AttentionParams {
   int64_t v_stride = 0;   // elements (bytes for q8_0 / q4_0) from one V row to the next; 0: the dense row
   int64_t vs_stride = 0;  // halves from one V scale row to the next; 0: D/32
 
+  // GPU decode / split_k over strided rows only: batch row b's valid keys are read on the device, dev_seqlens[b] + 1
+  // (GroupQueryAttention's seqlens_k), clamped to [1, Sk]; Sk is then the most any row may have and sizes the plan.
+  // The host never learns the lengths, so the launch is the same for every step (a CUDA graph can replay it).
+  const int32_t* dev_seqlens = nullptr;
+
   Route route = Route::kAuto;       // resolved (never kAuto) when a backend is called
   int64_t n_splits = 1;             // split_k only: key splits per (b, kv head)
 

@@ -59,6 +59,7 @@ inline AttentionParams cache_attention_params(const CacheParams& c, BatchRun r, 
   p.ks_stride = c.k_row / 2;
   p.v_stride = c.v_row;
   p.vs_stride = c.v_row / 2;
+  p.dev_seqlens = c.dev_seqlens ? c.dev_seqlens + b : nullptr;
   p.route = choose_route(p, c.split_k_min_keys);
   return p;
 }

@@ -25,6 +25,8 @@ struct CacheGpuWork {
   size_t scratch_bytes() const { return q_bytes + out_bytes + split_bytes; }
 };
 CacheGpuWork cache_gpu_plan(const CacheParams& c);
+// seqlens_k [n] from the device to the host (one synchronisation of `stream`): the lengths of a prompt's rows.
+void cache_seqlens_to_host(const int32_t* dev, int64_t n, int32_t* host, void* stream);
 // Enqueues everything on `stream`. `scratch` is device memory of work.scratch_bytes() bytes.
 void cache_attention_gpu(const CacheParams& c, const CacheGpuWork& work, void* scratch, void* stream);
 #endif

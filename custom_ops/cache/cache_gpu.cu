@@ -1,11 +1,13 @@
 // GPU backend of Dot4GroupQueryAttention (CUDA or HIP through gpu/vendor.h). Everything is enqueued on the
-// stream; the host only knows the per-batch lengths (seqlens_k and total_sequence_length are host inputs).
+// stream. A decode step (S = 1) reads every batch row's length (seqlens_k) on the device, so its launches do not
+// depend on the lengths and a CUDA graph can replay them; a prompt's lengths come to the host first (cache_op.cc).
 //   1. Not shared: the past rows are copied into present (one 2D copy per cache), the rest zeroed.
 //   2. prologue_kernel: one group of 32 lanes per row of a new token -- K and V heads are normed / rotated and
 //      packed straight into their cache rows (the contract's math: float32, exact division, half-even), Q heads
 //      are normed / rotated into the per-batch query scratch [Hq][q_rows(b)][D] of T.
-//   3. Attention over each batch row's own valid keys, from the strided cache rows: one launch per run of rows
-//      sharing a length (cache_batch_runs), each planned per call.
+//   3. Attention over each batch row's own valid keys, from the strided cache rows: decode, one launch for every
+//      row (planned for total_sequence_length, each row clamped to its own length on the device); a prompt, one
+//      launch per run of rows sharing a length (cache_batch_runs), each planned per call.
 //   4. out_kernel: [B][Hq][q_rows][D] -> [B, S, Hq * D] (decode writes its output in place: S = 1 is the same
 //      layout), zeros for the padding rows of a first prompt.
 #include <algorithm>
@@ -39,7 +41,17 @@ struct Prologue {
   float eps;
   int half, packed, rotary, interleaved, q4;
   int past[kMaxBatch], q_rows_of[kMaxBatch];
+  // Decode with device lengths (CacheParams::dev_seqlens): row b's token goes to position seqlens[b] (its length
+  // minus one, clamped to [0, total - 1], as the attention clamps it); past[] is then unused.
+  const int32_t* seqlens;
+  int64_t total;
 };
+
+__device__ __forceinline__ int64_t token_start(const Prologue& a, int64_t bl) {
+  if (a.seqlens == nullptr) return a.past[bl];
+  const int64_t p = a.seqlens[a.b0 + bl];
+  return p < 0 ? 0 : p > a.total - 1 ? a.total - 1 : p;
+}
 
 __device__ __forceinline__ float load_t(const void* p, int half, int64_t i) {
   return half ? gpu::h2f(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
@@ -65,7 +77,7 @@ __global__ void __launch_bounds__(kThreads) prologue_kernel(Prologue a) {
   const int kind = slot < a.Hkv ? 1 : slot < 2 * a.Hkv ? 2 : 0;  // 1 K, 2 V, 0 Q
   const int64_t h = kind == 1 ? slot : kind == 2 ? slot - a.Hkv : slot - 2 * a.Hkv;
   const bool work = live && (kind != 0 || s < a.q_rows_of[bl]);
-  const int64_t pos = a.past[bl] + s;
+  const int64_t pos = token_start(a, bl) + s;
 
   float x[kMaxHeadDim / 32];
   if (work) {
@@ -176,6 +188,13 @@ size_t round_up(size_t n) { return (n + 255) / 256 * 256; }
 
 }  // namespace
 
+void cache_seqlens_to_host(const int32_t* dev, int64_t n, int32_t* host, void* stream) {
+  if (n <= 0) return;
+  auto s = static_cast<gpuStream_t>(stream);
+  D4A_GPU_CHECK(gpuMemcpyAsync(host, dev, size_t(n) * sizeof(int32_t), gpuMemcpyDeviceToHost, s));
+  D4A_GPU_CHECK(gpuStreamSynchronize(s));
+}
+
 CacheGpuWork cache_gpu_plan(const CacheParams& c) {
   CacheGpuWork w;
   const size_t elem = c.half ? 2 : 4;
@@ -225,6 +244,8 @@ void cache_attention_gpu(const CacheParams& c, const CacheGpuWork& l, void* scra
       a.past[i] = int(c.past[b0 + i]);
       a.q_rows_of[i] = int(c.q_rows(b0 + i));
     }
+    a.seqlens = c.dev_seqlens;
+    a.total = c.total.empty() ? 0 : c.total[0];  // device lengths: every total[b] is total_sequence_length
     const int64_t items = a.nb * c.S * (c.Hq + 2 * c.Hkv);
     prologue_kernel<<<grid_for(items, kGroups), kThreads, 0, s>>>(a);
     D4A_GPU_CHECK(gpuGetLastError());

@@ -50,7 +50,7 @@ class CacheKernel : public Kernel {
     const size_t n = input_count(ctx);
     for (size_t i = 0; i < kNumInputs && i < n; ++i) in[i] = get_input(ctx, i);
     CacheParams c;
-    validate(in, &c);
+    validate(ctx, in, &c);
     const std::vector<int64_t> cache_shape{c.B, c.Hkv, c.L, c.k_row};
     c.out = get_output(ctx, 0, {c.B, c.S, c.Hq * c.D});
     c.present_k = static_cast<uint8_t*>(get_output(ctx, 1, cache_shape));
@@ -72,7 +72,7 @@ class CacheKernel : public Kernel {
   }
 
  private:
-  void validate(const TensorIn* in, CacheParams* c) const {
+  void validate(OrtKernelContext* ctx, const TensorIn* in, CacheParams* c) const {
     for (int i : {kQuery, kPastK, kPastV, kSeqlens, kTotal})
       if (!in[i].present) bad_input(i, "is required but missing");
     const TensorIn &q = in[kQuery], &k = in[kKey], &v = in[kValue];
@@ -127,12 +127,38 @@ class CacheKernel : public Kernel {
     expect_dtype(kTotal, tl, I32);
     if (tl.numel() != 1) bad_input(kTotal, "expected one value, got shape ", shape_str(tl.shape));
     const int64_t total_len = *static_cast<const int32_t*>(tl.data);
+    if (total_len < S) bad_input(kTotal, "total_sequence_length ", total_len, " is below the ", S, " new tokens");
     c->first_prompt = S == total_len;
     c->L = std::max(c->past_rows, total_len);
     c->total.resize(B);
     c->past.resize(B);
+    // seqlens_k lives where the EP computes it (on a GPU: the device). A GPU decode step (S = 1) leaves it there:
+    // the kernels read each row's length, the host plans for total_sequence_length (the longest row), and the
+    // launches are the same at every step, which a CUDA graph needs. Prompts (S > 1) need the lengths on the host
+    // (per-row query rows and positions), a few bytes copied with one stream synchronisation.
+    std::vector<int32_t> host_lens;
+    const int32_t* lens = static_cast<const int32_t*>(sl.data);
+    if (ep_ != Ep::kCpu) {
+      if (S == 1) {
+        lens = nullptr;
+        c->dev_seqlens = static_cast<const int32_t*>(sl.data);
+      } else {
+#if defined(DOT4ATTN_WITH_GPU)
+        host_lens.resize(size_t(B));
+        cache_seqlens_to_host(static_cast<const int32_t*>(sl.data), B, host_lens.data(), gpu_stream(ctx));
+        lens = host_lens.data();
+#else
+        (void)ctx;
+#endif
+      }
+    }
     for (int64_t b = 0; b < B; ++b) {
-      const int64_t t = int64_t(static_cast<const int32_t*>(sl.data)[b]) + 1;
+      if (lens == nullptr) {  // device lengths: bounds for the host (the kernels clamp seqlens_k[b] + 1 to them)
+        c->total[b] = total_len;
+        c->past[b] = total_len - 1;
+        continue;
+      }
+      const int64_t t = int64_t(lens[b]) + 1;
       if (t < 1 || t > total_len || (!c->first_prompt && t < S))
         bad_input(kSeqlens, "seqlens_k[", b, "] + 1 = ", t, " must lie in [", c->first_prompt ? 1 : S, ", ",
                   total_len, "] (total_sequence_length ", total_len, ", ", S, " new tokens)");
@@ -216,9 +242,10 @@ std::vector<OpSpec> cache_op_specs() {
   std::vector<OpSpec> specs;
   for (auto t : {F32, F16}) {
     // query selects T; everything else is checked in compute (our messages, not a bare schema mismatch).
-    // seqlens_k and total_sequence_length are read on the host: on a GPU EP, ORT copies them (a few bytes).
+    // total_sequence_length is read on the host (on a GPU EP, ORT copies it: 4 bytes); seqlens_k stays on the
+    // device (validate() says why).
     OpSpec s{kOp,
-             {{t}, {ANY, true}, {ANY, true}, {ANY}, {ANY}, {ANY, false, true}, {ANY, false, true}, {ANY, true},
+             {{t}, {ANY, true}, {ANY, true}, {ANY}, {ANY}, {ANY}, {ANY, false, true}, {ANY, true},
               {ANY, true}, {ANY, true}, {ANY, true}},
              {{t}, {U8}, {U8}},
              create_cache_kernel,

@@ -32,8 +32,11 @@ struct CacheParams {
   int64_t L = 0;
   int64_t k_row = 0, v_row = 0;  // row bytes
 
-  // Per batch row b (host): keys valid after this call (seqlens_k[b] + 1) and where the new tokens start.
+  // Per batch row b (host): keys valid after this call (seqlens_k[b] + 1) and where the new tokens start. A GPU
+  // decode step (S = 1) keeps seqlens_k on the device (dev_seqlens): total[b] is then total_sequence_length and
+  // past[b] total_sequence_length - 1 for every row, the bounds the kernels clamp each row's own length to.
   std::vector<int64_t> total, past;
+  const int32_t* dev_seqlens = nullptr;
   bool first_prompt = false;  // S == total_sequence_length: positions start at 0, shorter rows are right-padded
 
   // Rotary embedding (GroupQueryAttention's do_rotary): cos / sin [max_pos, rot/2] of T; rot <= D.

@@ -21,7 +21,7 @@ bool run_decode_mma(const GpuPlan& pl, const TileArgs& a, gpuStream_t s);
 template <int VK, int D>
 inline bool dense_rows(const TileArgs& a) {
   constexpr int NB = D / 32;
-  return a.kv_rows == a.Sk && a.k_stride == D && a.v_stride == v_row_bytes(VK, D) && a.ks_stride == NB &&
+  return a.seqlens == nullptr && a.kv_rows == a.Sk && a.k_stride == D && a.v_stride == v_row_bytes(VK, D) && a.ks_stride == NB &&
          (!(VK == kVQ8 || VK == kVQ4) || a.vs_stride == NB);
 }
 

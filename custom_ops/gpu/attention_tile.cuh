@@ -69,7 +69,26 @@ struct TileArgs {
   // Tensor-core prefill with float16 V (v_scan.cuh): per (b, kv head), nonzero where its V rows may hold a NaN / Inf,
   // from one scan before the prefill; null: every tile checks its V itself.
   const int* v_flags;
+  // Valid keys per batch row read on the device (AttentionParams::dev_seqlens: seqlens[b] + 1, clamped to [1, Sk]);
+  // null: Sk for every row. Sk, n_splits and split_len are then the plan's, made for the longest row.
+  const int32_t* seqlens;
 };
+
+// Keys of batch row b (row_keys) and the length of its key splits (split_keys). With device lengths the host
+// planned n_splits for Sk, the most any row has; each row cuts its own keys into that many splits of whole 64-key
+// units (a row shorter than the plan leaves trailing splits empty: they write (-inf, 0) partials), so a short row
+// is not walked by a few blocks sized for the longest one. The launch is the same for every length (a CUDA graph
+// replays it).
+__device__ __forceinline__ int64_t row_keys(const TileArgs& a, int64_t b) {
+  if (a.seqlens == nullptr) return a.Sk;
+  const int64_t t = int64_t(a.seqlens[b]) + 1;
+  return t < 1 ? 1 : t > a.Sk ? a.Sk : t;
+}
+
+__device__ __forceinline__ int64_t split_keys(const TileArgs& a, int64_t sk) {
+  if (a.seqlens == nullptr || sk == a.Sk) return a.split_len;  // the plan's own splits: the same sums as without
+  return ((sk + 63) / 64 + a.n_splits - 1) / a.n_splits * 64;
+}
 
 __host__ __device__ constexpr int v_row_bytes(int vk, int d) {
   return vk == kVF32 ? 4 * d : vk == kVF16 ? 2 * d : vk == kVQ8 ? d : d / 2;
@@ -216,6 +235,7 @@ __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const TileArgs a) {
   if (bh >= a.B * a.Hkv) return;
   if (a.reverse_chunks) chunk = a.n_chunks - 1 - chunk;
   const int64_t b = bh / a.Hkv, hkv = bh % a.Hkv;
+  const int64_t sk = row_keys(a, b), slen = split_keys(a, sk);
   const int64_t rows_here = a.g * a.Sq;          // rows of this (b, hkv)
   const int64_t row0 = chunk * RB;
   const int nrows = int(rows_here - row0 < RB ? rows_here - row0 : RB);
@@ -258,8 +278,8 @@ __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const TileArgs a) {
     int64_t km = -1, mo = 0;
     if (r < nrows) {
       const int64_t rr = row0 + r, hq = hkv * a.g + rr / a.Sq, i = rr % a.Sq;
-      km = a.causal ? a.Sk - a.Sq + i : a.Sk - 1;
-      if (km > a.Sk - 1) km = a.Sk - 1;
+      km = a.causal ? sk - a.Sq + i : sk - 1;
+      if (km > sk - 1) km = sk - 1;
       mo = b * a.ms0 + hq * a.ms1 + i * a.ms2;
     }
     kmax[r] = km;
@@ -274,8 +294,8 @@ __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const TileArgs a) {
   }
 
   // ---- key range of this block -------------------------------------------------------------------------------
-  const int64_t kbeg = split * a.split_len;
-  int64_t kend = kbeg + a.split_len < a.Sk ? kbeg + a.split_len : a.Sk;
+  const int64_t kbeg = split * slen;
+  int64_t kend = kbeg + slen < sk ? kbeg + slen : sk;
   if (kend > kmax_all + 1) kend = kmax_all + 1;
   const int64_t nkt = kend > kbeg ? (kend - kbeg + KT - 1) / KT : 0;
 

@@ -145,10 +145,11 @@ __device__ __forceinline__ void load_v8(const uint8_t* vrow, int c0, float (&v)[
   }
 }
 
-// Smallest / largest last-visible key over the block's rows [row0, row0 + nrows) (causal: Sk - Sq + i).
+// Smallest / largest last-visible key over the block's rows [row0, row0 + nrows) (causal: sk - Sq + i, sk the
+// batch row's keys: row_keys).
 template <int RB>
-__device__ __forceinline__ void decode_row_bounds(const TileArgs& a, int64_t row0, int nrows, int64_t& kmin_all,
-                                                  int64_t& kmax_all) {
+__device__ __forceinline__ void decode_row_bounds(const TileArgs& a, int64_t sk, int64_t row0, int nrows,
+                                                  int64_t& kmin_all, int64_t& kmax_all) {
   kmin_all = INT64_MAX;
   kmax_all = -1;
   // Row indices inside one (batch, KV head) are below g * Sq (Sq <= 8 on these routes): 32-bit division, which
@@ -157,8 +158,8 @@ __device__ __forceinline__ void decode_row_bounds(const TileArgs& a, int64_t row
 #pragma unroll
   for (int r = 0; r < RB; ++r, i = i + 1 == int(a.Sq) ? 0 : i + 1) {
     if (r < nrows) {
-      int64_t km = a.causal ? a.Sk - a.Sq + i : a.Sk - 1;
-      if (km > a.Sk - 1) km = a.Sk - 1;
+      int64_t km = a.causal ? sk - a.Sq + i : sk - 1;
+      if (km > sk - 1) km = sk - 1;
       kmin_all = km < kmin_all ? km : kmin_all;
       kmax_all = km > kmax_all ? km : kmax_all;
     }
@@ -167,15 +168,15 @@ __device__ __forceinline__ void decode_row_bounds(const TileArgs& a, int64_t row
 
 // Each of the block's RB rows' last visible key (-1 past nrows) and mask row offset, into shared memory.
 template <int RB>
-__device__ __forceinline__ void decode_row_facts(const TileArgs& a, int64_t b, int64_t hkv, int64_t row0, int nrows,
-                                                 int64_t* kmax_s, int64_t* mrow_s) {
+__device__ __forceinline__ void decode_row_facts(const TileArgs& a, int64_t sk, int64_t b, int64_t hkv, int64_t row0,
+                                                 int nrows, int64_t* kmax_s, int64_t* mrow_s) {
   for (int r = int(threadIdx.x); r < RB; r += int(blockDim.x)) {
     int64_t km = -1, mo = 0;
     if (r < nrows) {
       const int rr = int(row0) + r, i = rr % int(a.Sq);
       const int64_t hq = hkv * a.g + rr / int(a.Sq);
-      km = a.causal ? a.Sk - a.Sq + i : a.Sk - 1;
-      if (km > a.Sk - 1) km = a.Sk - 1;
+      km = a.causal ? sk - a.Sq + i : sk - 1;
+      if (km > sk - 1) km = sk - 1;
       mo = b * a.ms0 + hq * a.ms1 + i * a.ms2;
     }
     kmax_s[r] = km;
@@ -186,8 +187,8 @@ __device__ __forceinline__ void decode_row_facts(const TileArgs& a, int64_t b, i
 // The block's RB rows of (b, hkv): int8 Q [RB][D] and float32 block scales [RB][D/32] (zeros past nrows), each
 // row's last visible key (-1 past nrows) and mask row offset. The caller's barrier publishes them.
 template <int RB, int D>
-__device__ __forceinline__ void decode_rows_prologue(const TileArgs& a, int64_t b, int64_t hkv, int64_t row0,
-                                                     int nrows, int8_t* qs, float* qsc, int64_t* kmax_s,
+__device__ __forceinline__ void decode_rows_prologue(const TileArgs& a, int64_t sk, int64_t b, int64_t hkv,
+                                                     int64_t row0, int nrows, int8_t* qs, float* qsc, int64_t* kmax_s,
                                                      int64_t* mrow_s) {
   constexpr int NB = D / 32;
   const int t = threadIdx.x;
@@ -209,7 +210,7 @@ __device__ __forceinline__ void decode_rows_prologue(const TileArgs& a, int64_t 
     qs[r * D + blk * 32 + e] = int8_t(int(qv));
     if (e == 0) qsc[r * NB + blk] = sc;
   }
-  decode_row_facts<RB>(a, b, hkv, row0, nrows, kmax_s, mrow_s);
+  decode_row_facts<RB>(a, sk, b, hkv, row0, nrows, kmax_s, mrow_s);
 }
 
 // After the key loop (its barrier passed): combines the warps' (m, l) [nw][RB] and float32 accumulators
@@ -297,11 +298,13 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) decode_kernel(const TileArg
   const int64_t row0 = chunk * RB;
   const int nrows = int(a.g * a.Sq - row0 < RB ? a.g * a.Sq - row0 : RB);
 
-  // Row facts (every thread computes them: they bound the key range before any barrier).
+  // Row facts (every thread computes them: they bound the key range before any barrier). Dense rows never come with
+  // device lengths (dense_rows), and their instances keep the plan's values as constants of the launch.
+  const int64_t sk = SR ? row_keys(a, b) : a.Sk, slen = SR ? split_keys(a, sk) : a.split_len;
   int64_t kmin_all, kmax_all;
-  decode_row_bounds<RB>(a, row0, nrows, kmin_all, kmax_all);
-  const int64_t kbeg = split * a.split_len;
-  int64_t kend = kbeg + a.split_len < a.Sk ? kbeg + a.split_len : a.Sk;
+  decode_row_bounds<RB>(a, sk, row0, nrows, kmin_all, kmax_all);
+  const int64_t kbeg = split * slen;
+  int64_t kend = kbeg + slen < sk ? kbeg + slen : sk;
   if (kend > kmax_all + 1) kend = kmax_all + 1;
   const int64_t nck = kend > kbeg ? (kend - kbeg + KC - 1) / KC : 0;    // chunks of the block
   const int my_n = nck > w ? (int(nck) - w + nw - 1) / nw : 0;           // chunks of this warp
@@ -370,7 +373,7 @@ __global__ void __launch_bounds__(kDecodeMaxThreads) decode_kernel(const TileArg
   for (int s = 0; s < nst - 1; ++s) issue(s);
 
   // ---- Q: quantize once (float32 scale per 32-block), row facts to shared memory ----------------------------
-  decode_rows_prologue<RB, D>(a, b, hkv, row0, nrows, qs, qsc, kmax_s, mrow_s);
+  decode_rows_prologue<RB, D>(a, sk, b, hkv, row0, nrows, qs, qsc, kmax_s, mrow_s);
   __syncthreads();
 
   // ---- per-lane state ------------------------------------------------------------------------------------------

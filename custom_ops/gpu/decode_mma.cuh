@@ -411,13 +411,18 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   const int b = bh / int(a.Hkv), hkv = bh % int(a.Hkv);
   const int64_t row0 = chunk * kRB;
   const int nrows = int(a.g * a.Sq - row0 < kRB ? a.g * a.Sq - row0 : kRB);
+  // sk: the batch row's keys (row_keys; dense rows never come with device lengths, see dense_rows)
+  const int64_t sk = SR ? row_keys(a, b) : a.Sk;
   int64_t kmin_all, kmax_all;
-  decode_row_bounds<kRB>(a, row0, nrows, kmin_all, kmax_all);
+  decode_row_bounds<kRB>(a, sk, row0, nrows, kmin_all, kmax_all);
   // split_k: splits of a.split_len keys, or (split_chunks > 0) split s takes key chunks [s C / n, (s + 1) C / n) of
-  // the C = split_chunks chunks, so no split walks more than one chunk more than another
-  const int64_t kbeg = a.split_chunks > 0 ? split * a.split_chunks / a.n_splits * kKC : split * a.split_len;
-  int64_t kend = a.split_chunks > 0 ? (split + 1) * a.split_chunks / a.n_splits * kKC : kbeg + a.split_len;
-  if (kend > a.Sk) kend = a.Sk;
+  // the C = split_chunks chunks, so no split walks more than one chunk more than another (device lengths: the row's
+  // own C, or split_keys)
+  const int64_t cks = SR && a.seqlens ? (sk + kKC - 1) / kKC : a.split_chunks;
+  const int64_t slen = SR ? split_keys(a, sk) : a.split_len;
+  const int64_t kbeg = a.split_chunks > 0 ? split * cks / a.n_splits * kKC : split * slen;
+  int64_t kend = a.split_chunks > 0 ? (split + 1) * cks / a.n_splits * kKC : kbeg + slen;
+  if (kend > sk) kend = sk;
   if (kend > kmax_all + 1) kend = kmax_all + 1;
   const int64_t nck = kend > kbeg ? (kend - kbeg + kKC - 1) / kKC : 0;
   const int my_n = nck > w ? (int(nck) - w + nw - 1) / nw : 0;
@@ -580,7 +585,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
 #pragma unroll 1
     for (int r = r1 + nw; r < kRB; r += nw) put_row(q_load<D>(a, b, hkv, int(row0), nrows, r, lane), r);
   }
-  decode_row_facts<kRB>(a, b, hkv, row0, nrows, kmax_s, mrow_s);
+  decode_row_facts<kRB>(a, sk, b, hkv, row0, nrows, kmax_s, mrow_s);
   __syncthreads();
 
   // Q fragments of row g (the A operand; rows g + 8 are zero), its scales times scale * log2 e.

@@ -515,6 +515,8 @@ const char* staging_name(int staging) {
 GpuPlan plan_attention(const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
   if (p.route == Route::kAuto) fail(kOp, "unresolved route");
   check_layout(p);
+  if (p.dev_seqlens && (p.route == Route::kPrefill || p.dense_kv()))
+    fail(kOp, "device lengths (dev_seqlens) need the decode or split_k route and strided K / V rows");
   GpuPlan pl;
   pl.overrides = ov;
   pl.strided = !p.dense_kv();

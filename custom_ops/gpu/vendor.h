@@ -34,6 +34,9 @@ using gpuError_t = hipError_t;
 #define gpuMemset2DAsync hipMemset2DAsync
 #define gpuMemcpy2DAsync hipMemcpy2DAsync
 #define gpuMemcpyDeviceToDevice hipMemcpyDeviceToDevice
+#define gpuMemcpyAsync hipMemcpyAsync
+#define gpuMemcpyDeviceToHost hipMemcpyDeviceToHost
+#define gpuStreamSynchronize hipStreamSynchronize
 #define gpuFuncSetAttribute(f, attr, v) hipFuncSetAttribute(reinterpret_cast<const void*>(f), attr, v)
 #define gpuFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
 #else
@@ -52,6 +55,9 @@ using gpuError_t = cudaError_t;
 #define gpuMemset2DAsync cudaMemset2DAsync
 #define gpuMemcpy2DAsync cudaMemcpy2DAsync
 #define gpuMemcpyDeviceToDevice cudaMemcpyDeviceToDevice
+#define gpuMemcpyAsync cudaMemcpyAsync
+#define gpuMemcpyDeviceToHost cudaMemcpyDeviceToHost
+#define gpuStreamSynchronize cudaStreamSynchronize
 #define gpuFuncSetAttribute(f, attr, v) cudaFuncSetAttribute(f, attr, v)
 #define gpuFuncAttributeMaxDynamicSharedMemorySize cudaFuncAttributeMaxDynamicSharedMemorySize
 #endif

@@ -61,6 +61,8 @@ def add_arguments(p) -> None:
                         "and without onnxruntime-genai; og otherwise")
     p.add_argument("--batch", type=int, default=1, help="--runner inplace: decode this many copies of the prompt "
                    "as one batch (default 1)")
+    p.add_argument("--no-cuda-graph", action="store_true", help="--runner inplace on --device cuda: launch every "
+                   "decode step's kernels from the host instead of replaying them as one CUDA graph")
 
 
 def run(args) -> int:
@@ -142,7 +144,8 @@ def _run_inplace(args) -> int:
         print(f"dot4attn generate: --batch must be >= 1, got {args.batch}", file=sys.stderr)
         return 2
     try:
-        dec = InPlaceDecoder(args.model, device=args.device, threads=args.threads or None)
+        dec = InPlaceDecoder(args.model, device=args.device, threads=args.threads or None,
+                             cuda_graph=False if args.no_cuda_graph else None)
         t0 = time.perf_counter()
         outs = greedy(dec, [args.token_ids] * args.batch, args.max_new_tokens)
         dt = time.perf_counter() - t0
@@ -152,7 +155,8 @@ def _run_inplace(args) -> int:
     for out in outs:
         print("tokens:", " ".join(map(str, out)))
     print(f"{args.batch} x ({len(args.token_ids)} prompt + {len(outs[0])} new tokens) in {dt:.3f} s (in-place cache "
-          f"on {args.device}, {dec.cache_bytes_per_token()} cache bytes per token and sequence)")
+          f"on {args.device}{', decode steps as a CUDA graph' if dec.cuda_graph else ''}, "
+          f"{dec.cache_bytes_per_token()} cache bytes per token and sequence)")
     return 0
 
 

@@ -12,6 +12,15 @@ OrtValue on the device, [B, kv_heads, max_length, last] (last: head size for flo
 for dot4attn's), and bound as both the past input and the present output. A step moves only the new token ids,
 the attention mask and the last position's logits between host and device: no cache byte crosses, whatever the
 context. Unlike onnxruntime-genai it also runs folders whose K and V caches differ in width (--v-format q4_0).
+
+On CUDA the decode step is a CUDA graph (cuda_graph, on by default there): ONNX Runtime captures the step's kernels
+once and replays them, so a step costs the GPU's time instead of a few microseconds of host work per kernel
+(hundreds of kernels per step for a 28-layer model). A replay needs every bound buffer at the address it was
+captured with and launches that do not depend on the context: decode steps bind a mask as long as the cache,
+[B, max_length], zeros past each row's length and updated in place one column per step (total_sequence_length is
+then max_length and seqlens_k, the rows' lengths, is computed from the mask on the device), the ids and the logits
+in fixed buffers. Dot4GroupQueryAttention reads the lengths on the device at decode, and ONNX Runtime's
+GroupQueryAttention does too, so both the rewritten and the original folders replay. Prompts run uncaptured.
 """
 from __future__ import annotations
 
@@ -28,10 +37,13 @@ _NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(uint8
 
 class InPlaceDecoder:
     def __init__(self, folder: str | Path, device: str = "cpu", threads: int | None = None,
-                 profile_prefix: str | None = None):
+                 profile_prefix: str | None = None, cuda_graph: bool | None = None):
         import onnxruntime as ort
 
         folder = Path(folder)
+        if cuda_graph and device != "cuda":
+            raise ValueError(f"cuda_graph needs device='cuda', got device={device!r}")
+        self.cuda_graph = device == "cuda" if cuda_graph is None else bool(cuda_graph)
         cfg = json.loads((folder / "genai_config.json").read_text())
         dec = cfg["model"]["decoder"]
         self.head_size = int(dec["head_size"])
@@ -47,8 +59,8 @@ class InPlaceDecoder:
         lib = dec.get("session_options", {}).get("custom_ops_library")
         if lib:
             so.register_custom_ops_library(str(folder / lib))
-        providers = (["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda"
-                     else ["CPUExecutionProvider"])
+        cuda = ("CUDAExecutionProvider", {"enable_cuda_graph": "1"}) if self.cuda_graph else "CUDAExecutionProvider"
+        providers = [cuda, "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
         if device == "cuda":
             if hasattr(ort, "preload_dlls"):
                 ort.preload_dlls()
@@ -81,6 +93,16 @@ class InPlaceDecoder:
         vocab = out[self.logits_name].shape[-1]
         self.vocab = vocab if isinstance(vocab, int) else None  # static: decode steps write a preallocated buffer
         self.logits_dtype = _NP.get(out[self.logits_name].type, np.float32)
+        if self.cuda_graph and self.vocab is None:
+            raise ValueError(f"{folder}: cuda_graph needs a static vocabulary size in the logits output, got "
+                             f"{out[self.logits_name].shape}")
+        self._run_options = {}
+        for name, graph_id in (("prompt", "-1"), ("decode", "1")):  # -1: a run ONNX Runtime does not capture
+            ro = ort.RunOptions()
+            if self.cuda_graph:
+                ro.add_run_config_entry("gpu_graph_id", graph_id)
+            self._run_options[name] = ro
+        self._copy_column = _column_writer() if self.cuda_graph else None
         self.values: dict[str, object] = {}
         self.batch = 0
         self.length = 0
@@ -120,6 +142,15 @@ class InPlaceDecoder:
         self._logits1 = (None if self.vocab is None else
                          ort.OrtValue.ortvalue_from_shape_and_type([batch, 1, self.vocab], self.logits_dtype,
                                                                    self.device, 0))
+        # cuda_graph: the decode steps' mask, [batch, max_length], zeros past each row's length (its host mirror
+        # says what the device holds). A new binding (reset) is a new capture: ONNX Runtime replays a graph only
+        # with the buffers it was captured with.
+        if self.cuda_graph:
+            self._mask_host = np.zeros((batch, max_length), self.mask_dtype)
+            self._mask = ort.OrtValue.ortvalue_from_numpy(self._mask_host, self.device, 0)
+            self._graph_id = getattr(self, "_graph_id", 0) + 1
+            self._run_options["decode"] = ort.RunOptions()
+            self._run_options["decode"].add_run_config_entry("gpu_graph_id", str(self._graph_id))
         self.binding = self.sess.io_binding()
         self.binding.bind_output(self.logits_name, self.device)  # first: get_outputs() keeps the binding order
         for name, (present, _, _, _) in self.caches.items():
@@ -139,33 +170,91 @@ class InPlaceDecoder:
             raise ValueError(f"{total} tokens exceed the cache's max_length {self.max_length}")
         b = self.binding
         one = ids.shape[1] == 1
+        if mask is not None:
+            mask = np.ascontiguousarray(mask, self.mask_dtype)
+            if mask.shape != (self.batch, total):
+                raise ValueError(f"mask: expected shape [batch={self.batch}, {total}], got {mask.shape}")
         if one:
             self._ids1.update_inplace(ids)
             b.bind_ortvalue_input("input_ids", self._ids1)
         else:
             b.bind_ortvalue_input("input_ids", ort.OrtValue.ortvalue_from_numpy(ids, self.device, 0))
-        if mask is None:
+        graph = one and self.cuda_graph
+        if graph:
+            self._set_mask(self.length, total, mask)
+            b.bind_ortvalue_input("attention_mask", self._mask)
+        elif mask is None:
             b.bind_input("attention_mask", self.device, 0, self.mask_dtype, [self.batch, total], self._ones.data_ptr())
         else:
-            b.bind_ortvalue_input("attention_mask",
-                                  ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(mask, self.mask_dtype),
-                                                                   self.device, 0))
+            b.bind_ortvalue_input("attention_mask", ort.OrtValue.ortvalue_from_numpy(mask, self.device, 0))
         if one and self._logits1 is not None:
             b.bind_ortvalue_output(self.logits_name, self._logits1)
         else:
             b.bind_output(self.logits_name, self.device)  # ORT allocates it (S changes)
-        self.sess.run_with_iobinding(b)
+        self.sess.run_with_iobinding(b, self._run_options["decode" if graph else "prompt"])
+        if self.cuda_graph and not one:
+            self._set_mask(self.length, total, mask)
         self.length = total
         # [B, S, vocab]: the builder's graph returns every position's logits
         logits = self._logits1.numpy() if one and self._logits1 is not None else b.get_outputs()[0].numpy()
         return logits[:, -1].astype(np.float32)
+
+    def _set_mask(self, start: int, total: int, mask: np.ndarray | None) -> None:
+        """cuda_graph: columns [start, total) of the device mask become mask's (default ones), the rest stay."""
+        new = np.ones((self.batch, total - start), self.mask_dtype) if mask is None else mask[:, start:total]
+        old = self._mask_host[:, :start]
+        if mask is not None and not np.array_equal(mask[:, :start], old):
+            raise ValueError("mask: with cuda_graph a step's mask extends the previous one (its first columns "
+                             "cannot change)")
+        self._mask_host[:, start:total] = new
+        if total - start == 1 and self._copy_column is not None:
+            self._copy_column(self._mask.data_ptr(), self._mask_host, start)
+        else:
+            self._mask.update_inplace(self._mask_host)
 
     def fill(self, length: int) -> None:
         """Declares the first `length` cache rows valid without computing them (their contents are whatever the
         buffers hold): to time decode steps at a long context without a prompt's prefill."""
         if length > self.max_length:
             raise ValueError(f"length {length} exceeds max_length {self.max_length}")
+        if self.cuda_graph:
+            self._mask_host[:, :length] = 1
+            self._mask_host[:, length:] = 0
+            self._mask.update_inplace(self._mask_host)
         self.length = length
+
+
+def _column_writer():
+    """A function writing column `col` of a host [B, N] array into the same-shaped device buffer at `ptr` (one
+    cudaMemcpy2D of B elements), or None where no CUDA runtime library can be loaded (the caller then copies the
+    whole mask). ONNX Runtime's CUDA EP has loaded libcudart into the process by then (or torch has)."""
+    import ctypes
+
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    else:
+        return None
+    fn = lib.cudaMemcpy2D
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
+                   ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    sync = lib.cudaDeviceSynchronize
+    sync.restype = ctypes.c_int
+
+    def write(ptr: int, host: np.ndarray, col: int) -> None:
+        item, pitch = host.itemsize, host.strides[0]
+        err = fn(ptr + col * item, pitch, host.ctypes.data + col * item, pitch, item, host.shape[0], 1)  # 1: H2D
+        # From pageable memory the copy may return before its DMA lands, and ONNX Runtime's stream need not wait
+        # for the legacy stream it went on: the device finishes it before the next step is launched.
+        err = err or sync()
+        if err != 0:
+            raise RuntimeError(f"cudaMemcpy2D of the attention mask's column {col} failed (CUDA error {err})")
+
+    return write
 
 
 def greedy(dec: InPlaceDecoder, prompts: list[list[int]], new_tokens: int, pad: int = 0) -> list[list[int]]:

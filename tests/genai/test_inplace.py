@@ -83,3 +83,19 @@ def test_device_cuda_picks_the_in_place_runner_for_rewritten_folders(folders):
     assert _genai_runner(args(out["q8_0"], "cpu")) == "og"
     assert _genai_runner(args(out["q4_0"], "cpu")) == "inplace"
     assert _genai_runner(args(src, "cuda")) == "og"
+
+
+def test_cuda_graph_needs_the_cuda_device(folders):
+    _, out = folders
+    with pytest.raises(ValueError, match="cuda_graph needs device='cuda'"):
+        InPlaceDecoder(out["q8_0"], device="cpu", cuda_graph=True)
+    assert not InPlaceDecoder(out["q8_0"]).cuda_graph  # the CPU default
+
+
+def test_a_mask_of_the_wrong_shape_is_refused(folders):
+    _, out = folders
+    dec = InPlaceDecoder(out["q8_0"])
+    dec.reset(2, 16)
+    with pytest.raises(ValueError, match=r"mask: expected shape \[batch=2, 3\]"):
+        dec.step(np.zeros((2, 3), np.int64), np.ones((2, 4), np.int64))
+    assert dec.length == 0

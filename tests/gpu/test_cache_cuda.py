@@ -1,7 +1,7 @@
 """Dot4GroupQueryAttention on ONNX Runtime's CUDA EP against the reference: the case table of the CPU tests
 (tests/cache_cases.py), a long split_k cache, and genai's shared in-place device buffer (only the new rows change,
 garbage after each batch row's valid length is never read). Sessions disable the CPU fallback, so the op must run
-on the GPU (ONNX Runtime copies seqlens_k / total_sequence_length to the host for it)."""
+on the GPU (ONNX Runtime copies total_sequence_length to the host for it; seqlens_k stays on the device)."""
 from __future__ import annotations
 
 import numpy as np
