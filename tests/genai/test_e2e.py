@@ -113,11 +113,41 @@ def test_resume_refuses_other_settings(smoke, capsys):
     assert "measured with other steps" in capsys.readouterr().err
 
 
+def test_resume_keeps_fit_searches_when_only_case_settings_differ(tmp_path):
+    """A fit try allocates and decodes a batch the same way with or without CUDA graphs (or another seed), so a
+    resumed run with other such settings keeps the earlier fit searches and measures every case again; other
+    steps change the fit tries' length, so they refuse to resume."""
+    from dot4attn.e2e import resumed
+
+    settings = dict(steps=24, warmup=2, seed=0, chunk=16384, device="cuda", fit_context=32768, cuda_graph=False)
+    facts = dict(model="m", model_key="k", weight_bytes=1, settings=settings)
+    results = [dict(row="genai", context=4096, batch=1, ms_per_token=6.0),
+               dict(row="genai", fit_batch=63, fit_note="free 122 GiB")]
+    path = tmp_path / "cuda.json"
+    path.write_text(json.dumps(dict(facts=facts, results=results)))
+    assert resumed(path, facts) == results
+    logged = []
+    graph = dict(facts, settings=dict(settings, cuda_graph=True))
+    assert resumed(path, graph, logged.append) == results[1:]
+    assert "other cuda_graph: only its fit searches are kept" in logged[0]
+    with pytest.raises(ValueError, match="measured with other steps"):
+        resumed(path, dict(facts, settings=dict(settings, steps=8, cuda_graph=True)))
+
+
+@pytest.mark.parametrize("kind", ["og", "inplace"])
+def test_cuda_graph_needs_cuda(kind, tmp_path):
+    from dot4attn.e2e.runners import make_runner
+
+    with pytest.raises(ValueError, match="cuda_graph needs device='cuda'"):
+        make_runner(kind, tmp_path, "cpu", cuda_graph=True)
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--rows", "genai,gqa"], "unknown rows"),
     (["--contexts", "64,128", "--batch-contexts", "256"], "must be among --contexts"),
     (["--contexts", "64,-1"], "positive integers"),
     (["--steps", "300"], "at most 256"),
+    (["--arena-exact"], "CUDA arena setting"),
 ])
 def test_bad_options_are_refused(argv, message, capsys, tmp_path):
     try:

@@ -99,3 +99,22 @@ def test_a_mask_of_the_wrong_shape_is_refused(folders):
     with pytest.raises(ValueError, match=r"mask: expected shape \[batch=2, 3\]"):
         dec.step(np.zeros((2, 3), np.int64), np.ones((2, 4), np.int64))
     assert dec.length == 0
+
+
+def test_greedy_steps_feed_the_last_argmax(folders):
+    """step(None): each row's next token is the argmax of its last logits (after a prompt from the host's copy,
+    after a one-token step from the head session's, on the model's device): the same logits as feeding it."""
+    _, out = folders
+    prompt = np.array([[5, 6, 7, 8], [9, 10, 11, 12]])
+    a, b = InPlaceDecoder(out["q8_0"]), InPlaceDecoder(out["q8_0"])
+    for dec in (a, b):
+        dec.reset(2, 16)
+    la, lb = a.step(prompt), b.step(prompt)
+    for _ in range(6):
+        la, lb = a.step(None), b.step(lb.argmax(-1)[:, None])
+        assert la.dtype == np.float32
+        np.testing.assert_array_equal(la, lb)
+    fresh = InPlaceDecoder(out["q8_0"])
+    fresh.reset(1, 8)
+    with pytest.raises(ValueError, match="run a prompt first"):
+        fresh.step(None)

@@ -57,6 +57,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "bounds the CPU attention's [heads, tokens, context] score buffer")
     p.add_argument("--fit-context", type=int, help="search the largest batch of this context that fits "
                    "(default: 32768 on cuda, off on cpu; 0: off)")
+    p.add_argument("--no-cuda-graph", action="store_true",
+                   help="cuda: launch every decode step's kernels from the host instead of replaying the step as a "
+                        "CUDA graph (by default every row replays: onnxruntime-genai's enable_cuda_graph for rows "
+                        "1-3, dot4attn.inplace's for row 4)")
+    p.add_argument("--arena-exact", action="store_true",
+                   help="cuda, rows 1-3: onnxruntime's CUDA arena grows by what a run asks for "
+                        "(arena_extend_strategy=1), not by doubling (their batch prefill is one call)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache", type=Path, default=None, help="model cache folder (default $DOT4ATTN_MODEL_CACHE/e2e "
                    "or ~/.cache/dot4attn/models/e2e)")
@@ -93,8 +100,12 @@ def settings_from_args(args):
     chunk = pick("chunk")
     if chunk < 1 or fit < 0:
         raise ValueError("--chunk must be >= 1 and --fit-context >= 0")
+    if args.arena_exact and args.device != "cuda":
+        raise ValueError("--arena-exact is a CUDA arena setting (--device cuda)")
     return preset, Settings(device=args.device, contexts=contexts, batches=batches, batch_contexts=batch_contexts,
-                            steps=steps, warmup=args.warmup, chunk=chunk, seed=args.seed, fit_context=fit)
+                            steps=steps, warmup=args.warmup, chunk=chunk, seed=args.seed, fit_context=fit,
+                            cuda_graph=args.device == "cuda" and not args.no_cuda_graph,
+                            arena_exact=args.arena_exact)
 
 
 def machine(device: str) -> str:
@@ -160,7 +171,7 @@ def run(args) -> int:
     vocab = int(json.loads((folders["genai"] / "genai_config.json").read_text())["model"]["vocab_size"])
     name = "smoke" if args.smoke else args.device
     try:
-        previous = resumed(args.out / f"{name}.json", facts) if args.resume else []
+        previous = resumed(args.out / f"{name}.json", facts, con.log) if args.resume else []
     except ValueError as e:
         print(f"dot4attn e2e: {e}", file=sys.stderr)
         return 2
@@ -185,12 +196,15 @@ def run(args) -> int:
     return 0
 
 
-RESUME_KEYS = ("steps", "warmup", "seed", "chunk", "device")  # settings that change what a case measures
+RESUME_KEYS = ("steps", "warmup", "seed", "chunk", "device", "cuda_graph", "arena_exact")  # change what a case measures
+FIT_KEYS = ("steps", "warmup", "device", "fit_context")  # change what a fit search measures (max_length)
 
 
-def resumed(path: Path, facts: dict) -> list[dict]:
+def resumed(path: Path, facts: dict, log=print) -> list[dict]:
     """The measured results of an earlier run written to path, when it ran the same model with the same
-    per-case settings; [] when there is no such file."""
+    per-case settings; only its fit searches when just the per-case settings that leave them alone differ
+    (cuda_graph, seed, chunk: a fit try allocates and decodes a batch the same way whatever they are); [] when
+    there is no such file."""
     if not path.is_file():
         return []
     try:
@@ -198,9 +212,15 @@ def resumed(path: Path, facts: dict) -> list[dict]:
         old_facts, results = old["facts"], old["results"]
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"--resume: {path} is not an e2e result file ({e})") from None
+    old_settings = old_facts.get("settings", {})
     mismatch = [k for k in ("model", "model_key", "weight_bytes") if old_facts.get(k) != facts.get(k)]
-    mismatch += [k for k in RESUME_KEYS if old_facts.get("settings", {}).get(k) != facts["settings"].get(k)]
+    mismatch += [k for k in FIT_KEYS if old_settings.get(k) != facts["settings"].get(k)]
     if mismatch:
         raise ValueError(f"--resume: {path} was measured with other {', '.join(mismatch)}; "
                          f"drop --resume or choose another --out")
-    return [r for r in results if "unavailable" not in r]
+    results = [r for r in results if "unavailable" not in r]
+    other = [k for k in RESUME_KEYS if old_settings.get(k) != facts["settings"].get(k)]
+    if other:
+        log(f"--resume: {path} was measured with other {', '.join(other)}: only its fit searches are kept")
+        results = [r for r in results if "fit_batch" in r]
+    return results

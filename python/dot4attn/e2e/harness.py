@@ -38,6 +38,8 @@ class Settings:
     chunk: int = 4096           # prefill tokens per call, across the batch (bounds the [B, S, vocab] logits)
     seed: int = 0
     fit_context: int = 0        # > 0: search the largest batch of this context that fits (CUDA)
+    cuda_graph: bool = False    # every row's one-token steps replay as a CUDA graph (CUDA; runners.py)
+    arena_exact: bool = False   # onnxruntime-genai's CUDA arena grows by what is asked (runners.py)
 
     def cases(self) -> list[tuple[int, int]]:
         # batch by batch, contexts ascending within each: batch 1 (where the goals are) is complete first
@@ -104,7 +106,7 @@ def run_case(runner, settings: Settings, context: int, batch: int, vocab: int, b
         if i >= settings.warmup:
             times.append(dt)
             if batch == 1:
-                logits.append(lg)
+                logits.append(np.asarray(lg, np.float32))  # untimed: runners.py says why
     mem_decode, _ = memory_used(settings.device)
     runner.stop()
     ms = statistics.median(times) * 1e3
@@ -182,7 +184,8 @@ def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log
             log(f"{row}: context {context}, batch {batch}")
             gc.collect()
             base_mem, _ = memory_used(settings.device)  # a fresh model per case: its memory is the case's own
-            runner = make_runner(RUNNER[row], folders[row], settings.device)
+            runner = make_runner(RUNNER[row], folders[row], settings.device, settings.cuda_graph,
+                                 settings.arena_exact)
             try:
                 r, failed = run_case(runner, settings, context, batch, vocab, base_mem), None
             except Exception as e:  # noqa: BLE001 - out of memory, say: kept as the case's result, run goes on

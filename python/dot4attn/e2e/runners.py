@@ -1,10 +1,14 @@
 """One interface over the two ways the benchmark drives a model folder: onnxruntime-genai's og.Generator and
 dot4attn.inplace's InPlaceDecoder. Both take the same prompt (chunked prefill) and the same teacher-forced tokens,
-and both hand every step's last-position logits back to the host, so their step times compare like for like.
+and both hand every step's last-position logits back to the host, so their step times compare like for like: og
+in the model's dtype (get_output copies the model's own output), InPlaceDecoder in float32 (cast on the device,
+so it moves twice the bytes of a float16 model's). Converting a float16 copy to float32 in numpy costs more than
+the copy (11 ms for [16, 152064] on a 2-core x86 host): the harness does it outside the timed step, only for the
+logits it keeps.
 
-    r = make_runner("og", folder, device="cuda")
+    r = make_runner("og", folder, device="cuda", cuda_graph=True)
     prefill_s = r.start(prompt, max_length, chunk)     # prompt [B, S]
-    logits = r.step(tokens)                              # tokens [B, 1] -> [B, vocab] float32
+    logits = r.step(tokens)                              # tokens [B, 1] -> [B, vocab] (float16 or float32)
     logits = r.step(None)                                # greedy: the runner's own next tokens
 
 Batch 1 is teacher-forced (the same tokens for every row, so logits compare). onnxruntime-genai 0.18 takes
@@ -23,13 +27,29 @@ import numpy as np
 class OgRunner:
     """og.Generator: append_tokens runs the model over the given tokens (the prompt, in chunks, then one token per
     step); get_output("logits") copies the last logits to the host. Teacher-forced steps (append_tokens of a fixed
-    token) cost what generate_next_token does -- one model run -- and keep every row on the same tokens."""
+    token) cost what generate_next_token does -- one model run -- and keep every row on the same tokens.
 
-    def __init__(self, folder: Path, device: str):
+    cuda_graph: the CUDA provider option enable_cuda_graph=1 (what the builder's `enable_cuda_graph=true` writes
+    into genai_config.json), set when the model is loaded: onnxruntime-genai then captures its one-token steps
+    as a CUDA graph and replays them (its mask becomes a [batch, max_length] buffer updated in place).
+    arena_exact: arena_extend_strategy=1, onnxruntime's CUDA arena grows by what a run asks for instead of by
+    doubling regions; onnxruntime-genai prefills a batch in one call, whose activations are the largest
+    allocations of a run."""
+
+    def __init__(self, folder: Path, device: str, cuda_graph: bool = False, arena_exact: bool = False):
         from ..genai import import_og
 
+        for name, on in (("cuda_graph", cuda_graph), ("arena_exact", arena_exact)):
+            if on and device != "cuda":
+                raise ValueError(f"{name} needs device='cuda', got device={device!r}")
+        options = {"enable_cuda_graph": "1"} if cuda_graph else {}
+        if arena_exact:
+            options["arena_extend_strategy"] = "1"
         self.og = import_og()
-        self.model = self.og.Model(str(folder))
+        config = self.og.Config(str(folder))
+        for key, value in options.items():
+            config.set_provider_option("cuda", key, value)
+        self.model = self.og.Model(config)
         self.gen = None
 
     def start(self, prompt: np.ndarray, max_length: int, chunk: int) -> float:
@@ -49,7 +69,7 @@ class OgRunner:
             self.gen.generate_next_token()
         else:
             self.gen.append_tokens(np.ascontiguousarray(tokens, np.int32))
-        return np.asarray(self.gen.get_output("logits"))[:, -1].astype(np.float32)
+        return np.asarray(self.gen.get_output("logits"))[:, -1]
 
     def stop(self) -> None:
         self.gen = None
@@ -59,12 +79,13 @@ class OgRunner:
 
 
 class InplaceRunner:
-    """dot4attn.inplace.InPlaceDecoder: the caches allocated once on the device, bound as past and present."""
+    """dot4attn.inplace.InPlaceDecoder: the caches allocated once on the device, bound as past and present;
+    cuda_graph: its decode steps replay as a CUDA graph."""
 
-    def __init__(self, folder: Path, device: str):
+    def __init__(self, folder: Path, device: str, cuda_graph: bool = False):
         from ..inplace import InPlaceDecoder
 
-        self.dec = InPlaceDecoder(folder, device=device)
+        self.dec = InPlaceDecoder(folder, device=device, cuda_graph=cuda_graph)
         self.last = None
 
     def start(self, prompt: np.ndarray, max_length: int, chunk: int) -> float:
@@ -75,9 +96,7 @@ class InplaceRunner:
         return time.perf_counter() - t0
 
     def step(self, tokens: np.ndarray | None) -> np.ndarray:
-        if tokens is None:
-            tokens = self.last.argmax(-1)[:, None]
-        self.last = self.dec.step(tokens)
+        self.last = self.dec.step(tokens)  # None: the argmax of the last step, computed on the device
         return self.last
 
     def stop(self) -> None:
@@ -88,11 +107,12 @@ class InplaceRunner:
         self.dec = None
 
 
-def make_runner(kind: str, folder: Path, device: str):
+def make_runner(kind: str, folder: Path, device: str, cuda_graph: bool = False, arena_exact: bool = False):
+    """arena_exact applies to onnxruntime-genai's sessions only (InPlaceDecoder prefills in chunks)."""
     if kind == "og":
-        return OgRunner(folder, device)
+        return OgRunner(folder, device, cuda_graph, arena_exact)
     if kind == "inplace":
-        return InplaceRunner(folder, device)
+        return InplaceRunner(folder, device, cuda_graph)
     raise ValueError(f"unknown runner {kind!r} (og or inplace)")
 
 
