@@ -182,16 +182,15 @@ def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log
         cases = [(c, b) for c, b in settings.cases() if (row, c, b, False) not in done]
         for context, batch in cases:
             log(f"{row}: context {context}, batch {batch}")
-            gc.collect()
-            base_mem, _ = memory_used(settings.device)  # a fresh model per case: its memory is the case's own
-            runner = make_runner(RUNNER[row], folders[row], settings.device, settings.cuda_graph,
-                                 settings.arena_exact)
-            try:
-                r, failed = run_case(runner, settings, context, batch, vocab, base_mem), None
-            except Exception as e:  # noqa: BLE001 - out of memory, say: kept as the case's result, run goes on
-                r, failed = None, error_line(e)
-            runner.close()
-            del runner
+            r, failed = _measure(row, folders[row], settings, context, batch, vocab, settings.cuda_graph)
+            graph_note = None
+            if failed and settings.cuda_graph and not _out_of_memory(failed):
+                # onnxruntime-genai's CUDA graph mode binds a cache-long mask from the prompt on, which ORT's
+                # GroupQueryAttention refuses for a batch > 1 prompt ("batch_size must be 1 when sequence_length
+                # > 1 and past context is given"): such a row runs launched, and says so
+                log(f"  with a CUDA graph: {failed}; again, launched")
+                graph_note = f"launched (its CUDA graph mode failed: {failed[:160]})"
+                r, failed = _measure(row, folders[row], settings, context, batch, vocab, False)
             if failed:
                 log(f"  failed: {failed}")
                 results.append(dict(row=row, label=ROWS[row], context=context, batch=batch, failed=failed))
@@ -206,13 +205,35 @@ def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log
             elif logits is not None and ref_file is not None and ref_file.is_file():
                 r.update(_agreement(np.load(ref_file), logits))
             r.update(row=row, label=ROWS[row], runner=RUNNER[row], cache_bytes_per_token=per_token[row],
-                     cache_bytes=per_token[row] * context * batch)
+                     cache_bytes=per_token[row] * context * batch,
+                     cuda_graph=settings.cuda_graph and graph_note is None)
+            if graph_note:
+                r["note"] = graph_note
             log(f"  prefill {r['prefill_s']:.2f} s, {r['ms_per_token']:.2f} ms/token, "
                 f"{r['tokens_per_s']:.1f} tokens/s" + (f", KL {r['kl']:.2e}" if "kl" in r else ""))
             results.append(r)
             if on_case:
                 on_case(results)
     return results
+
+
+def _measure(row: str, folder: Path, settings: Settings, context: int, batch: int, vocab: int,
+             cuda_graph: bool) -> tuple[dict | None, str | None]:
+    """(result, None) or (None, the error's line): one case with a fresh model (its memory is the case's own)."""
+    gc.collect()
+    base_mem, _ = memory_used(settings.device)
+    runner = make_runner(RUNNER[row], folder, settings.device, cuda_graph, settings.arena_exact)
+    try:
+        r, failed = run_case(runner, settings, context, batch, vocab, base_mem), None
+    except Exception as e:  # noqa: BLE001 - out of memory, say: kept as the case's result, run goes on
+        r, failed = None, error_line(e)
+    runner.close()
+    del runner
+    return r, failed
+
+
+def _out_of_memory(error: str) -> bool:
+    return any(k in error.lower() for k in ("alloc", "out of memory"))
 
 
 def _reference_name(settings: Settings, context: int) -> str:

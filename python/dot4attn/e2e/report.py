@@ -97,7 +97,7 @@ def table_rows(results: list[dict]) -> list[list[str]]:
                          f"{r['ms_per_token']:.2f}", f"{r['tokens_per_s']:.1f}",
                          f"{r['ratio']:.2f}x" if "ratio" in r else "-", f"{r['model_ratio']:.2f}x",
                          f"{r['kl']:.1e}" if "kl" in r else "-", f"{r['top1']:.2f}" if "top1" in r else "-",
-                         _mib(r["cache_bytes"]), _mib(r["memory_bytes"]), ""])
+                         _mib(r["cache_bytes"]), _mib(r["memory_bytes"]), r.get("note", "")])
     return rows
 
 
