@@ -26,7 +26,7 @@ ROWS = {
     "genai": "GenAI builder model, GQA (model-dtype cache), og.Generator",
     "genai-int8kv": "same + ORT int8 KV cache (int8_per_channel, calibrated), og.Generator",
     "d4a-q8_0": "dot4attn rewrite: packed K + q8_0 V, og.Generator",
-    "d4a-q4_0": "packed K + q4_0 V, dot4attn.inplace (InPlaceDecoder; on CUDA its decode steps replay as a CUDA graph)",
+    "d4a-q4_0": "packed K + q4_0 V, dot4attn.inplace (InPlaceDecoder)",
 }
 RUNNER = {"genai": "og", "genai-int8kv": "og", "d4a-q8_0": "og", "d4a-q4_0": "inplace"}
 INT8_SCHEME = "int8_per_channel"
