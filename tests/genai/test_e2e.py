@@ -157,3 +157,49 @@ def test_bad_options_are_refused(argv, message, capsys, tmp_path):
     assert rc == 2
     assert message in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
+
+
+def test_a_case_whose_cuda_graph_mode_fails_runs_launched(monkeypatch, tmp_path):
+    """onnxruntime-genai's graph mode fails for a GroupQueryAttention prompt at batch > 1: that case is measured
+    again launched, with a note; an out-of-memory failure is not retried (it would fail again)."""
+    import numpy as np
+
+    from dot4attn.e2e import harness
+
+    class Fake:
+        def __init__(self, graph, error):
+            self.graph, self.error = graph, error
+
+        def start(self, prompt, max_length, chunk):
+            if self.graph and self.error:
+                raise RuntimeError(self.error)
+            return 0.01
+
+        def step(self, tokens):
+            return np.zeros((1, 8), np.float16)
+
+        def stop(self):
+            pass
+
+        def close(self):
+            pass
+
+    for error, measured in (("batch_size must be 1 when sequence_length > 1", True),
+                            ("BFCArena::AllocateRawInternal failed to allocate", False)):
+        made = []
+
+        def fake(kind, folder, device, cuda_graph=False, arena_exact=False, error=error):
+            made.append(cuda_graph)
+            return Fake(cuda_graph, error)
+
+        monkeypatch.setattr(harness, "make_runner", fake)
+        monkeypatch.setattr(harness, "cache_bytes_per_token", lambda folder: 100)
+        settings = harness.Settings(device="cpu", contexts=[16], batches=[1], batch_contexts=[16], steps=2,
+                                    cuda_graph=True)
+        results = harness.run_rows({"genai": tmp_path}, settings, vocab=8, log=lambda *a: None, rows=["genai"])
+        (r,) = results
+        if measured:
+            assert made == [True, False] and r["cuda_graph"] is False and "batch_size must be 1" in r["note"]
+            assert r["ms_per_token"] > 0
+        else:
+            assert made == [True] and "failed to allocate" in r["failed"]
