@@ -170,3 +170,36 @@ def test_greedy_steps_on_the_device_match_host_argmax(folders, graph):
         a, b = device.step(None), host.step(nxt)
         assert a.dtype == np.float32 and a.shape == (2, device.vocab)
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("which", ["original", "rewritten"])
+def test_og_rows_replay_with_the_e2e_options(folders, which):
+    """The end-to-end benchmark's og runner with enable_cuda_graph=1 and arena_extend_strategy=1 set at load: a
+    batch-1 prompt and 16 teacher-forced steps give the launched runner's logits (the original's
+    GroupQueryAttention splits the keys for the cache's length when replayed: float16 rounding apart), for the
+    builder's folder and the rewritten one; and a batch of 2 replays for the rewritten one only (ORT's
+    GroupQueryAttention refuses genai's graph-mode prompt at batch > 1)."""
+    from dot4attn.e2e.runners import make_runner
+
+    src, out = folders("qwen3-d128")
+    folder = src if which == "original" else out
+    rng = np.random.default_rng(6)
+    prompt, forced = rng.integers(1, 256, (1, 12)), rng.integers(1, 256, (16, 1, 1))
+    got = {}
+    for graph in (False, True):
+        r = make_runner("og", folder, "cuda", cuda_graph=graph, arena_exact=graph)
+        r.start(prompt, 64, 12)
+        got[graph] = np.stack([np.asarray(r.step(t), np.float32) for t in forced])
+        r.close()
+    scale, diff = np.abs(got[False]).max(), np.abs(got[True] - got[False]).max()
+    assert diff <= 1e-2 * scale, f"max |graph - launched| {diff:.2e} (logits up to {scale:.2e})"
+    r = make_runner("og", folder, "cuda", cuda_graph=True)
+    batch = np.concatenate([prompt, prompt])
+    if which == "original":
+        with pytest.raises(Exception, match="batch_size must be 1"):
+            r.start(batch, 64, 12)
+    else:
+        r.start(batch, 64, 12)
+        steps = np.stack([np.asarray(r.step(None), np.float32) for _ in range(4)])
+        np.testing.assert_array_equal(steps[:, 0], steps[:, 1])  # two copies of one prompt stay alike
+    r.close()
