@@ -147,7 +147,6 @@ def test_cuda_graph_needs_cuda(kind, tmp_path):
     (["--contexts", "64,128", "--batch-contexts", "256"], "must be among --contexts"),
     (["--contexts", "64,-1"], "positive integers"),
     (["--steps", "300"], "at most 256"),
-    (["--arena-exact"], "CUDA arena setting"),
 ])
 def test_bad_options_are_refused(argv, message, capsys, tmp_path):
     try:
@@ -188,7 +187,7 @@ def test_a_case_whose_cuda_graph_mode_fails_runs_launched(monkeypatch, tmp_path)
                             ("BFCArena::AllocateRawInternal failed to allocate", False)):
         made = []
 
-        def fake(kind, folder, device, cuda_graph=False, arena_exact=False, error=error):
+        def fake(kind, folder, device, cuda_graph=False, error=error):
             made.append(cuda_graph)
             return Fake(cuda_graph, error)
 

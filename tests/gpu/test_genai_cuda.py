@@ -174,7 +174,7 @@ def test_greedy_steps_on_the_device_match_host_argmax(folders, graph):
 
 @pytest.mark.parametrize("which", ["original", "rewritten"])
 def test_og_rows_replay_with_the_e2e_options(folders, which):
-    """The end-to-end benchmark's og runner with enable_cuda_graph=1 and arena_extend_strategy=1 set at load: a
+    """The end-to-end benchmark's og runner with enable_cuda_graph=1 set at load: a
     batch-1 prompt and 16 teacher-forced steps give the launched runner's logits (the original's
     GroupQueryAttention splits the keys for the cache's length when replayed: float16 rounding apart), for the
     builder's folder and the rewritten one; and a batch of 2 replays for the rewritten one only (ORT's
@@ -187,7 +187,7 @@ def test_og_rows_replay_with_the_e2e_options(folders, which):
     prompt, forced = rng.integers(1, 256, (1, 12)), rng.integers(1, 256, (16, 1, 1))
     got = {}
     for graph in (False, True):
-        r = make_runner("og", folder, "cuda", cuda_graph=graph, arena_exact=graph)
+        r = make_runner("og", folder, "cuda", cuda_graph=graph)
         r.start(prompt, 64, 12)
         got[graph] = np.stack([np.asarray(r.step(t), np.float32) for t in forced])
         r.close()

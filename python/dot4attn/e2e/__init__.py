@@ -61,9 +61,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cuda: launch every decode step's kernels from the host instead of replaying the step as a "
                         "CUDA graph (by default every row replays: onnxruntime-genai's enable_cuda_graph for rows "
                         "1-3, dot4attn.inplace's for row 4)")
-    p.add_argument("--arena-exact", action="store_true",
-                   help="cuda, rows 1-3: onnxruntime's CUDA arena grows by what a run asks for "
-                        "(arena_extend_strategy=1), not by doubling (their batch prefill is one call)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache", type=Path, default=None, help="model cache folder (default $DOT4ATTN_MODEL_CACHE/e2e "
                    "or ~/.cache/dot4attn/models/e2e)")
@@ -100,12 +97,9 @@ def settings_from_args(args):
     chunk = pick("chunk")
     if chunk < 1 or fit < 0:
         raise ValueError("--chunk must be >= 1 and --fit-context >= 0")
-    if args.arena_exact and args.device != "cuda":
-        raise ValueError("--arena-exact is a CUDA arena setting (--device cuda)")
     return preset, Settings(device=args.device, contexts=contexts, batches=batches, batch_contexts=batch_contexts,
                             steps=steps, warmup=args.warmup, chunk=chunk, seed=args.seed, fit_context=fit,
-                            cuda_graph=args.device == "cuda" and not args.no_cuda_graph,
-                            arena_exact=args.arena_exact)
+                            cuda_graph=args.device == "cuda" and not args.no_cuda_graph)
 
 
 def machine(device: str) -> str:
@@ -196,7 +190,7 @@ def run(args) -> int:
     return 0
 
 
-RESUME_KEYS = ("steps", "warmup", "seed", "chunk", "device", "cuda_graph", "arena_exact")  # change what a case measures
+RESUME_KEYS = ("steps", "warmup", "seed", "chunk", "device", "cuda_graph")  # change what a case measures
 FIT_KEYS = ("steps", "warmup", "device", "fit_context")  # change what a fit search measures (max_length)
 
 

@@ -39,7 +39,6 @@ class Settings:
     seed: int = 0
     fit_context: int = 0        # > 0: search the largest batch of this context that fits (CUDA)
     cuda_graph: bool = False    # every row's one-token steps replay as a CUDA graph (CUDA; runners.py)
-    arena_exact: bool = False   # onnxruntime-genai's CUDA arena grows by what is asked (runners.py)
 
     def cases(self) -> list[tuple[int, int]]:
         # batch by batch, contexts ascending within each: batch 1 (where the goals are) is complete first
@@ -222,7 +221,7 @@ def _measure(row: str, folder: Path, settings: Settings, context: int, batch: in
     """(result, None) or (None, the error's line): one case with a fresh model (its memory is the case's own)."""
     gc.collect()
     base_mem, _ = memory_used(settings.device)
-    runner = make_runner(RUNNER[row], folder, settings.device, cuda_graph, settings.arena_exact)
+    runner = make_runner(RUNNER[row], folder, settings.device, cuda_graph)
     try:
         r, failed = run_case(runner, settings, context, batch, vocab, base_mem), None
     except Exception as e:  # noqa: BLE001 - out of memory, say: kept as the case's result, run goes on

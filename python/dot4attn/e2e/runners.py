@@ -31,24 +31,17 @@ class OgRunner:
 
     cuda_graph: the CUDA provider option enable_cuda_graph=1 (what the builder's `enable_cuda_graph=true` writes
     into genai_config.json), set when the model is loaded: onnxruntime-genai then captures its one-token steps
-    as a CUDA graph and replays them (its mask becomes a [batch, max_length] buffer updated in place).
-    arena_exact: arena_extend_strategy=1, onnxruntime's CUDA arena grows by what a run asks for instead of by
-    doubling regions; onnxruntime-genai prefills a batch in one call, whose activations are the largest
-    allocations of a run."""
+    as a CUDA graph and replays them (its mask becomes a [batch, max_length] buffer updated in place)."""
 
-    def __init__(self, folder: Path, device: str, cuda_graph: bool = False, arena_exact: bool = False):
+    def __init__(self, folder: Path, device: str, cuda_graph: bool = False):
         from ..genai import import_og
 
-        for name, on in (("cuda_graph", cuda_graph), ("arena_exact", arena_exact)):
-            if on and device != "cuda":
-                raise ValueError(f"{name} needs device='cuda', got device={device!r}")
-        options = {"enable_cuda_graph": "1"} if cuda_graph else {}
-        if arena_exact:
-            options["arena_extend_strategy"] = "1"
+        if cuda_graph and device != "cuda":
+            raise ValueError(f"cuda_graph needs device='cuda', got device={device!r}")
         self.og = import_og()
         config = self.og.Config(str(folder))
-        for key, value in options.items():
-            config.set_provider_option("cuda", key, value)
+        if cuda_graph:
+            config.set_provider_option("cuda", "enable_cuda_graph", "1")
         self.model = self.og.Model(config)
         self.gen = None
 
@@ -107,10 +100,9 @@ class InplaceRunner:
         self.dec = None
 
 
-def make_runner(kind: str, folder: Path, device: str, cuda_graph: bool = False, arena_exact: bool = False):
-    """arena_exact applies to onnxruntime-genai's sessions only (InPlaceDecoder prefills in chunks)."""
+def make_runner(kind: str, folder: Path, device: str, cuda_graph: bool = False):
     if kind == "og":
-        return OgRunner(folder, device, cuda_graph, arena_exact)
+        return OgRunner(folder, device, cuda_graph)
     if kind == "inplace":
         return InplaceRunner(folder, device, cuda_graph)
     raise ValueError(f"unknown runner {kind!r} (og or inplace)")
