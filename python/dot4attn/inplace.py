@@ -23,10 +23,10 @@ then max_length and seqlens_k, the rows' lengths, is computed from the mask on t
 in fixed buffers. Dot4GroupQueryAttention reads the lengths on the device at decode, and ONNX Runtime's
 GroupQueryAttention does too, so both the rewritten and the original folders replay. Prompts run uncaptured.
 
-After a one-token step a small second session (the "head": Cast to float32 and ArgMax) runs on the same device over
-the step's logits: the host receives float32 logits without converting [B, vocab] half floats in numpy (0.8 ms for
-one row of a 152k vocabulary, 11 ms for 16, on a 2-core x86 host), and the greedy next ids are written straight
-into the step's input buffer, so step(None) moves no token through the host.
+After a one-token step a second, small ONNX Runtime InferenceSession (the "head": Cast to float32 and ArgMax) runs
+on the same device over the step's logits: the host receives float32 logits without converting [B, vocab] half
+floats in numpy (0.8 ms for one row of a 152k vocabulary, 11 ms for 16, on a 2-core x86 host), and the greedy next
+ids are written straight into the step's input buffer, so step(None) moves no token through the host.
 """
 from __future__ import annotations
 
@@ -158,8 +158,7 @@ class InPlaceDecoder:
             hb.bind_ortvalue_output("logits32", self._logits32)
             hb.bind_ortvalue_output("next_ids", self._ids1)  # the next greedy step's input, where it is read
             self._head_binding = hb
-        self._next_on_device = False  # _ids1 holds the argmax of the last step's logits
-        self._last_logits = None
+        self._last_logits = None  # host logits of the last step when it ran no head; None: _ids1 holds the argmax
         # cuda_graph: the decode steps' mask, [batch, max_length], zeros past each row's length (its host mirror
         # says what the device holds). A new binding (reset) is a new capture: ONNX Runtime replays a graph only
         # with the buffers it was captured with.
@@ -184,7 +183,7 @@ class InPlaceDecoder:
         if ids is None:
             if self.length == 0:
                 raise ValueError("step(None) feeds the argmax of the previous step's logits: run a prompt first")
-            if not self._next_on_device:
+            if self._last_logits is not None:
                 self._ids1.update_inplace(np.ascontiguousarray(self._last_logits.argmax(-1)[:, None],
                                                                self.ids_dtype))
             shape = (self.batch, 1)
@@ -226,16 +225,16 @@ class InPlaceDecoder:
         self.length = total
         if one and self._head_binding is not None:  # float32 logits and the next ids, computed on the device
             self._head_session.run_with_iobinding(self._head_binding)
-            self._next_on_device, self._last_logits = True, None
+            self._last_logits = None
             logits = self._logits32.numpy()[:, -1]  # a CPU OrtValue's numpy() is a view of the bound buffer
             return logits.copy() if self.device == "cpu" else logits
         # [B, S, vocab]: the builder's graph may return every position's logits
         logits = self._logits1.numpy() if one and self._logits1 is not None else b.get_outputs()[0].numpy()
-        self._next_on_device, self._last_logits = False, logits[:, -1].astype(np.float32)
+        self._last_logits = logits[:, -1].astype(np.float32)
         return self._last_logits
 
     def _head(self):
-        """The session computing, from a one-token step's logits [B, 1, vocab] on the device, their float32 copy
+        """The InferenceSession computing, from a one-token step's logits [B, 1, vocab] on the device, their float32 copy
         and their argmax as the next input ids (built once, on the model's device)."""
         import onnxruntime as ort
         from onnx import TensorProto, helper

@@ -173,12 +173,11 @@ def test_greedy_steps_on_the_device_match_host_argmax(folders, graph):
 
 
 @pytest.mark.parametrize("which", ["original", "rewritten"])
-def test_og_rows_replay_with_the_e2e_options(folders, which):
-    """The end-to-end benchmark's og runner with enable_cuda_graph=1 set at load: a
-    batch-1 prompt and 16 teacher-forced steps give the launched runner's logits (the original's
-    GroupQueryAttention splits the keys for the cache's length when replayed: float16 rounding apart), for the
-    builder's folder and the rewritten one; and a batch of 2 replays for the rewritten one only (ORT's
-    GroupQueryAttention refuses genai's graph-mode prompt at batch > 1)."""
+def test_og_runner_replays_with_enable_cuda_graph(folders, which):
+    """The end-to-end benchmark's og runner with enable_cuda_graph=1 set at load: a batch-1 prompt and 16
+    teacher-forced steps give the launched runner's logits to float16 rounding, for the builder's folder and the
+    rewritten one; and a batch of 2 replays for the rewritten one only (ORT's GroupQueryAttention refuses genai's
+    graph-mode prompt at batch > 1)."""
     from dot4attn.e2e.runners import make_runner
 
     src, out = folders("qwen3-d128")
