@@ -5,6 +5,8 @@
     logits = dec.step(prompt_ids)                         # [B, S] int64 -> last-position logits [B, vocab]
     logits = dec.step(next_ids)                           # [B, 1]
     logits = dec.step(None)                               # greedy: the argmax of the last step, on the device
+    dec.reset(batch=16, max_length=32768 + 64)
+    dec.prompt_copied(prompt_ids[:1], chunk=16384)        # one sequence prefilled, copied to all 16 rows
 
 The model takes input_ids and attention_mask and owns its cache the way genai's builder models do: per layer
 past_key_values.N.key / .value in, present.N.key / .value out, written in place when both are the same buffer
@@ -43,10 +45,14 @@ _NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(uint8
 
 class InPlaceDecoder:
     def __init__(self, folder: str | Path, device: str = "cpu", threads: int | None = None,
-                 profile_prefix: str | None = None, cuda_graph: bool | None = None):
+                 profile_prefix: str | None = None, cuda_graph: bool | None = None, host_logits: str = "float32"):
         import onnxruntime as ort
 
         folder = Path(folder)
+        if host_logits not in ("float32", "model"):
+            raise ValueError(f"host_logits: expected 'float32' or 'model' (the model's logits dtype), got "
+                             f"{host_logits!r}")
+        self.host_logits = host_logits
         if cuda_graph and device != "cuda":
             raise ValueError(f"cuda_graph needs device='cuda', got device={device!r}")
         self.cuda_graph = device == "cuda" if cuda_graph is None else bool(cuda_graph)
@@ -176,7 +182,8 @@ class InPlaceDecoder:
 
     def step(self, ids: np.ndarray | None, mask: np.ndarray | None = None) -> np.ndarray:
         """Feeds ids [B, S] (the next S tokens of every row; mask [B, length + S] defaults to all ones) and returns
-        the logits of the last position [B, vocab] (float32, on the host). ids None: one greedy step, each row's
+        the logits of the last position [B, vocab] on the host (float32, or the model's dtype with
+        host_logits="model": half the bytes to copy from a float16 model). ids None: one greedy step, each row's
         token the argmax of the previous step's logits (after a one-token step it never leaves the device)."""
         import onnxruntime as ort
 
@@ -226,16 +233,63 @@ class InPlaceDecoder:
         if one and self._head_binding is not None:  # float32 logits and the next ids, computed on the device
             self._head_session.run_with_iobinding(self._head_binding)
             self._last_logits = None
-            logits = self._logits32.numpy()[:, -1]  # a CPU OrtValue's numpy() is a view of the bound buffer
+            on_device = self._logits1 if self.host_logits == "model" else self._logits32
+            logits = on_device.numpy()[:, -1]  # a CPU OrtValue's numpy() is a view of the bound buffer
             return logits.copy() if self.device == "cpu" else logits
         # [B, S, vocab]: the builder's graph may return every position's logits
         logits = self._logits1.numpy() if one and self._logits1 is not None else b.get_outputs()[0].numpy()
-        self._last_logits = logits[:, -1].astype(np.float32)
+        self._last_logits = self._host(logits[:, -1])
+        return self._last_logits
+
+    def _host(self, logits: np.ndarray) -> np.ndarray:
+        return logits.astype(np.float32) if self.host_logits == "float32" else logits.copy()
+
+    def prompt_copied(self, ids: np.ndarray, chunk: int) -> np.ndarray:
+        """Prefills one sequence, ids [1, S] (in calls of at most `chunk` tokens), into batch row 0 of every cache
+        and copies that row to the others: after reset(batch=B) the decoder holds B identical sequences of S
+        tokens for the cost of one sequence's prefill, and decode steps run at batch B. For timing batch decode at
+        a context whose batch prompt does not fit in memory (a prompt's activations grow with B x S, and ORT's
+        GroupQueryAttention takes a batch > 1 prompt only in one call). Returns the last logits [B, vocab] (row 0's
+        in every row) on the host, as step() does."""
+        import onnxruntime as ort
+
+        ids = np.ascontiguousarray(ids, self.ids_dtype)
+        if self.length:
+            raise ValueError(f"prompt_copied starts a sequence: {self.length} tokens are already in the cache "
+                             "(reset first)")
+        if ids.ndim != 2 or ids.shape[0] != 1 or ids.shape[1] < 1:
+            raise ValueError(f"ids: expected one sequence [1, S >= 1], got shape {ids.shape}")
+        if ids.shape[1] > self.max_length:
+            raise ValueError(f"{ids.shape[1]} tokens exceed the cache's max_length {self.max_length}")
+        if chunk < 1:
+            raise ValueError(f"chunk must be >= 1, got {chunk}")
+        one = self.sess.io_binding()  # batch row 0 of every cache, bound as a [1, heads, max_length, last] tensor
+        one.bind_output(self.logits_name, self.device)  # first: get_outputs() keeps the binding order
+        for name, (present, dt, h, last) in self.caches.items():
+            ptr = self.values[name].data_ptr()
+            one.bind_input(name, self.device, 0, dt, [1, h, self.max_length, last], ptr)
+            one.bind_output(present, self.device, 0, dt, [1, h, self.max_length, last], ptr)
+        total = 0
+        for s in range(0, ids.shape[1], chunk):
+            part = ids[:, s:s + chunk]
+            total += part.shape[1]
+            one.bind_ortvalue_input("input_ids", ort.OrtValue.ortvalue_from_numpy(part, self.device, 0))
+            one.bind_input("attention_mask", self.device, 0, self.mask_dtype, [1, total], self._ones.data_ptr())
+            one.bind_output(self.logits_name, self.device)  # ORT allocates it (S changes)
+            self.sess.run_with_iobinding(one, self._run_options["prompt"])
+        logits = self._host(one.get_outputs()[0].numpy()[:, -1])
+        for name, (_, dt, h, last) in self.caches.items():
+            _copy_row_to_batch(self.values[name], self.batch, h * self.max_length * last * np.dtype(dt).itemsize,
+                               self.device)
+        if self.cuda_graph:
+            self._set_mask(0, total, None)
+        self.length = total
+        self._last_logits = np.repeat(logits, self.batch, axis=0)
         return self._last_logits
 
     def _head(self):
-        """The InferenceSession computing, from a one-token step's logits [B, 1, vocab] on the device, their float32 copy
-        and their argmax as the next input ids (built once, on the model's device)."""
+        """The InferenceSession computing, from a one-token step's logits [B, 1, vocab] on the device, their float32
+        copy and their argmax as the next input ids (built once, on the model's device)."""
         import onnxruntime as ort
         from onnx import TensorProto, helper
 
@@ -283,19 +337,52 @@ class InPlaceDecoder:
         self.length = length
 
 
-def _column_writer():
-    """A function writing column `col` of a host [B, N] array into the same-shaped device buffer at `ptr` (one
-    cudaMemcpy2D of B elements), or None where no CUDA runtime library can be loaded (the caller then copies the
-    whole mask). ONNX Runtime's CUDA EP has loaded libcudart into the process by then (or torch has)."""
+def _cudart():
+    """The CUDA runtime library through ctypes, or None where none can be loaded (ONNX Runtime's CUDA EP has
+    loaded libcudart into the process by the time a session runs, or torch has)."""
     import ctypes
 
     for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
         try:
-            lib = ctypes.CDLL(name)
-            break
+            return ctypes.CDLL(name)
         except OSError:
             continue
-    else:
+    return None
+
+
+def _copy_row_to_batch(value, batch: int, row_bytes: int, device: str) -> None:
+    """Copies batch row 0 of a [batch, ...] OrtValue (row_bytes each) over rows 1 .. batch - 1, on its device."""
+    if batch < 2:
+        return
+    if device == "cpu":
+        arr = value.numpy()  # a CPU OrtValue's numpy() is a view of its buffer
+        arr[1:] = arr[:1]
+        return
+    import ctypes
+
+    lib = _cudart()
+    if lib is None:
+        raise RuntimeError("copying a cache row on the device needs the CUDA runtime library (libcudart)")
+    lib.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    lib.cudaMemcpy.restype = ctypes.c_int
+    lib.cudaDeviceSynchronize.restype = ctypes.c_int
+    ptr = value.data_ptr()
+    err = lib.cudaDeviceSynchronize()  # ONNX Runtime's stream is not the legacy one the copies go on
+    for b in range(1, batch):
+        err = err or lib.cudaMemcpy(ptr + b * row_bytes, ptr, row_bytes, 3)  # 3: device to device
+    err = err or lib.cudaDeviceSynchronize()
+    if err != 0:
+        raise RuntimeError(f"copying a cache's batch row 0 to rows 1..{batch - 1} failed (CUDA error {err})")
+
+
+def _column_writer():
+    """A function writing column `col` of a host [B, N] array into the same-shaped device buffer at `ptr` (one
+    cudaMemcpy2D of B elements), or None where no CUDA runtime library can be loaded (the caller then copies the
+    whole mask)."""
+    import ctypes
+
+    lib = _cudart()
+    if lib is None:
         return None
     fn = lib.cudaMemcpy2D
     fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,

@@ -134,6 +134,20 @@ def test_resume_keeps_fit_searches_when_only_case_settings_differ(tmp_path):
         resumed(path, dict(facts, settings=dict(settings, steps=8, cuda_graph=True)))
 
 
+def test_resume_measures_again_the_batches_whose_prompt_is_now_copied(tmp_path):
+    from dot4attn.e2e import resumed
+
+    settings = dict(steps=24, warmup=2, seed=0, chunk=16384, device="cuda", fit_context=32768, cuda_graph=True)
+    facts = dict(model="m", model_key="k", weight_bytes=1, settings=settings)
+    results = [dict(row="genai", context=32768, batch=1, ms_per_token=6.0),
+               dict(row="genai", context=32768, batch=16, failed="out of memory"),
+               dict(row="genai", context=16384, batch=16, ms_per_token=12.0)]
+    path = tmp_path / "cuda.json"
+    path.write_text(json.dumps(dict(facts=facts, results=results)))
+    copied = dict(facts, settings=dict(settings, copied_contexts=[32768]))
+    assert resumed(path, copied) == [results[0], results[2]]
+
+
 @pytest.mark.parametrize("kind", ["og", "inplace"])
 def test_cuda_graph_needs_cuda(kind, tmp_path):
     from dot4attn.e2e.runners import make_runner
@@ -202,3 +216,57 @@ def test_a_case_whose_cuda_graph_mode_fails_runs_launched(monkeypatch, tmp_path)
             assert r["ms_per_token"] > 0
         else:
             assert made == [True] and "failed to allocate" in r["failed"]
+
+
+def test_copied_prompt_contexts_decode_one_prefilled_sequence_copied_to_the_batch(monkeypatch, tmp_path):
+    """At a --copied-prompt-contexts context a batch > 1 is measured by dot4attn.inplace over one prefilled sequence
+    copied to the batch, for every row, with a note and no prefill time; batch 1 and the other contexts keep the
+    row's own runner."""
+    import numpy as np
+
+    from dot4attn.e2e import harness
+
+    class Fake:
+        def __init__(self, kind):
+            self.kind = kind
+
+        def start(self, prompt, max_length, chunk):
+            assert chunk == (64 if self.kind == "inplace-copied" else 64 // prompt.shape[0])
+            return 0.5
+
+        def step(self, tokens):
+            return np.zeros((2, 8), np.float16)
+
+        def stop(self):
+            pass
+
+        def close(self):
+            pass
+
+    made = []
+
+    def fake(kind, folder, device, cuda_graph=False):
+        made.append(kind)
+        return Fake(kind)
+
+    monkeypatch.setattr(harness, "make_runner", fake)
+    monkeypatch.setattr(harness, "cache_bytes_per_token", lambda folder: 100)
+    settings = harness.Settings(device="cpu", contexts=[16, 32], batches=[1, 2], batch_contexts=[16, 32], steps=2,
+                                chunk=64, copied_contexts=[32])
+    results = harness.run_rows({"genai": tmp_path, "d4a-q4_0": tmp_path}, settings, vocab=8, log=lambda *a: None,
+                               rows=["genai", "d4a-q4_0"])
+    assert made == ["og", "og", "og", "inplace-copied", "inplace", "inplace", "inplace", "inplace-copied"]
+    for r in results:
+        copied = r["batch"] == 2 and r["context"] == 32
+        assert r.get("copied_prompt", False) == copied and (r["prefill_s"] is None) == copied
+        assert r["runner"] == ("inplace" if copied or r["row"] == "d4a-q4_0" else "og")
+        if copied:
+            assert "one sequence's prefill (0.5 s) copied to the batch" in r["note"]
+
+
+def test_copied_prompt_contexts_must_be_batch_contexts(capsys, tmp_path):
+    from dot4attn.cli import main
+
+    rc = main(["e2e", "--smoke", "--out", str(tmp_path / "o"), "--copied-prompt-contexts", "64"])
+    assert rc == 2
+    assert "--copied-prompt-contexts [64] must be among the batch contexts [128]" in capsys.readouterr().err

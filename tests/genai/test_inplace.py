@@ -118,3 +118,55 @@ def test_greedy_steps_feed_the_last_argmax(folders):
     fresh.reset(1, 8)
     with pytest.raises(ValueError, match="run a prompt first"):
         fresh.step(None)
+
+
+@pytest.mark.parametrize("which", ["original", "q8_0", "q4_0"])
+def test_one_prefilled_sequence_copied_to_the_batch(folders, which):
+    """prompt_copied: one sequence prefilled (in chunks) and its cache copied to every batch row decodes like the
+    same sequence prompted in every row at once: the same logits in every row, then the same greedy steps."""
+    src, out = folders
+    folder = src if which == "original" else out[which]
+    seq = np.random.default_rng(7).integers(0, 256, 11)
+    copied, batched = InPlaceDecoder(folder), InPlaceDecoder(folder)
+    copied.reset(3, 24)
+    batched.reset(3, 24)
+    lc = copied.prompt_copied(seq[None], chunk=4)
+    lb = batched.step(np.repeat(seq[None], 3, axis=0))
+    assert copied.length == batched.length == 11 and lc.shape == lb.shape == (3, copied.vocab)
+    np.testing.assert_allclose(lc, lb, atol=1e-5, rtol=0)
+    for _ in range(4):
+        lc, lb = copied.step(None), batched.step(None)
+        np.testing.assert_allclose(lc, lb, atol=1e-5, rtol=0)
+        np.testing.assert_array_equal(lc[1:], np.repeat(lc[:1], 2, axis=0))
+
+
+def test_a_copied_prompt_refuses_what_it_cannot_do(folders):
+    _, out = folders
+    dec = InPlaceDecoder(out["q8_0"])
+    dec.reset(2, 8)
+    with pytest.raises(ValueError, match=r"expected one sequence \[1, S >= 1\], got shape \(2, 3\)"):
+        dec.prompt_copied(np.zeros((2, 3), np.int64), chunk=4)
+    with pytest.raises(ValueError, match="9 tokens exceed the cache's max_length 8"):
+        dec.prompt_copied(np.zeros((1, 9), np.int64), chunk=4)
+    dec.prompt_copied(np.zeros((1, 3), np.int64), chunk=4)
+    with pytest.raises(ValueError, match="3 tokens are already in the cache"):
+        dec.prompt_copied(np.zeros((1, 3), np.int64), chunk=4)
+
+
+def test_host_logits_in_the_model_dtype(folders):
+    """host_logits="model": the same logits in the model's dtype (what og's get_output hands over), after a prompt,
+    a copied prompt and one-token steps; anything else is refused."""
+    _, out = folders
+    prompt = np.array([[5, 6, 7, 8]])
+    a, b = InPlaceDecoder(out["q8_0"]), InPlaceDecoder(out["q8_0"], host_logits="model")
+    for dec in (a, b):
+        dec.reset(1, 8)
+    np.testing.assert_array_equal(a.step(prompt), b.step(prompt).astype(np.float32))
+    for t in (9, 10):
+        la, lb = a.step(np.array([[t]])), b.step(np.array([[t]]))
+        assert lb.dtype == b.logits_dtype
+        np.testing.assert_array_equal(la, lb.astype(np.float32))
+    b.reset(2, 8)
+    assert b.prompt_copied(prompt, chunk=2).dtype == b.logits_dtype
+    with pytest.raises(ValueError, match="host_logits: expected 'float32' or 'model'"):
+        InPlaceDecoder(out["q8_0"], host_logits="float16")

@@ -173,6 +173,37 @@ def test_greedy_steps_on_the_device_match_host_argmax(folders, graph):
 
 
 @pytest.mark.parametrize("which", ["original", "rewritten"])
+def test_a_copied_prompt_decodes_like_the_batch_prompt_on_cuda(folders, which):
+    """prompt_copied on the device (the end-to-end benchmark's way to a batch whose prompt does not fit), for the
+    builder's folder (GroupQueryAttention) and the rewritten one: in one call, the batch prompt's logits and then
+    the same logits over replayed steps in every row; in chunks, row 0 is the batch-1 decoder fed the same chunks."""
+    from dot4attn.inplace import InPlaceDecoder
+
+    src, out = folders("qwen3-d128")
+    folder = src if which == "original" else out
+    seq = np.random.default_rng(9).integers(1, 256, 21)
+    copied, batched, single = (InPlaceDecoder(folder, device="cuda", cuda_graph=True) for _ in range(3))
+    for dec, batch in ((copied, 3), (batched, 3), (single, 1)):
+        dec.reset(batch, 48)
+    lc, lb = copied.prompt_copied(seq[None], chunk=32), batched.step(np.repeat(seq[None], 3, axis=0))
+    np.testing.assert_allclose(lc, lb, atol=2e-2, rtol=0)  # float16; the same prompt at batch 1 and at batch 3
+    for _ in range(8):
+        nxt = lb.argmax(-1)[:, None]  # the same tokens for both (a near tie must not split them)
+        lc, lb = copied.step(nxt), batched.step(nxt)
+        np.testing.assert_allclose(lc, lb, atol=2e-2, rtol=0)
+        np.testing.assert_array_equal(lc[1:], np.repeat(lc[:1], 2, axis=0))
+    copied.reset(3, 48)
+    lc = copied.prompt_copied(seq[None], chunk=8)
+    for s in range(0, 21, 8):
+        ls = single.step(seq[None, s:s + 8])
+    np.testing.assert_array_equal(lc[0], ls[0])
+    for _ in range(4):
+        nxt = ls.argmax(-1)[:, None]
+        lc, ls = copied.step(np.repeat(nxt, 3, axis=0)), single.step(nxt)
+        np.testing.assert_allclose(lc, np.repeat(ls, 3, axis=0), atol=2e-2, rtol=0)
+
+
+@pytest.mark.parametrize("which", ["original", "rewritten"])
 def test_og_runner_replays_with_enable_cuda_graph(folders, which):
     """The end-to-end benchmark's og runner with enable_cuda_graph=1 set at load: a batch-1 prompt and 16
     teacher-forced steps give the launched runner's logits to float16 rounding, for the builder's folder and the

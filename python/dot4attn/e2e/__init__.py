@@ -24,8 +24,10 @@ PRESETS = {  # device -> defaults
     # 32k is left out by default: its prefill alone takes about 25 minutes per row on 2 cores (docs/e2e.md).
     "cpu": dict(shape="qwen2.5-0.5b", precision="int4", contexts=[4096, 16384], batches=[1, 2],
                 batch_contexts=[4096], fit_context=0, chunk=1024, steps=16),
+    # 16 x 32k: onnxruntime-genai's one-call batch prompt does not fit on an H200 (harness.Settings.copied_contexts)
     "cuda": dict(shape="qwen2.5-7b", precision="fp16", contexts=[4096, 16384, 32768, 65536, 131072],
-                 batches=[1, 16], batch_contexts=[16384, 32768], fit_context=32768, chunk=16384),
+                 batches=[1, 16], batch_contexts=[16384, 32768], fit_context=32768, chunk=16384,
+                 copied_prompt_contexts=[32768]),
     "smoke": dict(shape="qwen2-bias", precision="fp32", contexts=[64, 128], batches=[1, 2], batch_contexts=[128],
                   fit_context=0, chunk=64, steps=4),
 }
@@ -55,6 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=2, help="untimed decode steps before them (default 2)")
     p.add_argument("--chunk", type=int, help="batch-1 prefill tokens per call (default cpu 1024, cuda 16384): "
                    "bounds the CPU attention's [heads, tokens, context] score buffer")
+    p.add_argument("--copied-prompt-contexts", type=_ints_or_none, metavar="N[,N...]|none",
+                   help="contexts whose batches > 1 every row decodes by dot4attn.inplace over one sequence's "
+                        "prefill copied to the batch, where onnxruntime-genai's one-call batch prompt does not fit "
+                        "(default cuda 32768, cpu none)")
     p.add_argument("--fit-context", type=int, help="search the largest batch of this context that fits "
                    "(default: 32768 on cuda, off on cpu; 0: off)")
     p.add_argument("--no-cuda-graph", action="store_true",
@@ -69,6 +75,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true",
                    help="keep what OUT/DEVICE.json already holds for the same model and settings and measure only "
                         "the rest (a long run split over several sittings)")
+
+
+def _ints_or_none(text: str) -> list[int]:
+    return [] if text.strip().lower() == "none" else _ints(text)
 
 
 def _rows(text: str) -> list[str]:
@@ -93,13 +103,19 @@ def settings_from_args(args):
         raise ValueError(f"--batch-contexts {batch_contexts} must be among --contexts {contexts}")
     if steps < 1 or args.warmup < 0 or steps + args.warmup > MARGIN:
         raise ValueError(f"--steps (>= 1) and --warmup (>= 0) must add up to at most {MARGIN}")
+    copied = pick("copied_prompt_contexts") or []
+    if args.copied_prompt_contexts is None:
+        copied = [c for c in copied if c in batch_contexts]
+    if set(copied) - set(batch_contexts):
+        raise ValueError(f"--copied-prompt-contexts {copied} must be among the batch contexts {batch_contexts}")
     fit = pick("fit_context") or 0
     chunk = pick("chunk")
     if chunk < 1 or fit < 0:
         raise ValueError("--chunk must be >= 1 and --fit-context >= 0")
     return preset, Settings(device=args.device, contexts=contexts, batches=batches, batch_contexts=batch_contexts,
                             steps=steps, warmup=args.warmup, chunk=chunk, seed=args.seed, fit_context=fit,
-                            cuda_graph=args.device == "cuda" and not args.no_cuda_graph)
+                            cuda_graph=args.device == "cuda" and not args.no_cuda_graph,
+                            copied_contexts=sorted(copied))
 
 
 def machine(device: str) -> str:
@@ -217,4 +233,6 @@ def resumed(path: Path, facts: dict, log=print) -> list[dict]:
     if other:
         log(f"--resume: {path} was measured with other {', '.join(other)}: only its fit searches are kept")
         results = [r for r in results if "fit_batch" in r]
-    return results
+    # the batch > 1 cases at a context whose prompt is now copied, or no longer, are measured again
+    changed = set(old_settings.get("copied_contexts") or []) ^ set(facts["settings"].get("copied_contexts") or [])
+    return [r for r in results if not ((r.get("batch") or 1) > 1 and r.get("context") in changed)]

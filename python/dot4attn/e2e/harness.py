@@ -16,7 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +39,11 @@ class Settings:
     seed: int = 0
     fit_context: int = 0        # > 0: search the largest batch of this context that fits (CUDA)
     cuda_graph: bool = False    # every row's one-token steps replay as a CUDA graph (CUDA; runners.py)
+    # batches > 1 at these contexts: every row decodes, by dot4attn.inplace, over one sequence's prefill copied to
+    # the batch. onnxruntime-genai prefills a batch in one call, whose activations grow with batch x context (the
+    # 7B shape's MLP buffers: 19.9 GB each at 16 x 32k, more than an H200 holds beside the weights and the cache),
+    # and the arena keeps what a failed prompt grew, so every later case of the process would fail too.
+    copied_contexts: list[int] = field(default_factory=list)
 
     def cases(self) -> list[tuple[int, int]]:
         # batch by batch, contexts ascending within each: batch 1 (where the goals are) is complete first
@@ -91,9 +96,10 @@ def _prompt(settings: Settings, context: int, batch: int, vocab: int) -> tuple[n
     return tokens[:, :context], tokens[:, context:]
 
 
-def run_case(runner, settings: Settings, context: int, batch: int, vocab: int, base_mem: int | None) -> dict:
+def run_case(runner, settings: Settings, context: int, batch: int, vocab: int, base_mem: int | None,
+             copied: bool = False) -> dict:
     prompt, forced = _prompt(settings, context, batch, vocab)
-    chunk = max(1, settings.chunk // batch)
+    chunk = settings.chunk if copied else max(1, settings.chunk // batch)  # copied: one sequence's prefill
     prefill_s = runner.start(prompt, settings.max_length(context), chunk)
     mem_prefill, _ = memory_used(settings.device)
     times, logits = [], []
@@ -180,10 +186,16 @@ def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log
     for row in wanted:
         cases = [(c, b) for c, b in settings.cases() if (row, c, b, False) not in done]
         for context, batch in cases:
-            log(f"{row}: context {context}, batch {batch}")
-            r, failed = _measure(row, folders[row], settings, context, batch, vocab, settings.cuda_graph)
+            copied = batch > 1 and context in settings.copied_contexts
+            log(f"{row}: context {context}, batch {batch}" + (", one sequence's prompt copied" if copied else ""))
+            r, failed = _measure(row, folders[row], settings, context, batch, vocab, settings.cuda_graph, copied)
             graph_note = None
-            if failed and settings.cuda_graph and not _out_of_memory(failed):
+            if copied and r:
+                r["note"] = (f"decoded by dot4attn.inplace over one sequence's prefill ({r['prefill_s']:.3g} s) "
+                             "copied to the batch (--copied-prompt-contexts)")
+                r["prefill_s"] = None
+                r["copied_prompt"] = True
+            if failed and settings.cuda_graph and not copied and not _out_of_memory(failed):
                 # onnxruntime-genai's CUDA graph mode binds a cache-long mask from the prompt on, which ORT's
                 # GroupQueryAttention refuses for a batch > 1 prompt ("batch_size must be 1 when sequence_length
                 # > 1 and past context is given"): such a row runs launched, and says so
@@ -203,12 +215,14 @@ def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log
                 np.save(ref_file, logits)
             elif logits is not None and ref_file is not None and ref_file.is_file():
                 r.update(_agreement(np.load(ref_file), logits))
-            r.update(row=row, label=ROWS[row], runner=RUNNER[row], cache_bytes_per_token=per_token[row],
+            r.update(row=row, label=ROWS[row], cache_bytes_per_token=per_token[row],
                      cache_bytes=per_token[row] * context * batch,
                      cuda_graph=settings.cuda_graph and graph_note is None)
+            r["runner"] = "inplace" if r.get("copied_prompt") else RUNNER[row]
             if graph_note:
                 r["note"] = graph_note
-            log(f"  prefill {r['prefill_s']:.2f} s, {r['ms_per_token']:.2f} ms/token, "
+            prefill = "-" if r["prefill_s"] is None else f"{r['prefill_s']:.2f}"
+            log(f"  prefill {prefill} s, {r['ms_per_token']:.2f} ms/token, "
                 f"{r['tokens_per_s']:.1f} tokens/s" + (f", KL {r['kl']:.2e}" if "kl" in r else ""))
             results.append(r)
             if on_case:
@@ -217,13 +231,14 @@ def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log
 
 
 def _measure(row: str, folder: Path, settings: Settings, context: int, batch: int, vocab: int,
-             cuda_graph: bool) -> tuple[dict | None, str | None]:
-    """(result, None) or (None, the error's line): one case with a fresh model (its memory is the case's own)."""
+             cuda_graph: bool, copied: bool = False) -> tuple[dict | None, str | None]:
+    """(result, None) or (None, the error's line): one case with a fresh model (its memory is the case's own).
+    copied: by dot4attn.inplace, one sequence prefilled and its cache copied to the batch."""
     gc.collect()
     base_mem, _ = memory_used(settings.device)
-    runner = make_runner(RUNNER[row], folder, settings.device, cuda_graph)
+    runner = make_runner("inplace-copied" if copied else RUNNER[row], folder, settings.device, cuda_graph)
     try:
-        r, failed = run_case(runner, settings, context, batch, vocab, base_mem), None
+        r, failed = run_case(runner, settings, context, batch, vocab, base_mem, copied), None
     except Exception as e:  # noqa: BLE001 - out of memory, say: kept as the case's result, run goes on
         r, failed = None, error_line(e)
     runner.close()

@@ -93,7 +93,8 @@ def table_rows(results: list[dict]) -> list[list[str]]:
             rows.append([n, r["row"], "fit", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-",
                          f"largest batch: {r['fit_batch']} ({r['fit_note']})"])
         else:
-            rows.append([n, r["row"], f"{r['context']:,}", str(r["batch"]), f"{r['prefill_s']:.3g}",
+            prefill = "-" if r["prefill_s"] is None else f"{r['prefill_s']:.3g}"  # None: a copied prompt
+            rows.append([n, r["row"], f"{r['context']:,}", str(r["batch"]), prefill,
                          f"{r['ms_per_token']:.2f}", f"{r['tokens_per_s']:.1f}",
                          f"{r['ratio']:.2f}x" if "ratio" in r else "-", f"{r['model_ratio']:.2f}x",
                          f"{r['kl']:.1e}" if "kl" in r else "-", f"{r['top1']:.2f}" if "top1" in r else "-",

@@ -1,10 +1,9 @@
 """One interface over the two ways the benchmark drives a model folder: onnxruntime-genai's og.Generator and
 dot4attn.inplace's InPlaceDecoder. Both take the same prompt (chunked prefill) and the same teacher-forced tokens,
-and both hand every step's last-position logits back to the host, so their step times compare like for like: og
-in the model's dtype (get_output copies the model's own output), InPlaceDecoder in float32 (cast on the device,
-so it moves twice the bytes of a float16 model's). Converting a float16 copy to float32 in numpy costs more than
-the copy (11 ms for [16, 152064] on a 2-core x86 host): the harness does it outside the timed step, only for the
-logits it keeps.
+and both hand every step's last-position logits back to the host in the model's dtype (og's get_output copies the
+model's own output; InPlaceDecoder with host_logits="model"), so their step times compare like for like.
+Converting a float16 copy to float32 in numpy costs more than the copy (11 ms for [16, 152064] on a 2-core x86
+host): the harness does it outside the timed step, only for the logits it keeps.
 
     r = make_runner("og", folder, device="cuda", cuda_graph=True)
     prefill_s = r.start(prompt, max_length, chunk)     # prompt [B, S]
@@ -73,17 +72,24 @@ class OgRunner:
 
 class InplaceRunner:
     """dot4attn.inplace.InPlaceDecoder: the caches allocated once on the device, bound as past and present;
-    cuda_graph: its decode steps replay as a CUDA graph."""
+    cuda_graph: its decode steps replay as a CUDA graph. copied: start() prefills the prompt's first sequence
+    alone and copies its cache to the whole batch (InPlaceDecoder.prompt_copied), for a batch whose prompt does
+    not fit in memory at once; `chunk` is then that sequence's tokens per call."""
 
-    def __init__(self, folder: Path, device: str, cuda_graph: bool = False):
+    def __init__(self, folder: Path, device: str, cuda_graph: bool = False, copied: bool = False):
         from ..inplace import InPlaceDecoder
 
-        self.dec = InPlaceDecoder(folder, device=device, cuda_graph=cuda_graph)
+        # the model's logits dtype, as og's get_output: the same bytes cross to the host on every row
+        self.dec = InPlaceDecoder(folder, device=device, cuda_graph=cuda_graph, host_logits="model")
+        self.copied = copied
         self.last = None
 
     def start(self, prompt: np.ndarray, max_length: int, chunk: int) -> float:
         self.dec.reset(prompt.shape[0], max_length)
         t0 = time.perf_counter()
+        if self.copied:
+            self.last = self.dec.prompt_copied(prompt[:1], chunk)
+            return time.perf_counter() - t0
         for s in range(0, prompt.shape[1], chunk):
             self.last = self.dec.step(prompt[:, s:s + chunk])  # returns host logits: waits for the device
         return time.perf_counter() - t0
@@ -101,11 +107,12 @@ class InplaceRunner:
 
 
 def make_runner(kind: str, folder: Path, device: str, cuda_graph: bool = False):
+    """kind: og, inplace, or inplace-copied (InplaceRunner with copied=True)."""
     if kind == "og":
         return OgRunner(folder, device, cuda_graph)
-    if kind == "inplace":
-        return InplaceRunner(folder, device, cuda_graph)
-    raise ValueError(f"unknown runner {kind!r} (og or inplace)")
+    if kind in ("inplace", "inplace-copied"):
+        return InplaceRunner(folder, device, cuda_graph, copied=kind == "inplace-copied")
+    raise ValueError(f"unknown runner {kind!r} (og, inplace or inplace-copied)")
 
 
 def cache_bytes_per_token(folder: Path) -> int:
