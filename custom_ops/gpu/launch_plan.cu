@@ -454,6 +454,27 @@ int64_t split_len_for(int64_t sk, int64_t n_splits) {
   return std::max<int64_t>(len, KT);
 }
 
+// A split count whose (batch, KV head, split) blocks spread evenly over the multiprocessors. A long decode streams
+// at the pace of its most loaded multiprocessor: 64 (batch, KV head)s x 5 splits = 320 blocks put 3 on some of an
+// H200's 132 multiprocessors and 2 on the rest, so the kernel takes 3 blocks' time for 2.42 blocks' work (16 x 4 KV
+// heads, 32k keys, q4_0 from a packed cache: 2.55 TB/s). Among n and up to a tenth fewer splits (at least one
+// fewer), the count with the most even spread, items / (sms x ceil(items / sms)); the larger count on a tie. Fewer
+// splits only: more would add merge work and shorter walks.
+int64_t balanced_splits(int64_t batch_heads, int64_t sk, int64_t sms, int64_t n) {
+  int64_t best = n;
+  double best_spread = -1.0;
+  const int64_t lo = std::max<int64_t>(1, n - std::max<int64_t>(1, n / 10));
+  for (int64_t c = n; c >= lo; --c) {
+    const int64_t items = batch_heads * cdiv(sk, split_len_for(sk, c));
+    const double spread = double(items) / double(sms * cdiv(items, sms));
+    if (spread > best_spread + 1e-9) {
+      best = c;
+      best_spread = spread;
+    }
+  }
+  return best;
+}
+
 // ---- parsing and printing ------------------------------------------------------------------------------------------
 // "a=1, b=x" -> {(a, 1), (b, x)}; an item without '=' has an empty value.
 std::vector<std::pair<std::string, std::string>> key_values(const char* s) {
@@ -527,9 +548,12 @@ GpuPlan plan_attention(const AttentionParams& p, const DeviceFacts& dev, const P
   if (p.route == Route::kPrefill) return plan_prefill(pl, p, dev, ov);
   if (p.route == Route::kSplitK && p.Sk > 0) {
     // FlashDecoding: enough (batch, KV head, split) items for `waves` waves over the multiprocessors, splits of at
-    // least 128 keys; splits are whole 64-key tiles, so a count whose splits round up to fewer is kept smaller.
+    // least 128 keys, spread evenly (balanced_splits); splits are whole 64-key tiles, so a count whose splits round
+    // up to fewer is kept smaller.
+    // split_waves (an override) takes the count as it is, unbalanced: the plans before balanced_splits.
     const int waves = ov.split_waves > 0 ? ov.split_waves : 2;
-    const int64_t n = choose_splits(p.B * p.Hkv, p.Sk, dev.sms, waves, /*min keys=*/128);
+    int64_t n = choose_splits(p.B * p.Hkv, p.Sk, dev.sms, waves, /*min keys=*/128);
+    if (ov.split_waves == 0) n = balanced_splits(p.B * p.Hkv, p.Sk, dev.sms, n);
     pl.split_len = split_len_for(p.Sk, n);
     pl.n_splits = cdiv(p.Sk, pl.split_len);
     if (p.B * p.Hq * p.Sq > kMaxBlocks || pl.n_splits > 8192)

@@ -33,6 +33,24 @@ def test_h200_split_k_decode(sk, v_format, warps, splits):
     assert p["fallback"] == ""
 
 
+@pytest.mark.parametrize("B,Hkv,sk,splits,unbalanced", [
+    (4, 8, 131072, 8, 9),    # 32 (b, h) x 9 = 288 blocks: 3 on some of 132 SMs; x 8 = 256: 2 on nearly all
+    (16, 4, 32768, 4, 5),    # the e2e 7B shape at batch 16: 320 -> 256
+    (16, 4, 16384, 4, 5),
+    (7, 4, 131072, 9, 10),   # 280 -> 252
+    (1, 8, 131072, 33, 33),  # 264 blocks: 2 on every SM already
+    (1, 4, 131072, 64, 64),  # 66 splits round to 64 of 2048 keys: 256 blocks
+])
+def test_split_count_spreads_the_blocks_evenly(B, Hkv, sk, splits, unbalanced):
+    """balanced_splits: a long decode streams at the pace of its most loaded multiprocessor, so of the two-wave count
+    and up to a tenth fewer the planner takes the one whose blocks spread most evenly over the 132 SMs (never more
+    splits); split_waves (an override) keeps the count unbalanced."""
+    p = plan(B, 7 * Hkv, Hkv, 1, sk, 128, v_format="q4_0")
+    assert (p["route"], p["n_splits"]) == ("split_k", splits)
+    assert p["scratch_bytes"] == splits * B * 7 * Hkv * (128 + 2) * 4
+    assert plan(B, 7 * Hkv, Hkv, 1, sk, 128, v_format="q4_0", overrides="split_waves=2")["n_splits"] == unbalanced
+
+
 def test_h200_short_decode_runs_as_a_cluster():
     p = plan(1, 32, 8, 1, 512, 128, v_format="q4_0")
     assert (p["route"], p["kernel"], p["staging"], p["cluster"], p["scratch_bytes"]) == \
@@ -112,7 +130,7 @@ def test_split_count_follows_the_device_and_valid_length():
     """(batch, KV head, split) items fill 2 waves over the multiprocessors, splits are whole 64-key tiles of at
     least 128 keys, and the count comes from the keys given (the valid length), never from a larger buffer."""
     assert plan(1, 32, 8, 1, 131072, 128, v_format="q4_0", overrides="split_waves=1")["n_splits"] == 17
-    assert plan(4, 32, 8, 1, 131072, 128, v_format="q4_0")["n_splits"] == 9
+    assert plan(4, 32, 8, 1, 131072, 128, v_format="q4_0", overrides="split_waves=2")["n_splits"] == 9
     short = plan(1, 32, 8, 1, 4096, 128, v_format="q4_0", route="split_k")
     assert short["n_splits"] == 32 and short["split_len"] == 128
     assert plan(1, 32, 8, 1, 64, 128, route="split_k")["n_splits"] == 1
