@@ -78,7 +78,7 @@ def _external_files(model_path: Path) -> set[str]:
 def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str = "q8_0") -> GenaiRewriteReport:
     """Rewrites the genai folder `src` into the new folder `dst` (which must not exist, or be empty)."""
     from .passes import RewriteError, load_checked, save_atomic
-    from .passes.genai_gqa import GenaiRewriteError, rewrite_gqa, row_bytes
+    from .passes.genai_gqa import GenaiRewriteError, float_mask_sum, rewrite_gqa, row_bytes
 
     src, dst = Path(src).resolve(), Path(dst).resolve()
     if not src.is_dir():
@@ -107,9 +107,15 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
         before = _kv_bytes(model, decoder.get("head_size"))
         layers = rewrite_gqa(model, v_format, decoder.get("head_size"))
         after = _kv_bytes(model, None)
+        positions = int(cfg["model"].get("context_length") or cfg.get("search", {}).get("max_length") or 0)
+        float_sums = float_mask_sum(model.graph, positions) if positions else 0
     except (RewriteError, GenaiRewriteError) as e:
         raise GenaiError(f"{model_path}: {e}") from None
     report = GenaiRewriteReport(len(layers), layers[0].head_size, layers[0].kv_heads, v_format, before, after)
+    if float_sums:
+        report.notes.append("the sequence lengths (ReduceSum of attention_mask) are summed in float32, exact up to "
+                            "2^24 positions: ONNX Runtime's CUDA ReduceSum of integers walks the mask in one block "
+                            "per row")
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=parent))
     try:
@@ -133,7 +139,8 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
                  "layers": report.layers, "kv_heads": report.kv_heads, "head_size": report.head_size,
                  "k_format": "q8_0", "v_format": v_format,
                  "k_row_bytes": row_bytes(report.head_size, "q8_0"), "v_row_bytes": row_bytes(report.head_size, v_format),
-                 "kv_bytes_per_token_before": before, "kv_bytes_per_token_after": after}
+                 "kv_bytes_per_token_before": before, "kv_bytes_per_token_after": after,
+                 "mask_sum_float32": bool(float_sums)}
         (tmp / FACTS).write_text(json.dumps(facts, indent=2) + "\n")
         if dst.exists():
             dst.rmdir()  # empty (checked above)

@@ -68,6 +68,26 @@ def test_the_cache_is_packed_and_genai_config_loads_the_library(rewritten, shape
     cfg = json.loads((out / "genai_config.json").read_text())
     assert cfg["model"]["decoder"]["session_options"]["custom_ops_library"] == "libdot4attn_ops.so"
     assert (out / "libdot4attn_ops.so").is_file() and (out / "tokenizer.json").is_file()
+    # the sequence lengths: ReduceSum over the mask cast to float32 (ORT's CUDA integer ReduceSum is one block per row)
+    mask_users = [n for n in m.graph.node if "attention_mask" in n.input]
+    assert sorted(n.op_type for n in mask_users) == ["Cast", "Shape"] and facts["mask_sum_float32"] is True
+    cast = next(n for n in mask_users if n.op_type == "Cast")
+    assert cast.attribute[0].i == onnx.TensorProto.FLOAT
+    (summed,) = [n for n in m.graph.node if n.op_type == "ReduceSum" and n.input[0] == cast.output[0]]
+    (back,) = [n for n in m.graph.node if summed.output[0] in n.input]
+    assert back.op_type == "Cast" and back.attribute[0].i == onnx.TensorProto.INT64
+
+
+def test_mask_sum_stays_integer_past_float32s_exact_range():
+    """Above 2^24 positions a float32 sum of the mask could round: the pass leaves the builder's ReduceSum alone."""
+    import onnx_ir as ir
+
+    from dot4attn.passes.genai_gqa import float_mask_sum
+
+    src = genai_model("qwen2-bias", "fp32")
+    model = ir.load(str(src / "model.onnx"))
+    assert float_mask_sum(model.graph, (1 << 24) + 1) == 0
+    assert float_mask_sum(model.graph, 1 << 24) == 1
 
 
 @pytest.mark.parametrize("shape, precision", MODELS[:3])
