@@ -64,6 +64,13 @@ def read_config(folder: Path) -> dict:
     return cfg
 
 
+def context_length(cfg: dict) -> int | None:
+    """The most positions the folder's model takes: model.context_length, else search.max_length; None when the
+    config names neither."""
+    n = cfg["model"].get("context_length") or cfg.get("search", {}).get("max_length")
+    return int(n) if n else None
+
+
 def _external_files(model_path: Path) -> set[str]:
     import onnx
 
@@ -107,7 +114,7 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
         before = _kv_bytes(model, decoder.get("head_size"))
         layers = rewrite_gqa(model, v_format, decoder.get("head_size"))
         after = _kv_bytes(model, None)
-        positions = int(cfg["model"].get("context_length") or cfg.get("search", {}).get("max_length") or 0)
+        positions = context_length(cfg)
         float_sums = float_mask_sum(model.graph, positions) if positions else 0
     except (RewriteError, GenaiRewriteError) as e:
         raise GenaiError(f"{model_path}: {e}") from None

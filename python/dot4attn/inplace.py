@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .genai import context_length
 from .model_io import PAST_RE
 
 _NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(uint8)": np.uint8,
@@ -59,7 +60,7 @@ class InPlaceDecoder:
         cfg = json.loads((folder / "genai_config.json").read_text())
         dec = cfg["model"]["decoder"]
         self.head_size = int(dec["head_size"])
-        self.context_length = int(cfg["model"].get("context_length") or cfg["search"].get("max_length", 4096))
+        self.context_length = context_length(cfg) or 4096
         self.device = device
         so = ort.SessionOptions()
         so.log_severity_level = 3

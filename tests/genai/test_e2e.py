@@ -172,90 +172,86 @@ def test_bad_options_are_refused(argv, message, capsys, tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+class _FakeRunner:
+    """A runner with e2e.runners' interface that loads nothing: start() calls on_start(self, prompt, chunk) (which
+    may raise, as a failing case does) and reports 0.5 s of prefill; every step returns zero logits."""
+
+    def __init__(self, kind, cuda_graph, on_start=None):
+        self.kind, self.cuda_graph, self.on_start, self.batch = kind, cuda_graph, on_start, 1
+
+    def start(self, prompt, max_length, chunk):
+        self.batch = prompt.shape[0]
+        if self.on_start:
+            self.on_start(self, prompt, chunk)
+        return 0.5
+
+    def step(self, tokens):
+        import numpy as np
+
+        return np.zeros((self.batch, 8), np.float16)
+
+    def stop(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def _fake_runners(monkeypatch, on_start=None) -> list[tuple[str, bool]]:
+    """The harness makes _FakeRunners; returns the (kind, cuda_graph) of each runner made, in order."""
+    from dot4attn.e2e import harness
+
+    made = []
+
+    def make(kind, folder, device, cuda_graph=False):
+        made.append((kind, cuda_graph))
+        return _FakeRunner(kind, cuda_graph, on_start)
+
+    monkeypatch.setattr(harness, "make_runner", make)
+    monkeypatch.setattr(harness, "cache_bytes_per_token", lambda folder: 100)
+    return made
+
+
 def test_a_case_whose_cuda_graph_mode_fails_runs_launched(monkeypatch, tmp_path):
     """onnxruntime-genai's graph mode fails for a GroupQueryAttention prompt at batch > 1: that case is measured
     again launched, with a note; an out-of-memory failure is not retried (it would fail again)."""
-    import numpy as np
-
     from dot4attn.e2e import harness
-
-    class Fake:
-        def __init__(self, graph, error):
-            self.graph, self.error = graph, error
-
-        def start(self, prompt, max_length, chunk):
-            if self.graph and self.error:
-                raise RuntimeError(self.error)
-            return 0.01
-
-        def step(self, tokens):
-            return np.zeros((1, 8), np.float16)
-
-        def stop(self):
-            pass
-
-        def close(self):
-            pass
 
     for error, measured in (("batch_size must be 1 when sequence_length > 1", True),
                             ("BFCArena::AllocateRawInternal failed to allocate", False)):
-        made = []
+        def fail_with_a_graph(runner, prompt, chunk, error=error):
+            if runner.cuda_graph:
+                raise RuntimeError(error)
 
-        def fake(kind, folder, device, cuda_graph=False, error=error):
-            made.append(cuda_graph)
-            return Fake(cuda_graph, error)
-
-        monkeypatch.setattr(harness, "make_runner", fake)
-        monkeypatch.setattr(harness, "cache_bytes_per_token", lambda folder: 100)
+        made = _fake_runners(monkeypatch, fail_with_a_graph)
         settings = harness.Settings(device="cpu", contexts=[16], batches=[1], batch_contexts=[16], steps=2,
                                     cuda_graph=True)
         results = harness.run_rows({"genai": tmp_path}, settings, vocab=8, log=lambda *a: None, rows=["genai"])
         (r,) = results
+        graphs = [graph for _, graph in made]
         if measured:
-            assert made == [True, False] and r["cuda_graph"] is False and "batch_size must be 1" in r["note"]
+            assert graphs == [True, False] and r["cuda_graph"] is False and "batch_size must be 1" in r["note"]
             assert r["ms_per_token"] > 0
         else:
-            assert made == [True] and "failed to allocate" in r["failed"]
+            assert graphs == [True] and "failed to allocate" in r["failed"]
 
 
 def test_copied_prompt_contexts_decode_one_prefilled_sequence_copied_to_the_batch(monkeypatch, tmp_path):
     """At a --copied-prompt-contexts context a batch > 1 is measured by dot4attn.inplace over one prefilled sequence
     copied to the batch, for every row, with a note and no prefill time; batch 1 and the other contexts keep the
     row's own runner."""
-    import numpy as np
-
     from dot4attn.e2e import harness
 
-    class Fake:
-        def __init__(self, kind):
-            self.kind = kind
+    def check_chunk(runner, prompt, chunk):
+        assert chunk == (64 if runner.kind == "inplace-copied" else 64 // prompt.shape[0])
 
-        def start(self, prompt, max_length, chunk):
-            assert chunk == (64 if self.kind == "inplace-copied" else 64 // prompt.shape[0])
-            return 0.5
-
-        def step(self, tokens):
-            return np.zeros((2, 8), np.float16)
-
-        def stop(self):
-            pass
-
-        def close(self):
-            pass
-
-    made = []
-
-    def fake(kind, folder, device, cuda_graph=False):
-        made.append(kind)
-        return Fake(kind)
-
-    monkeypatch.setattr(harness, "make_runner", fake)
-    monkeypatch.setattr(harness, "cache_bytes_per_token", lambda folder: 100)
+    made = _fake_runners(monkeypatch, check_chunk)
     settings = harness.Settings(device="cpu", contexts=[16, 32], batches=[1, 2], batch_contexts=[16, 32], steps=2,
                                 chunk=64, copied_contexts=[32])
     results = harness.run_rows({"genai": tmp_path, "d4a-q4_0": tmp_path}, settings, vocab=8, log=lambda *a: None,
                                rows=["genai", "d4a-q4_0"])
-    assert made == ["og", "og", "og", "inplace-copied", "inplace", "inplace", "inplace", "inplace-copied"]
+    assert [kind for kind, _ in made] == ["og", "og", "og", "inplace-copied", "inplace", "inplace", "inplace",
+                                          "inplace-copied"]
     for r in results:
         copied = r["batch"] == 2 and r["context"] == 32
         assert r.get("copied_prompt", False) == copied and (r["prefill_s"] is None) == copied
