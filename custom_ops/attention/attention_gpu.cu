@@ -44,6 +44,8 @@ TileArgs make_tile_args(const AttentionParams& p, const GpuPlan& plan) {
   a.vs_stride = p.vs_row();
   a.v_flags = nullptr;  // the prefill's V scan sets it (run_prefill)
   a.seqlens = p.dev_seqlens;
+  a.pdl = p.follows_prologue && plan.kernel == KernelKind::kDecodeMma && plan.cluster == 0 &&
+                  device_facts().cc_major >= 9 ? 1 : 0;
   return a;
 }
 

@@ -43,6 +43,10 @@ struct AttentionParams {
   // (GroupQueryAttention's seqlens_k), clamped to [1, Sk]; Sk is then the most any row may have and sizes the plan.
   // The host never learns the lengths, so the launch is the same for every step (a CUDA graph can replay it).
   const int32_t* dev_seqlens = nullptr;
+  // GPU: enqueued right after a kernel that writes Q and the keys from Sk - Sq on (Dot4GroupQueryAttention's
+  // prologue). The tensor-core decode then launches as that kernel's programmatic dependent (sm_90) and starts
+  // moving the older keys before it is done.
+  bool follows_prologue = false;
 
   Route route = Route::kAuto;       // resolved (never kAuto) when a backend is called
   int64_t n_splits = 1;             // split_k only: key splits per (b, kv head)

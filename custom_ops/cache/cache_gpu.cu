@@ -7,7 +7,9 @@
 //      are normed / rotated into the per-batch query scratch [Hq][q_rows(b)][D] of T.
 //   3. Attention over each batch row's own valid keys, from the strided cache rows: decode, one launch for every
 //      row (planned for total_sequence_length, each row clamped to its own length on the device); a prompt, one
-//      launch per run of rows sharing a length (cache_batch_runs), each planned per call.
+//      launch per run of rows sharing a length (cache_batch_runs), each planned per call. On sm_90 the first
+//      tensor-core decode launch is the prologue's programmatic dependent: its blocks start streaming the older key
+//      chunks while the prologue runs (AttentionParams::follows_prologue).
 //   4. out_kernel: [B][Hq][q_rows][D] -> [B, S, Hq * D] (decode writes its output in place: S = 1 is the same
 //      layout), zeros for the padding rows of a first prompt.
 #include <algorithm>
@@ -65,6 +67,11 @@ __device__ __forceinline__ float group32_sum(float v) {
 
 __global__ void __launch_bounds__(kThreads) prologue_kernel(Prologue a) {
   __shared__ float rows[kGroups][kMaxHeadDim];
+#if defined(D4A_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The decode that follows may start now (AttentionParams::follows_prologue): it streams the older keys while this
+  // kernel runs and waits for its completion before reading Q and the new rows.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
   const int grp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t per_token = a.Hq + 2 * a.Hkv;
   const int64_t item = int64_t(blockIdx.x) * kGroups + grp;
@@ -252,7 +259,9 @@ void cache_attention_gpu(const CacheParams& c, const CacheGpuWork& l, void* scra
   }
 
   for (size_t i = 0; i < l.runs.size(); ++i) {
-    attention_gpu(cache_attention_params(c, l.runs[i], q_rows, out_rows), plans[i], split, stream);
+    AttentionParams p = cache_attention_params(c, l.runs[i], q_rows, out_rows);
+    p.follows_prologue = i == 0;  // later runs follow the previous run's kernels
+    attention_gpu(p, plans[i], split, stream);
   }
 
   if (c.S == 1) return;

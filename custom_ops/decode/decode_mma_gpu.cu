@@ -1,5 +1,5 @@
 // The decode route's tensor-core decode-kernel instances (gpu/decode_mma.cuh: CUDA sm_80+, float16 T, D 64 / 128 /
-// 256): every (V format, D, staging), cluster and not, dense and strided rows.
+// 256): every (V format, D, staging), cluster and not, dense and strided rows (bulk staging: strided q8_0 / q4_0 only).
 #include <cstring>
 #include <stdexcept>
 
@@ -36,24 +36,39 @@ bool launch_cluster(Kernel kern, const GpuPlan& pl, const TileArgs& a, const Tma
   return true;
 }
 
+// A non-cluster launch; a.pdl: as the programmatic dependent of the stream's previous kernel (the kernel waits for
+// it before reading what it writes).
+template <class Kernel>
+void launch_mma(Kernel kern, const GpuPlan& pl, gpuStream_t s, const TileArgs& a, const TmaMaps& tm) {
+  if (!a.pdl) return launch_planned(kern, pl, s, a, tm);
+  set_dynamic_smem(reinterpret_cast<const void*>(kern), pl.smem_bytes);
+  launch_dependent(kern, unsigned(pl.blocks), unsigned(pl.threads), size_t(pl.smem_bytes), s, a, tm);
+}
+
 // The plan's instance with dense (SR false) or strided (SR true) row addressing.
 template <int VK, int D, bool SR>
 bool mma_rows(const GpuPlan& pl, const TileArgs& a, const TmaMaps& tm, gpuStream_t s) {
   using namespace dmma;
   if (pl.staging == kStageTma) {
-    launch_planned(decode_mma_kernel<VK, D, kStageTma, false, SR>, pl, s, a, tm);
+    launch_mma(decode_mma_kernel<VK, D, kStageTma, false, SR>, pl, s, a, tm);
     return true;
+  }
+  if constexpr (SR && VK != kVF16) {
+    if (pl.staging == kStageBulk) {
+      launch_mma(decode_mma_kernel<VK, D, kStageBulk, false, true>, pl, s, a, tm);
+      return true;
+    }
   }
   constexpr int kAuto = auto_staging(VK, D);
   if constexpr (kAuto != kStageCpAsync) {
     if (pl.staging == kAuto) {
-      launch_planned(decode_mma_kernel<VK, D, kAuto, false, SR>, pl, s, a, tm);
+      launch_mma(decode_mma_kernel<VK, D, kAuto, false, SR>, pl, s, a, tm);
       return true;
     }
   }
   if (pl.staging != kStageCpAsync) no_instance(pl);
   if (pl.cluster) return launch_cluster(decode_mma_kernel<VK, D, kStageCpAsync, true, SR>, pl, a, tm, s);
-  launch_planned(decode_mma_kernel<VK, D, kStageCpAsync, false, SR>, pl, s, a, tm);
+  launch_mma(decode_mma_kernel<VK, D, kStageCpAsync, false, SR>, pl, s, a, tm);
   return true;
 }
 

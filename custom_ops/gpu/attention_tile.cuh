@@ -72,6 +72,9 @@ struct TileArgs {
   // Valid keys per batch row read on the device (AttentionParams::dev_seqlens: seqlens[b] + 1, clamped to [1, Sk]);
   // null: Sk for every row. Sk, n_splits and split_len are then the plan's, made for the longest row.
   const int32_t* seqlens;
+  // Tensor-core decode launched as a programmatic dependent of the kernel that writes Q and keys Sk - Sq .. Sk - 1
+  // (AttentionParams::follows_prologue): it waits for that kernel before reading them.
+  int pdl;
 };
 
 // Keys of batch row b (row_keys) and the length of its key splits (split_keys). With device lengths the host

@@ -59,14 +59,14 @@ __host__ __device__ constexpr int up16(int x) { return (x + 15) & ~15; }
 
 // Shared memory (bytes), identical on host and device. Block part: int8 Q [8][D], float Q scales [8][NB], last
 // visible key and mask row offset per row, the block's merged (m, l) [2][8] (clusters), warps' (m, l) [nw][8]
-// (TMA: and the warps' stage mbarriers); then per warp its K scale table and nst stages. After the key loop
+// (TMA, bulk: and the warps' stage mbarriers); then per warp its K scale table and nst stages. After the key loop
 // the warp areas become the [nw][8][D] float32 combine buffer (it fits: a warp's area holds at least the 32 x D K
 // bytes of one stage).
 // A stage: K rows, K scale rows (2 NB bytes per key), V rows, V scale rows (q8_0 / q4_0). cp.async / register
 // staging pads the rows by 16 bytes (conflict-free ldmatrix); TMA writes dense 32-key slabs with the hardware's
 // XOR swizzle instead (tma_row_byte: conflict-free the same way), so its stages and warp areas are 1024-byte
 // aligned (the swizzle's period) and the block asks for 1024 bytes of slack to align its base.
-template <int VK, int D, bool TMA = false>
+template <int VK, int D, bool TMA = false, bool BARS = TMA>
 struct Layout {
   static constexpr int NB = D / 32;
   static constexpr bool kVq = VK == kVQ8 || VK == kVQ4;
@@ -92,7 +92,9 @@ struct Layout {
   static constexpr int OFF_WM = OFF_BML + 2 * kRB * 4;
   __host__ __device__ static int off_wl(int nw) { return OFF_WM + up16(nw * kRB * 4); }
   __host__ __device__ static int off_bar(int nw) { return off_wl(nw) + up16(nw * kRB * 4); }  // [nw][kDecodeMaxStages]
-  __host__ __device__ static int off_warps(int nw) { return TMA ? up1024(off_bar(nw) + nw * kDecodeMaxStages * 8) : off_bar(nw); }
+  __host__ __device__ static int off_warps(int nw) {
+    return TMA ? up1024(off_bar(nw) + nw * kDecodeMaxStages * 8) : BARS ? up16(off_bar(nw) + nw * kDecodeMaxStages * 8) : off_bar(nw);
+  }
   __host__ __device__ static int warp_bytes(int nst) { return KSF_AREA + nst * STAGE; }
   __host__ __device__ static int total(int nw, int nst) { return off_warps(nw) + nw * warp_bytes(nst) + (TMA ? 1024 : 0); }
   static_assert(KSF + STAGE >= kRB * D * 4, "a warp's area must hold its combine rows");
@@ -340,6 +342,13 @@ __device__ __forceinline__ void rows_finish_cluster(const TileArgs& a, const flo
 //    evict-first policy (lane 0 issues one copy per 32-key x 128-byte slab and arms the stage's mbarrier; the
 //    scale rows stay on cp.async), written as swizzled dense slabs (Layout). No registers held, no per-lane copy
 //    instructions. Keys of a partial chunk past the range are zeroed by the warp (float16 V could hold NaN there).
+//  * kStageBulk (sm_90, strided rows that carry their scales, q8_0 / q4_0 V): a packed cache's rows are
+//    [payload | scales | padding], D + 16 (K) and VROW + 16 (V) bytes apart, which is exactly the padded stage
+//    layout above, scales in the padding's place. So a chunk's 32 K rows are one contiguous run of 32 (D + 16) bytes
+//    in global and in shared memory, and lane 0 moves it, and the V run, with one bulk copy each (cp.async.bulk,
+//    evict-first, completing the stage's mbarrier): no registers held, no per-lane copies, nst stages deep. The
+//    scales are read where they landed, in their rows. Keys past a partial chunk are not copied (never past the
+//    valid length): the warp zeroes those rows once the copy has landed.
 // (StageMode: gpu/launch_plan.h.) Without TMA a (VK, D) stages q4_0 in registers, q8_0 at D = 128 its V, the rest
 // by cp.async: the instance the planner names "auto" for it.
 __host__ __device__ constexpr int auto_staging(int vk, int d) {
@@ -365,15 +374,20 @@ template <> __device__ __forceinline__ uint4 zero_of<uint4>() { return make_uint
 // is today's dense one: one base address per lane, constant offsets, no further live kernel argument.
 template <int VK, int D, int SM, bool CL = false, bool SR = false>
 __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs a, const __grid_constant__ TmaMaps tm) {
-  constexpr bool kTma = SM == kStageTma;
+  constexpr bool kTma = SM == kStageTma, kBulk = SM == kStageBulk, kBars = kTma || kBulk;
   constexpr bool kRegK = SM == kStageRegs, kRegV = SM == kStageRegs || SM == kStageRegsV;  // through registers
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  using L = Layout<VK, D, kTma>;
+  using L = Layout<VK, D, kTma, kBars>;
   constexpr int NB = L::NB, KSTR = L::KSTR, VROW = L::VROW, VSTR = L::VSTR;
   constexpr int MT = D / 16;  // P.V M tiles
   constexpr int NPK = D / 16;          // 16-byte K pieces per lane per chunk
   constexpr int NPV = VROW / 16;       // 16-byte V pieces per lane per chunk
   constexpr bool kVq = L::kVq;
+  static_assert(!kBulk || (SR && kVq), "bulk staging: strided rows with their scales, q8_0 / q4_0 V");
+  // Where key r's scale rows are in a stage, in halves from the stage: a row of their own (2 NB bytes per key) or,
+  // bulk staging, in the key's K / V row after its payload.
+  constexpr int KS_OFF = kBulk ? D / 2 : L::OFF_KS / 2, KS_STEP = kBulk ? KSTR / 2 : NB;
+  constexpr int VS_OFF = kBulk ? (L::OFF_V + VROW) / 2 : L::OFF_VS / 2, VS_STEP = kBulk ? VSTR / 2 : NB;
   static_assert(VK != kVF32 && (D == 64 || D == 128 || D == 256), "decode_mma: float16 T, D 64 / 128 / 256");
 
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -392,7 +406,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   uint8_t* stages = wbase + L::KSF_AREA;
   const uint32_t bars = smem_u32(smem + L::off_bar(nw)) + 8 * kDecodeMaxStages * w;  // TMA: the warp's stage barriers
   uint64_t l2_first = 0;
-  if constexpr (kTma) {
+  if constexpr (kBars) {
     if (lane == 0) {
 #pragma unroll 1
       for (int s = 0; s < nst; ++s) mbar_init(bars + 8 * s, 1);
@@ -463,7 +477,14 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
       const int64_t stepK = SR ? opaque(gStepK) : gStepK, stepV = SR ? opaque(gStepV) : gStepV;
       const int8_t* ks0 = kl + j0 * kstr;
       const uint8_t* vs0 = vl + j0 * vstr;
-      if constexpr (kTma) {
+      if constexpr (kBulk) {
+        if (lane == 0) {  // the stage's last reads were ordered before this by the previous iteration's __syncwarp
+          const uint32_t bar = bars + 8 * sidx, dst = smem_u32(st);
+          mbar_arrive_expect(bar, n * (KSTR + VSTR));
+          bulk_load(dst, kg + j0 * KSTR, n * KSTR, bar, l2_first);
+          bulk_load(dst + L::OFF_V, vg + j0 * VSTR, n * VSTR, bar, l2_first);
+        }
+      } else if constexpr (kTma) {
         if (lane == 0) {  // the stage's last reads were ordered before this by the previous iteration's __syncwarp
           constexpr int WK = tma_slab(D), WV = tma_slab(VROW);
           const uint32_t bar = bars + 8 * sidx, dst = smem_u32(st);
@@ -500,9 +521,9 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
         }
       }
       const bool key_ok = lane < n;
-      if constexpr (!kRegK)
+      if constexpr (!kRegK && !kBulk)
         cp_async_n<2 * NB>(st + L::OFF_KS + 2 * NB * lane, key_ok ? ksg + (j0 + lane) * ksstr : ksg, key_ok);
-      if constexpr (kVq && !kRegV)
+      if constexpr (kVq && !kRegV && !kBulk)
         cp_async_n<2 * NB>(st + L::OFF_VS + 2 * NB * lane, key_ok ? vsg + (j0 + lane) * vsstr : vsg, key_ok);
     }
     cp_async_commit();
@@ -562,13 +583,30 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   // quantization's math.
   {
     const int r1 = w + nw;
+    int s0 = 0;  // stages issued before the Q rows are loaded
+#if __CUDA_ARCH__ >= 900
+    if (a.pdl) {  // launched while the prologue still writes Q and the new keys (sk - Sq on): older chunks go first
+      if constexpr (kBulk) {
+        for (; s0 < nst - 1; ++s0) {
+          const int64_t j = st_made < my_n ? kbeg + int64_t(w + int64_t(st_made) * nw) * kKC : -1;
+          if (j < 0 || j + kKC > sk - a.Sq) break;
+          produce();
+#pragma unroll
+          for (int k = 0; k < kDecodeMaxStages; ++k)
+            if (k == s0) jf[k] = j;
+          issue(j, s0);
+        }
+      }
+      asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    }
+#endif
     const QRow<D> q = q_load<D>(a, b, hkv, int(row0), nrows, w, lane);
     const QRow<D> q1 = q_load<D>(a, b, hkv, int(row0), nrows, r1, lane);  // no load past nrows
     if constexpr (SM != kStageCpAsync) {
       if (my_n > 0) fetch(0);
     }
     if constexpr (SM != kStageRegs) {
-      for (int s = 0; s < nst - 1; ++s) {
+      for (int s = s0; s < nst - 1; ++s) {
         const int64_t j = produce();
 #pragma unroll
         for (int k = 0; k < kDecodeMaxStages; ++k)
@@ -641,7 +679,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
       issue(jn, s_next);
       s_next = s_next + 1 == nst ? 0 : s_next + 1;
       cp_async_wait_stages<kDecodeMaxStages>(nst);
-      if constexpr (kTma) {
+      if constexpr (kBars) {
         mbar_wait(bars + 8 * s_use, (phases >> s_use) & 1u);
         phases ^= 1u << s_use;
       }
@@ -654,6 +692,17 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
     const uint8_t* st = stages + s_use * L::STAGE;
     if constexpr (SM != kStageRegs) s_use = s_use + 1 == nst ? 0 : s_use + 1;
     const int n = chunk_n(j0);
+    if constexpr (kBulk) {
+      if (n < kKC) {  // rows past the range were not copied: zeros, as cp.async's zero fill
+        uint8_t* z = const_cast<uint8_t*>(st);
+        for (int e = lane; e < (kKC - n) * (KSTR / 16); e += 32)
+          *reinterpret_cast<uint4*>(z + n * KSTR + 16 * e) = make_uint4(0u, 0u, 0u, 0u);
+        for (int e = lane; e < (kKC - n) * (VSTR / 16); e += 32)
+          *reinterpret_cast<uint4*>(z + L::OFF_V + n * VSTR + 16 * e) = make_uint4(0u, 0u, 0u, 0u);
+        fence_proxy_async_smem();  // before a bulk copy rewrites these bytes
+        __syncwarp();
+      }
+    }
     if constexpr (kTma && VK == kVF16) {
       if (n < kKC) {  // keys past the range: the TMA read real rows there (or uninitialised cache), zero them
         uint8_t* vz = const_cast<uint8_t*>(st) + L::OFF_V;
@@ -675,9 +724,9 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
     // are zeros here (zero-filled or zeroed above).
     bool vbig = false;
     float pshift = 0.f;  // this chunk's p are 2^pshift times their value (q8_0 / q4_0 scales past the limit)
-    uint16_t* kbad = reinterpret_cast<uint16_t*>(const_cast<uint8_t*>(st) + L::OFF_KS + 2 * NB * lane);
+    uint16_t* kbad = reinterpret_cast<uint16_t*>(const_cast<uint8_t*>(st)) + KS_OFF + KS_STEP * lane;
     if constexpr (kVq) {
-      uint16_t* vsk = reinterpret_cast<uint16_t*>(const_cast<uint8_t*>(st) + L::OFF_VS + 2 * NB * lane);
+      uint16_t* vsk = reinterpret_cast<uint16_t*>(const_cast<uint8_t*>(st)) + VS_OFF + VS_STEP * lane;
       bool past = false;
 #pragma unroll
       for (int i = 0; i < NB / 2; ++i) past |= scales_past_limit<VK>(reinterpret_cast<const uint32_t*>(vsk)[i]);
@@ -702,6 +751,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
           for (int blk = 0; blk < NB; ++blk) vsk[blk] = f2h(h2f(vsk[blk]) * f);
           pshift = float(k);
         }
+        if constexpr (kBulk) fence_proxy_async_smem();  // the scales rewritten above, before a bulk copy rewrites them
       }
     } else {
       const uint8_t* vp = st + (kTma ? L::OFF_V + 16 * lane : soff_v);  // the copy's own 16-byte pieces (no padding)
@@ -739,16 +789,16 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
     // ---- the chunk's K scales: float4 (block, step jp, lane tq) = keys 16 jp + 2 tq + (0, 1, 8, 9), the keys of
     // that lane's n tiles 2 jp and 2 jp + 1 (one 16-byte load per step and lane in the Q.K) ----
     {
-      const uint16_t* kss = reinterpret_cast<const uint16_t*>(st + L::OFF_KS);
+      const uint16_t* kss = reinterpret_cast<const uint16_t*>(st) + KS_OFF;
       if constexpr (kQBias) {
 #pragma unroll
         for (int e = lane; e < NB * 8; e += 32)
-          ksf[e] = k_scale_quad<NB>(kss, e >> 3, 16 * ((e >> 2) & 1) + 2 * (e & 3));  // (blk, jp, tq) = e
+          ksf[e] = k_scale_quad<NB, KS_STEP>(kss, e >> 3, 16 * ((e >> 2) & 1) + 2 * (e & 3));  // (blk, jp, tq) = e
       } else {  // (sk, -M sk) per (block, key pair)
 #pragma unroll
         for (int e = lane; e < NB * 16; e += 32) {
           const int blk = e >> 4, kp = e & 15;
-          const float s0 = h2f(kss[(2 * kp) * NB + blk]), s1 = h2f(kss[(2 * kp + 1) * NB + blk]);
+          const float s0 = h2f(kss[(2 * kp) * KS_STEP + blk]), s1 = h2f(kss[(2 * kp + 1) * KS_STEP + blk]);
           ksf[e] = make_float4(s0, s1, -kMagicF * s0, -kMagicF * s1);
         }
       }
@@ -857,10 +907,10 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
         constexpr int GW = TW < 4 ? TW : 4, NG = TW / GW, MPG = MT / NG;  // words / M tiles per load group
         const int k0 = 16 * kk + 2 * tq;
         // V scales of the thread's block for the four keys, as (k0, k0+1) and (k0+8, k0+9) f16 pairs.
-        const uint16_t* vss = reinterpret_cast<const uint16_t*>(st + L::OFF_VS);
+        const uint16_t* vss = reinterpret_cast<const uint16_t*>(st) + VS_OFF;
         const int bt = (g * (D / 8)) / 32;
-        const uint32_t s01 = __byte_perm(vss[k0 * NB + bt], vss[(k0 + 1) * NB + bt], 0x5410);
-        const uint32_t s89 = __byte_perm(vss[(k0 + 8) * NB + bt], vss[(k0 + 9) * NB + bt], 0x5410);
+        const uint32_t s01 = __byte_perm(vss[k0 * VS_STEP + bt], vss[(k0 + 1) * VS_STEP + bt], 0x5410);
+        const uint32_t s89 = __byte_perm(vss[(k0 + 8) * VS_STEP + bt], vss[(k0 + 9) * VS_STEP + bt], 0x5410);
         const __half2 h01 = *reinterpret_cast<const __half2*>(&s01), h89 = *reinterpret_cast<const __half2*>(&s89);
 #pragma unroll
         for (int gi = 0; gi < NG; ++gi) {

@@ -158,6 +158,20 @@ int decode_cluster(const AttentionParams& p, const DeviceFacts& dev, const PlanO
   return cs < 2 || base * cs > int64_t(dev.sms) * 2 ? 1 : int(cs);
 }
 
+// Whether strided K / V rows are a packed cache's rows [payload | scales | padding] D + 16 and VROW + 16 bytes
+// apart (the tensor-core decode's padded stage layout; kStageBulk copies them as they are). Null pointers (a plan
+// made without them) take the strides' word.
+template <int VK, int D>
+bool rows_carry_scales(const AttentionParams& p) {
+  constexpr int kRow = dmma::Layout<VK, D>::VROW;
+  const auto at = [](const void* base, const void* scales, int off) {
+    return base == nullptr || scales == nullptr || static_cast<const uint8_t*>(base) + off == scales;
+  };
+  return (VK == kVQ8 || VK == kVQ4) && p.k_row() == D + 16 && 2 * p.ks_row() == p.k_row() &&
+         p.v_row() == kRow + 16 && 2 * p.vs_row() == p.v_row() && at(p.k, p.k_scales, D) &&
+         at(p.v, p.v_scales, kRow);
+}
+
 template <int VK, int D>
 bool plan_mma_cfg(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
   using namespace dmma;
@@ -172,7 +186,14 @@ bool plan_mma_cfg(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev,
   constexpr bool kTmaAuto = D >= 128 && !(VK == kVQ4 && D == 256);
   const bool tma_dev = dev.cc_major >= 9 && dev.tma;
   int mode = walk < 3 ? kStageCpAsync : kTmaAuto && tma_dev ? kStageTma : kAuto;
-  if (ov.staging >= 0) mode = ov.staging == kAuto || ov.staging == kStageTma ? ov.staging : kStageCpAsync;
+  if (ov.staging >= 0)
+    mode = ov.staging == kAuto || ov.staging == kStageTma || ov.staging == kStageBulk ? ov.staging : kStageCpAsync;
+  const bool bulk_rows = dev.cc_major >= 9 && rows_carry_scales<VK, D>(p);  // kStageBulk can take them
+  if (mode == kStageBulk && !bulk_rows) {
+    pl.fallback = std::string("tensor-core decode: bulk staging needs sm_90 and a packed cache's rows (q8_0 / q4_0 V, "
+                              "scales in the rows), ") + staging_name(kAuto) + " staging";
+    mode = kAuto;
+  }
   // float16 V's long split walks take 8 warps: one block per multiprocessor instead of two, each warp walking half
   // as far.
   if (mode == kStageTma && VK == kVF16 && split && walk >= 24 && ov.warps == 0)
@@ -189,7 +210,10 @@ bool plan_mma_cfg(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev,
   const int st_first = mode == kStageRegs ? 1 : split || walk <= 1 ? 2 : 3;
   int nw = 0, nst = 0;
   auto fits = [&](auto total) { return pick_warps_stages(want, st_first, ov.stages, dev.max_smem, total, nw, nst); };
-  if (mode == kStageTma ? !fits(Layout<VK, D, true>::total) : !fits(Layout<VK, D>::total)) return false;
+  if (mode == kStageTma ? !fits(Layout<VK, D, true>::total)
+      : mode == kStageBulk ? !fits(Layout<VK, D, false, true>::total)
+                           : !fits(Layout<VK, D>::total))
+    return false;
   // Padded rows (a packed cache: row strides above the row widths) stream slower by TMA, whose 32-row boxes then
   // read rows that start off the 128-byte lines, than by the register staging (H200, split_k at 128k keys,
   // (32, 8, 128): q4_0 84.8 us by TMA vs 75.9 by registers, q8_0 100.1 vs 93.2; dense rows 69.1 / 84.0 by TMA).
@@ -207,12 +231,28 @@ bool plan_mma_cfg(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev,
       nst = nst2;
     }
   }
+  // A packed cache's rows on sm_90 (scales in the rows, D + 16 / VROW + 16 bytes apart): bulk copies, where they fit
+  // the same warps (so the dense plan's bits). H200, kernel and merge over a packed cache, L2 flushed, the staging
+  // above -> bulk: (28, 4, 128) 128k q4_0 46.9 -> 43.9 us, q8_0 62.4 -> 56.0; 16 x 32k q4_0 138.3 -> 134.4, q8_0
+  // 167.1 -> 164.3; (32, 8, 128) 128k q4_0 75.5 -> 71.6; (24, 4, 256) 128k q8_0 107.4 (TMA) -> 104.1; short walks
+  // (cp.async) 16k q8_0 20.3 -> 18.8, (24, 4, 256) 3 x 5k q4_0 38.1 -> 31.1. Not q4_0 at D = 256 with long walks: its
+  // two-stage block (126 KB) leaves one block per multiprocessor (128k: 95.9 us by registers, 97.4 by bulk copies).
+  if (ov.staging < 0 && bulk_rows && !pl.cluster && mode != kStageBulk && !(VK == kVQ4 && D == 256 && walk >= 3)) {
+    int nw2 = 0, nst2 = 0;
+    if (pick_warps_stages(nw, 2, ov.stages, dev.max_smem, Layout<VK, D, false, true>::total, nw2, nst2) && nw2 == nw) {
+      mode = kStageBulk;
+      nst = nst2;
+      pl.fallback.clear();
+    }
+  }
   pl.kernel = KernelKind::kDecodeMma;
   pl.staging = mode;
   pl.warps = nw;
   pl.stages = nst;
   pl.threads = nw * 32;
-  pl.smem_bytes = mode == kStageTma ? Layout<VK, D, true>::total(nw, nst) : Layout<VK, D>::total(nw, nst);
+  pl.smem_bytes = mode == kStageTma    ? Layout<VK, D, true>::total(nw, nst)
+                  : mode == kStageBulk ? Layout<VK, D, false, true>::total(nw, nst)
+                                       : Layout<VK, D>::total(nw, nst);
   return true;
 }
 
@@ -529,6 +569,7 @@ const char* staging_name(int staging) {
     case kStageRegs: return "regs";
     case kStageRegsV: return "regs_v";
     case kStageTma: return "tma";
+    case kStageBulk: return "bulk";
   }
   return "?";
 }
@@ -574,7 +615,7 @@ PlanOverrides parse_plan_overrides(const char* s) {
     } else if (k == "warps") ov.warps = to_int(k, v, 0, 16, kWhat);
     else if (k == "stages") ov.stages = to_int(k, v, 0, 3, kWhat);
     else if (k == "staging") {
-      const int c = to_choice(k, v, {"auto", "cp_async", "regs", "regs_v", "tma"}, kWhat);
+      const int c = to_choice(k, v, {"auto", "cp_async", "regs", "regs_v", "tma", "bulk"}, kWhat);
       ov.staging = c - 1;
     } else if (k == "cluster") ov.cluster = to_int(k, v, 0, 8, kWhat);
     else if (k == "m_tiles") ov.m_tiles = to_int(k, v, 0, 2, kWhat);

@@ -9,7 +9,7 @@
 // (attention_gpu.cu). Keys:
 //   kernel=auto|tile|simt|mma   which kernel (simt: the SIMT decode kernel; mma: the tensor-core kernel of the route)
 //   warps=N  stages=N           warps per block, pipeline stages (decode kernels; stages also the tile/prefill ring)
-//   staging=cp_async|regs|regs_v|tma   the tensor-core decode's staging mode
+//   staging=cp_async|regs|regs_v|tma|bulk   the tensor-core decode's staging mode
 //   cluster=N                   the tensor-core decode route's cluster size (1: none)
 //   m_tiles=1|2  min_blocks=2|3 tma=0|1  wgmma=0|1     the tensor-core prefill's instance
 //   split_waves=N               split_k's waves of (batch, KV head, split) items per multiprocessor
@@ -30,7 +30,7 @@ namespace gpu {
 enum class KernelKind : int { kTile = 0, kDecodeSimt = 1, kDecodeMma = 2, kPrefillMma = 3 };
 
 // The tensor-core decode kernel's staging modes (its SM template argument; decode_mma.cuh explains each).
-enum StageMode : int { kStageCpAsync = 0, kStageRegs = 1, kStageRegsV = 2, kStageTma = 3 };
+enum StageMode : int { kStageCpAsync = 0, kStageRegs = 1, kStageRegsV = 2, kStageTma = 3, kStageBulk = 4 };
 
 // What the planner needs to know of the device. From the current device (device_facts(), cached) or given
 // explicitly (parse_device_facts) to plan for a device that is not there.

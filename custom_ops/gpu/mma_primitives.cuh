@@ -26,11 +26,12 @@ __device__ __forceinline__ float q_scale23(float x) { return __uint_as_float(__f
 
 // The K scales one Q.K lane needs for a 16-key step np of 32-block blk, j = 16 np + 2 tig: keys j, j + 1 (its n tile
 // 2 np) and j + 8, j + 9 (n tile 2 np + 1), from an fp16 scale run [keys][NB]. Both kernels' K scale tables hold
-// one of these per (block, step, lane), so the Q.K loads one float4 per step.
-template <int NB>
+// one of these per (block, step, lane), so the Q.K loads one float4 per step. Key rows STEP halves apart (the
+// decode's bulk staging reads them inside the K rows).
+template <int NB, int STEP = NB>
 __device__ __forceinline__ float4 k_scale_quad(const uint16_t* kst, int blk, int j) {
-  return make_float4(h2f(kst[j * NB + blk]), h2f(kst[(j + 1) * NB + blk]), h2f(kst[(j + 8) * NB + blk]),
-                     h2f(kst[(j + 9) * NB + blk]));
+  return make_float4(h2f(kst[j * STEP + blk]), h2f(kst[(j + 1) * STEP + blk]), h2f(kst[(j + 8) * STEP + blk]),
+                     h2f(kst[(j + 9) * STEP + blk]));
 }
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {

@@ -160,6 +160,20 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map
 #endif
 }
 
+// `bytes` (a multiple of 16) contiguous bytes at src (16-byte aligned) into shared memory at dst, with the L2 policy;
+// completes `bar`'s transfer bytes. A packed cache's chunk of consecutive rows is one such run (kStageBulk).
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, int bytes, uint32_t bar, uint64_t policy) {
+#if defined(D4A_TMA_DEVICE)
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n"
+      ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+      : "memory");
+#else
+  (void)dst; (void)src; (void)bytes; (void)bar; (void)policy;
+  __trap();
+#endif
+}
+
 // The same copy without a cache hint (data that other blocks read again, as the prefill's K / V tiles).
 __device__ __forceinline__ void tma_load_3d_plain(uint32_t dst, const CUtensorMap* map, int x, int y, int z,
                                                   uint32_t bar) {

@@ -257,9 +257,10 @@ STRIDED_SHAPES = [  # (B, Hq, Hkv, Sq, Sk, D, v_format, device): every kernel fa
 @pytest.mark.parametrize("half", [True, False])
 def test_packed_cache_plans_like_dense(B, Hq, Hkv, Sq, Sk, D, v_format, device, half):
     """Every kernel takes strided rows: a packed cache (rows padded, more rows per head than keys) gets the dense
-    call's kernel, instance, warps and splits (so the same output bits) and says it is strided. Only the decode's
-    TMA staging of q8_0 / q4_0 V at D <= 128 gives way to its staging without TMA (faster for those padded rows);
-    D = 256 and preallocated dense rows keep every part of the plan."""
+    call's kernel, instance, warps and splits (so the same output bits) and says it is strided. Only the tensor-core
+    decode's staging of q8_0 / q4_0 V changes: on sm_90 bulk copies of the rows (two stages; not q4_0 at D = 256
+    with long walks, which keeps its registers), elsewhere TMA gives way to the staging without TMA (faster for
+    those padded rows). Preallocated dense rows keep every part of the plan."""
     if device == MI300 and Sq > 8:
         pytest.skip("the 64-row prefill tile does not fit a 64 KB LDS")
     dense = plan(B, Hq, Hkv, Sq, Sk, D, device=device, v_format=v_format, half=half)
@@ -267,7 +268,10 @@ def test_packed_cache_plans_like_dense(B, Hq, Hkv, Sq, Sk, D, v_format, device, 
                   kv_layout=packed_layout(D, v_format, Sk + 4096, half))
     assert dense["strided"] is False and packed["strided"] is True
     assert math_of(packed) == math_of(dense)
-    if dense.get("staging") == "tma" and v_format != "float" and D <= 128:
+    if (dense["kernel"] == "decode_mma" and v_format != "float" and device == H200 and not dense["cluster"]
+            and not (D == 256 and v_format == "q4_0" and dense["staging"] == "regs")):
+        assert (packed["staging"], packed["stages"], packed["fallback"]) == ("bulk", 2, ""), packed
+    elif dense.get("staging") == "tma" and v_format != "float" and D <= 128:
         assert packed["staging"] == ("regs" if v_format == "q4_0" else "regs_v" if D == 128 else "cp_async"), packed
         assert "padded K / V rows" in packed["fallback"], packed
     else:
@@ -278,16 +282,48 @@ def test_packed_cache_plans_like_dense(B, Hq, Hkv, Sq, Sk, D, v_format, device, 
 
 def test_packed_cache_h200_decode_plan():
     """128k keys from a packed cache on the H200: split_k on tensor cores with the dense plan's 4 warps and 33 splits,
-    q4_0 V staged in registers (TMA only when forced); float16 V keeps TMA and its 8 warps."""
-    p = plan(1, 32, 8, 1, 131072, 128, v_format="q4_0", kv_layout=packed_layout(128, "q4_0", 262144))
+    the rows moved by bulk copies in two stages (registers or TMA only when forced; registers on an A100); float16 V
+    keeps TMA and its 8 warps."""
+    packed = packed_layout(128, "q4_0", 262144)
+    p = plan(1, 32, 8, 1, 131072, 128, v_format="q4_0", kv_layout=packed)
     assert (p["route"], p["kernel"], p["staging"], p["warps"], p["stages"], p["n_splits"]) == \
-        ("split_k", "decode_mma", "regs", 4, 1, 33)
-    assert p["fallback"] == "tensor-core decode: padded K / V rows, regs staging (faster than TMA there)"
-    p = plan(1, 32, 8, 1, 131072, 128, v_format="q4_0", kv_layout=packed_layout(128, "q4_0", 262144),
-             overrides="staging=tma")
+        ("split_k", "decode_mma", "bulk", 4, 2, 33)
+    assert p["fallback"] == ""
+    p = plan(1, 32, 8, 1, 131072, 128, v_format="q4_0", kv_layout=packed, overrides="staging=tma")
     assert (p["staging"], p["warps"], p["stages"], p["fallback"]) == ("tma", 4, 2, "")
+    p = plan(1, 32, 8, 1, 131072, 128, v_format="q4_0", kv_layout=packed, overrides="staging=regs")
+    assert (p["staging"], p["warps"], p["stages"]) == ("regs", 4, 1)
+    p = plan(1, 32, 8, 1, 131072, 128, v_format="q4_0", kv_layout=packed, device=A100)
+    assert (p["staging"], p["fallback"]) == ("regs", ""), p
     p = plan(1, 32, 8, 1, 131072, 128, v_format="float", kv_layout=packed_layout(128, "float", 262144))
     assert (p["staging"], p["warps"], p["n_splits"], p["fallback"]) == ("tma", 8, 33, "")
+
+
+@pytest.mark.parametrize("sk,v_format,staging", [(131072, "q4_0", "regs"), (5009, "q4_0", "bulk"),
+                                                  (131072, "q8_0", "bulk")])
+def test_packed_cache_d256_staging(sk, v_format, staging):
+    """D = 256 on the H200: q4_0's long walks keep register staging (a two-stage bulk block, 126 KB, leaves one block
+    per multiprocessor); short q4_0 walks and q8_0 take bulk copies. Same warps and splits as the dense call."""
+    dense = plan(3, 24, 4, 1, sk, 256, v_format=v_format)
+    p = plan(3, 24, 4, 1, sk, 256, v_format=v_format, kv_layout=packed_layout(256, v_format, sk + 64))
+    assert p["staging"] == staging and math_of(p) == math_of(dense), p
+
+
+def test_bulk_staging_needs_scales_in_the_rows():
+    """Bulk copies move whole rows: a strided layout whose scale rows are not inside the K / V rows (other strides, or
+    scale pointers elsewhere) keeps the staging it had, and forcing bulk says why; so does a dense call."""
+    layout = packed_layout(128, "q4_0", 4096)
+    c = native.make_call(1, 32, 8, 1, 4000, 128, v_format="q4_0", kv_layout=layout)
+    c.k, c.k_scales, c.v, c.v_scales = 1 << 20, (1 << 20) + 128, 1 << 30, (1 << 30) + 64
+    assert native.gpu_plan(c, H200)["staging"] == "bulk"
+    c.k_scales = 1 << 25  # 16-byte aligned, but not in the K rows
+    p = native.gpu_plan(c, H200)
+    assert p["kernel"] == "decode_mma" and p["staging"] != "bulk", p
+    wide = dict(layout, k_stride=160, ks_stride=80)  # rows of 160 bytes: not the stage's D + 16
+    assert plan(1, 32, 8, 1, 4000, 128, v_format="q4_0", kv_layout=wide)["staging"] != "bulk"
+    for kw in ({}, {"kv_layout": wide}):
+        p = plan(1, 32, 8, 1, 4000, 128, v_format="q4_0", overrides="staging=bulk", **kw)
+        assert p["staging"] != "bulk" and "bulk staging needs sm_90 and a packed cache's rows" in p["fallback"], p
 
 
 def test_dense_widths_given_explicitly_are_dense():
@@ -333,13 +369,17 @@ def test_unaligned_packed_scales_fall_back():
 
 
 def test_rows_beyond_the_tma_strides_leave_tma_and_say_why():
-    """Heads more than 2^40 bytes apart do not fit a tensor map: the decode takes the staging it has without TMA
-    (q4_0: registers), the prefill its cp.async instance, and the plan says why."""
+    """Heads more than 2^40 bytes apart do not fit a tensor map: the decode's bulk copies (plain addresses) still take
+    such a packed cache, float16 V takes its cp.async staging, the prefill its cp.async instance, and the plans say
+    why."""
     huge = packed_layout(128, "q4_0", (1 << 40) // 144 + 1)
     p = plan(1, 32, 8, 1, 131072, 128, v_format="q4_0", kv_layout=huge)
-    assert (p["kernel"], p["staging"]) == ("decode_mma", "regs") and "TMA tensor map" in p["fallback"], p
+    assert (p["kernel"], p["staging"], p["fallback"]) == ("decode_mma", "bulk", ""), p
     huge8 = packed_layout(128, "q8_0", (1 << 40) // 144 + 1)
-    assert plan(1, 32, 8, 1, 131072, 128, v_format="q8_0", kv_layout=huge8)["staging"] == "regs_v"
+    assert plan(1, 32, 8, 1, 131072, 128, v_format="q8_0", kv_layout=huge8)["staging"] == "bulk"
+    hugef = packed_layout(128, "float", (1 << 40) // 272 + 1)
+    p = plan(1, 32, 8, 1, 131072, 128, v_format="float", kv_layout=hugef)
+    assert (p["kernel"], p["staging"]) == ("decode_mma", "cp_async") and "TMA tensor map" in p["fallback"], p
     p = plan(1, 32, 8, 8192, 8192, 128, v_format="q4_0", kv_layout=huge)
     assert (p["kernel"], p["tma"], p["wgmma"], p["min_blocks"]) == ("prefill_mma", False, False, 2), p
     assert "TMA" in p["fallback"], p
