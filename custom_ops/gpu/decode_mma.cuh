@@ -465,6 +465,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   const uint16_t* vsg = kVq ? a.vs + head_row * vsstr : nullptr;
   // The warp's chunks as key starts (-1: past its last): chunks w, w + nw, ... of its split.
   int st_made = 0;
+  auto peek = [&]() -> int64_t { return st_made < my_n ? kbeg + int64_t(w + int64_t(st_made) * nw) * kKC : -1; };
   auto produce = [&]() -> int64_t {
     return st_made < my_n ? kbeg + int64_t(w + int64_t(st_made++) * nw) * kKC : -1;
   };
@@ -583,18 +584,22 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   // quantization's math.
   {
     const int r1 = w + nw;
+    // chunk j (the next one produce() gave) into stage s: the first nst - 1 stages
+    auto issue_first = [&](int s, int64_t j) {
+#pragma unroll
+      for (int k = 0; k < kDecodeMaxStages; ++k)
+        if (k == s) jf[k] = j;
+      issue(j, s);
+    };
     int s0 = 0;  // stages issued before the Q rows are loaded
 #if __CUDA_ARCH__ >= 900
     if (a.pdl) {  // launched while the prologue still writes Q and the new keys (sk - Sq on): older chunks go first
       if constexpr (kBulk) {
         for (; s0 < nst - 1; ++s0) {
-          const int64_t j = st_made < my_n ? kbeg + int64_t(w + int64_t(st_made) * nw) * kKC : -1;
+          const int64_t j = peek();
           if (j < 0 || j + kKC > sk - a.Sq) break;
           produce();
-#pragma unroll
-          for (int k = 0; k < kDecodeMaxStages; ++k)
-            if (k == s0) jf[k] = j;
-          issue(j, s0);
+          issue_first(s0, j);
         }
       }
       asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -606,13 +611,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
       if (my_n > 0) fetch(0);
     }
     if constexpr (SM != kStageRegs) {
-      for (int s = s0; s < nst - 1; ++s) {
-        const int64_t j = produce();
-#pragma unroll
-        for (int k = 0; k < kDecodeMaxStages; ++k)
-          if (k == s) jf[k] = j;
-        issue(j, s);
-      }
+      for (int s = s0; s < nst - 1; ++s) issue_first(s, produce());
     }
     auto put_row = [&](const QRow<D>& x, int r) {
       if (r < nrows) q_quantize<D>(x, r, lane, qs, qsc);

@@ -172,6 +172,14 @@ bool rows_carry_scales(const AttentionParams& p) {
          at(p.v, p.v_scales, kRow);
 }
 
+// The block's shared-memory bytes (warps, stages) -> bytes of a staging mode's layout (decode_mma.cuh Layout).
+template <int VK, int D>
+constexpr int (*stage_bytes(int mode))(int, int) {
+  return mode == kStageTma    ? dmma::Layout<VK, D, true>::total
+         : mode == kStageBulk ? dmma::Layout<VK, D, false, true>::total
+                              : dmma::Layout<VK, D>::total;
+}
+
 template <int VK, int D>
 bool plan_mma_cfg(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
   using namespace dmma;
@@ -209,11 +217,7 @@ bool plan_mma_cfg(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev,
   // full register staging needs one shared stage; one chunk per warp needs only its own in flight
   const int st_first = mode == kStageRegs ? 1 : split || walk <= 1 ? 2 : 3;
   int nw = 0, nst = 0;
-  auto fits = [&](auto total) { return pick_warps_stages(want, st_first, ov.stages, dev.max_smem, total, nw, nst); };
-  if (mode == kStageTma ? !fits(Layout<VK, D, true>::total)
-      : mode == kStageBulk ? !fits(Layout<VK, D, false, true>::total)
-                           : !fits(Layout<VK, D>::total))
-    return false;
+  if (!pick_warps_stages(want, st_first, ov.stages, dev.max_smem, stage_bytes<VK, D>(mode), nw, nst)) return false;
   // Padded rows (a packed cache: row strides above the row widths) stream slower by TMA, whose 32-row boxes then
   // read rows that start off the 128-byte lines, than by the register staging (H200, split_k at 128k keys,
   // (32, 8, 128): q4_0 84.8 us by TMA vs 75.9 by registers, q8_0 100.1 vs 93.2; dense rows 69.1 / 84.0 by TMA).
@@ -224,7 +228,7 @@ bool plan_mma_cfg(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev,
   if (mode == kStageTma && ov.staging != kStageTma && VK != kVF16 && D <= 128 && padded_rows(p)) {
     int nw2 = 0, nst2 = 0;
     const int st2 = kAuto == kStageRegs ? 1 : split || walk <= 1 ? 2 : 3;
-    if (pick_warps_stages(nw, st2, ov.stages, dev.max_smem, Layout<VK, D>::total, nw2, nst2) && nw2 == nw) {
+    if (pick_warps_stages(nw, st2, ov.stages, dev.max_smem, stage_bytes<VK, D>(kAuto), nw2, nst2) && nw2 == nw) {
       pl.fallback = std::string("tensor-core decode: padded K / V rows, ") + staging_name(kAuto) + " staging (faster " +
                     "than TMA there)";
       mode = kAuto;
@@ -239,7 +243,7 @@ bool plan_mma_cfg(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev,
   // two-stage block (126 KB) leaves one block per multiprocessor (128k: 95.9 us by registers, 97.4 by bulk copies).
   if (ov.staging < 0 && bulk_rows && !pl.cluster && mode != kStageBulk && !(VK == kVQ4 && D == 256 && walk >= 3)) {
     int nw2 = 0, nst2 = 0;
-    if (pick_warps_stages(nw, 2, ov.stages, dev.max_smem, Layout<VK, D, false, true>::total, nw2, nst2) && nw2 == nw) {
+    if (pick_warps_stages(nw, 2, ov.stages, dev.max_smem, stage_bytes<VK, D>(kStageBulk), nw2, nst2) && nw2 == nw) {
       mode = kStageBulk;
       nst = nst2;
       pl.fallback.clear();
@@ -250,9 +254,7 @@ bool plan_mma_cfg(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev,
   pl.warps = nw;
   pl.stages = nst;
   pl.threads = nw * 32;
-  pl.smem_bytes = mode == kStageTma    ? Layout<VK, D, true>::total(nw, nst)
-                  : mode == kStageBulk ? Layout<VK, D, false, true>::total(nw, nst)
-                                       : Layout<VK, D>::total(nw, nst);
+  pl.smem_bytes = stage_bytes<VK, D>(mode)(nw, nst);
   return true;
 }
 

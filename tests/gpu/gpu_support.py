@@ -20,3 +20,16 @@ def mask_strides(mask: np.ndarray | None, shape) -> tuple[int, int, int, int]:
         return (0, 0, 0, 0)
     view = np.broadcast_to(np.ascontiguousarray(mask), shape)
     return tuple(s // view.itemsize for s in view.strides)
+
+
+def packed_layout(D, v_format, kv_rows, half=True):
+    """The row layout of a packed cache: K rows of D payload bytes + D/32 fp16 scales padded to 16 bytes, V rows the
+    same (q8_0), D/2 bytes + scales (q4_0), or float V as T rows padded by 16 bytes."""
+    k_row = -(-(D + D // 16) // 16) * 16
+    if v_format == "float":
+        v_stride, vs_stride = D + 16 // (2 if half else 4), 0
+    else:
+        v_row = -(-((D if v_format == "q8_0" else D // 2) + D // 16) // 16) * 16
+        v_stride, vs_stride = v_row, v_row // 2
+    return {"kv_rows": kv_rows, "k_stride": k_row, "ks_stride": k_row // 2, "v_stride": v_stride,
+            "vs_stride": vs_stride}

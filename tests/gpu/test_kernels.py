@@ -19,7 +19,7 @@ from conftest import check_nmse
 from dot4attn import native
 from dot4attn import reference as R
 
-from gpu_support import mask_strides, to_device
+from gpu_support import mask_strides, packed_layout, to_device
 
 pytestmark = pytest.mark.gpu
 
@@ -112,10 +112,7 @@ def test_strided_long_cases_reach_bulk_staging(torch_cuda):
     for c in AC.LONG_CASES:
         if c.v_format == "float" or c.dtype != "float16" or c.D not in (64, 128, 256):
             continue
-        k_row = -(-(c.D + c.D // 16) // 16) * 16
-        v_row = -(-((c.D if c.v_format == "q8_0" else c.D // 2) + c.D // 16) // 16) * 16
-        layout = {"kv_rows": c.Sk + 37, "k_stride": k_row, "ks_stride": k_row // 2, "v_stride": v_row,
-                  "vs_stride": v_row // 2}
+        layout = packed_layout(c.D, c.v_format, c.Sk + 37)
         for r in (r for r in AC.routes_for(c) if r in ("decode", "split_k")):
             p = native.gpu_plan(native.make_call(c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D, v_format=c.v_format,
                                                  causal=bool(c.causal), route=r, kv_layout=layout))

@@ -10,6 +10,8 @@ import pytest
 
 from dot4attn import native
 
+from gpu_support import packed_layout
+
 H200 = "sm=90a,sms=132,smem=232448"
 H100_PLAIN_SM90 = "sm=90,sms=132,smem=232448"
 A100 = "sm=80,sms=108,smem=166912"
@@ -213,19 +215,6 @@ def test_info_plan_bad_input(capsys, argv, message):
 
 
 # ---- strided K / V rows (a packed cache) ----------------------------------------------------------------------------
-
-def packed_layout(D, v_format, kv_rows, half=True):
-    """The row layout of a packed cache: K rows of D payload bytes + D/32 fp16 scales padded to 16 bytes, V rows the
-    same (q8_0), D/2 bytes + scales (q4_0), or float V as T rows padded by 16 bytes."""
-    k_row = -(-(D + D // 16) // 16) * 16
-    if v_format == "float":
-        v_stride, vs_stride = D + 16 // (2 if half else 4), 0
-    else:
-        v_row = -(-((D if v_format == "q8_0" else D // 2) + D // 16) // 16) * 16
-        v_stride, vs_stride = v_row, v_row // 2
-    return {"kv_rows": kv_rows, "k_stride": k_row, "ks_stride": k_row // 2, "v_stride": v_stride,
-            "vs_stride": vs_stride}
-
 
 def without_strided(p):
     q = dict(p)
