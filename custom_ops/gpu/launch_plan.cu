@@ -237,11 +237,13 @@ bool plan_mma_cfg(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev,
   }
   // A packed cache's rows on sm_90 (scales in the rows, D + 16 / VROW + 16 bytes apart): bulk copies, where they fit
   // the same warps (so the dense plan's bits). H200, kernel and merge over a packed cache, L2 flushed, the staging
-  // above -> bulk: (28, 4, 128) 128k q4_0 46.9 -> 43.9 us, q8_0 62.4 -> 56.0; 16 x 32k q4_0 138.3 -> 134.4, q8_0
-  // 167.1 -> 164.3; (32, 8, 128) 128k q4_0 75.5 -> 71.6; (24, 4, 256) 128k q8_0 107.4 (TMA) -> 104.1; short walks
-  // (cp.async) 16k q8_0 20.3 -> 18.8, (24, 4, 256) 3 x 5k q4_0 38.1 -> 31.1. Not q4_0 at D = 256 with long walks: its
-  // two-stage block (126 KB) leaves one block per multiprocessor (128k: 95.9 us by registers, 97.4 by bulk copies).
-  if (ov.staging < 0 && bulk_rows && !pl.cluster && mode != kStageBulk && !(VK == kVQ4 && D == 256 && walk >= 3)) {
+  // above -> bulk: (28, 4, 128) 128k q8_0 62.4 -> 56.0 us, 16 x 32k q8_0 167.1 -> 164.3; (24, 4, 256) 128k q8_0
+  // 107.4 (TMA) -> 104.1; short walks (cp.async) 16k q8_0 20.3 -> 18.8, (24, 4, 256) 3 x 5k q4_0 38.1 -> 31.1.
+  // Not q4_0's long walks, which keep their registers: alone the bulk kernel was as fast or faster ((28, 4, 128) 128k
+  // 46.9 -> 43.9-46.4, 16 x 32k 138.3 -> 134.4), but inside the 7B model, launched after the prologue as its
+  // programmatic dependent, register staging is faster (ms per token, 128k: 5.47 vs 5.60; 16 x 32k: 8.39 vs 8.67);
+  // at D = 256 a two-stage bulk block (126 KB) also leaves one block per multiprocessor.
+  if (ov.staging < 0 && bulk_rows && !pl.cluster && mode != kStageBulk && !(VK == kVQ4 && walk >= 3)) {
     int nw2 = 0, nst2 = 0;
     if (pick_warps_stages(nw, 2, ov.stages, dev.max_smem, stage_bytes<VK, D>(kStageBulk), nw2, nst2) && nw2 == nw) {
       mode = kStageBulk;

@@ -25,10 +25,14 @@ then max_length and seqlens_k, the rows' lengths, is computed from the mask on t
 in fixed buffers. Dot4GroupQueryAttention reads the lengths on the device at decode, and ONNX Runtime's
 GroupQueryAttention does too, so both the rewritten and the original folders replay. Prompts run uncaptured.
 
-After a one-token step a second, small ONNX Runtime InferenceSession (the "head": Cast to float32 and ArgMax) runs
-on the same device over the step's logits: the host receives float32 logits without converting [B, vocab] half
-floats in numpy (0.8 ms for one row of a 152k vocabulary, 11 ms for 16, on a 2-core x86 host), and the greedy next
-ids are written straight into the step's input buffer, so step(None) moves no token through the host.
+A one-token step's logits stay on the device until asked for. A second, small ONNX Runtime InferenceSession on the
+same device (the "head": Cast to float32 and ArgMax) runs over them only when something needs it: float32 host
+logits (host_logits="float32": no [B, vocab] half floats converted in numpy, 0.8 ms for one row of a 152k vocabulary,
+11 ms for 16, on a 2-core x86 host), or a greedy step, whose next ids it writes straight into the step's input
+buffer, so step(None) moves no token through the host. A teacher-forced step with host_logits="model" runs no head:
+it costs the model's run and the logits' copy, as og.Generator's append_tokens + get_output does (the head's
+session run, launched from the host, was 0.1-0.2 ms of a 5 ms step on an H200). On CUDA the head replays as a CUDA
+graph of its own (its buffers are fixed per reset).
 """
 from __future__ import annotations
 
@@ -165,7 +169,15 @@ class InPlaceDecoder:
             hb.bind_ortvalue_output("logits32", self._logits32)
             hb.bind_ortvalue_output("next_ids", self._ids1)  # the next greedy step's input, where it is read
             self._head_binding = hb
-        self._last_logits = None  # host logits of the last step when it ran no head; None: _ids1 holds the argmax
+            self._head_run = ort.RunOptions()
+            if self.cuda_graph:  # a new binding is a new capture, as for the decode step
+                self._head_graph_id = getattr(self, "_head_graph_id", 0) + 1
+                self._head_run.add_run_config_entry("gpu_graph_id", str(self._head_graph_id))
+        # Where the next greedy step's ids come from: "host" (_last_logits, the last step's host logits, after a
+        # prompt), "device" (_logits1 holds a one-token step's logits, the head not run yet) or "ids" (the head ran:
+        # _ids1 holds their argmax).
+        self._last_logits = None
+        self._next = "host"
         # cuda_graph: the decode steps' mask, [batch, max_length], zeros past each row's length (its host mirror
         # says what the device holds). A new binding (reset) is a new capture: ONNX Runtime replays a graph only
         # with the buffers it was captured with.
@@ -191,9 +203,14 @@ class InPlaceDecoder:
         if ids is None:
             if self.length == 0:
                 raise ValueError("step(None) feeds the argmax of the previous step's logits: run a prompt first")
-            if self._last_logits is not None:
+            if self._next == "host":
+                if self._last_logits is None:
+                    raise ValueError("step(None) feeds the argmax of the previous step's logits: none since fill() "
+                                     "(feed ids)")
                 self._ids1.update_inplace(np.ascontiguousarray(self._last_logits.argmax(-1)[:, None],
                                                                self.ids_dtype))
+            elif self._next == "device":
+                self._run_head()
             shape = (self.batch, 1)
         else:
             ids = np.ascontiguousarray(ids, self.ids_dtype)
@@ -231,16 +248,24 @@ class InPlaceDecoder:
         if self.cuda_graph and not one:
             self._set_mask(self.length, total, mask)
         self.length = total
-        if one and self._head_binding is not None:  # float32 logits and the next ids, computed on the device
-            self._head_session.run_with_iobinding(self._head_binding)
+        if one and self._head_binding is not None:  # the logits stay in _logits1 for a later greedy step's head
             self._last_logits = None
+            self._next = "device"
+            if self.host_logits == "float32":  # float32 logits and the next ids, computed on the device
+                self._run_head()
             on_device = self._logits1 if self.host_logits == "model" else self._logits32
             logits = on_device.numpy()[:, -1]  # a CPU OrtValue's numpy() is a view of the bound buffer
             return logits.copy() if self.device == "cpu" else logits
         # [B, S, vocab]: the builder's graph may return every position's logits
         logits = self._logits1.numpy() if one and self._logits1 is not None else b.get_outputs()[0].numpy()
         self._last_logits = self._host(logits[:, -1])
+        self._next = "host"
         return self._last_logits
+
+    def _run_head(self) -> None:
+        """_logits1 -> _logits32 and the argmax ids in _ids1, on the device."""
+        self._head_session.run_with_iobinding(self._head_binding, self._head_run)
+        self._next = "ids"
 
     def _host(self, logits: np.ndarray) -> np.ndarray:
         return logits.astype(np.float32) if self.host_logits == "float32" else logits.copy()
@@ -286,6 +311,7 @@ class InPlaceDecoder:
             self._set_mask(0, total, None)
         self.length = total
         self._last_logits = np.repeat(logits, self.batch, axis=0)
+        self._next = "host"
         return self._last_logits
 
     def _head(self):
@@ -308,8 +334,8 @@ class InPlaceDecoder:
             model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
             so = ort.SessionOptions()
             so.log_severity_level = 3
-            providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if self.device == "cuda" else \
-                ["CPUExecutionProvider"]
+            cuda = ("CUDAExecutionProvider", {"enable_cuda_graph": "1"}) if self.cuda_graph else "CUDAExecutionProvider"
+            providers = [cuda, "CPUExecutionProvider"] if self.device == "cuda" else ["CPUExecutionProvider"]
             self._head_session = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
         return self._head_session
 
@@ -336,6 +362,8 @@ class InPlaceDecoder:
             self._mask_host[:, length:] = 0
             self._mask.update_inplace(self._mask_host)
         self.length = length
+        self._last_logits = None
+        self._next = "host"
 
 
 def _cudart():

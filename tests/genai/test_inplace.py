@@ -160,12 +160,18 @@ def test_host_logits_in_the_model_dtype(folders):
     prompt = np.array([[5, 6, 7, 8]])
     a, b = InPlaceDecoder(out["q8_0"]), InPlaceDecoder(out["q8_0"], host_logits="model")
     for dec in (a, b):
-        dec.reset(1, 8)
+        dec.reset(1, 12)
     np.testing.assert_array_equal(a.step(prompt), b.step(prompt).astype(np.float32))
     for t in (9, 10):
         la, lb = a.step(np.array([[t]])), b.step(np.array([[t]]))
         assert lb.dtype == b.logits_dtype
         np.testing.assert_array_equal(la, lb.astype(np.float32))
+    for _ in range(3):  # greedy: b's argmax head runs only now, over the logits its last step left on the device
+        la, lb = a.step(None), b.step(None)
+        np.testing.assert_array_equal(la, lb.astype(np.float32))
+    b.fill(4)
+    with pytest.raises(ValueError, match=r"none since fill\(\)"):
+        b.step(None)
     b.reset(2, 8)
     assert b.prompt_copied(prompt, chunk=2).dtype == b.logits_dtype
     with pytest.raises(ValueError, match="host_logits: expected 'float32' or 'model'"):

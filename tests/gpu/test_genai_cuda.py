@@ -152,23 +152,25 @@ def test_cuda_graph_steps_match_launched_steps(folders, tmp_path, v_format, leng
     assert np.mean(got[True].argmax(-1) == got[False].argmax(-1)) >= 0.95
 
 
+@pytest.mark.parametrize("host_logits", ["float32", "model"])
 @pytest.mark.parametrize("graph", [True, False], ids=["cuda-graph", "launched"])
-def test_greedy_steps_on_the_device_match_host_argmax(folders, graph):
+def test_greedy_steps_on_the_device_match_host_argmax(folders, graph, host_logits):
     """step(None) feeds each row the argmax of its last logits without the ids crossing to the host (the head
-    session writes them into the step's input buffer): the same tokens and logits as feeding the host's argmax,
-    and float32 logits from a float16 model."""
+    session writes them into the step's input buffer; with host_logits="model" it runs only when a greedy step
+    needs it): the same tokens and logits as feeding the host's argmax, in the dtype asked for."""
     from dot4attn.inplace import InPlaceDecoder
 
     _, out = folders("qwen3-d128")
     prompt = np.random.default_rng(5).integers(1, 256, (2, 7))
-    device, host = (InPlaceDecoder(out, device="cuda", cuda_graph=graph) for _ in range(2))
+    device, host = (InPlaceDecoder(out, device="cuda", cuda_graph=graph, host_logits=host_logits) for _ in range(2))
     for dec in (device, host):
         dec.reset(2, 64)
     a, b = device.step(prompt), host.step(prompt)
     for _ in range(24):
-        nxt = b.argmax(-1)[:, None]
+        nxt = b.astype(np.float32).argmax(-1)[:, None]
         a, b = device.step(None), host.step(nxt)
-        assert a.dtype == np.float32 and a.shape == (2, device.vocab)
+        assert a.dtype == (np.float32 if host_logits == "float32" else device.logits_dtype)
+        assert a.shape == (2, device.vocab)
         np.testing.assert_array_equal(a, b)
 
 

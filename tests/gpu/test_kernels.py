@@ -105,7 +105,8 @@ def test_long_cases_cover_every_instance(torch_cuda):
 
 
 def test_strided_long_cases_reach_bulk_staging(torch_cuda):
-    """On sm_90 the long cases over a packed cache's rows take the bulk-copy staging (scales in the rows)."""
+    """On sm_90 the long cases over a packed cache's rows take the bulk-copy staging (scales in the rows; q8_0 V and
+    short q4_0 walks)."""
     if torch_cuda.cuda.get_device_capability()[0] < 9:
         pytest.skip("bulk staging is sm_90's")
     seen = set()

@@ -247,9 +247,9 @@ STRIDED_SHAPES = [  # (B, Hq, Hkv, Sq, Sk, D, v_format, device): every kernel fa
 def test_packed_cache_plans_like_dense(B, Hq, Hkv, Sq, Sk, D, v_format, device, half):
     """Every kernel takes strided rows: a packed cache (rows padded, more rows per head than keys) gets the dense
     call's kernel, instance, warps and splits (so the same output bits) and says it is strided. Only the tensor-core
-    decode's staging of q8_0 / q4_0 V changes: on sm_90 bulk copies of the rows (two stages; not q4_0 at D = 256
-    with long walks, which keeps its registers), elsewhere TMA gives way to the staging without TMA (faster for
-    those padded rows). Preallocated dense rows keep every part of the plan."""
+    decode's staging of q8_0 / q4_0 V changes: on sm_90 bulk copies of the rows (two stages; not q4_0's long walks,
+    which keep their registers), elsewhere TMA gives way to the staging without TMA (faster for those padded rows).
+    Preallocated dense rows keep every part of the plan."""
     if device == MI300 and Sq > 8:
         pytest.skip("the 64-row prefill tile does not fit a 64 KB LDS")
     dense = plan(B, Hq, Hkv, Sq, Sk, D, device=device, v_format=v_format, half=half)
@@ -258,7 +258,7 @@ def test_packed_cache_plans_like_dense(B, Hq, Hkv, Sq, Sk, D, v_format, device, 
     assert dense["strided"] is False and packed["strided"] is True
     assert math_of(packed) == math_of(dense)
     if (dense["kernel"] == "decode_mma" and v_format != "float" and device == H200 and not dense["cluster"]
-            and not (D == 256 and v_format == "q4_0" and dense["staging"] == "regs")):
+            and not (v_format == "q4_0" and dense["staging"] != "cp_async")):  # cp.async: q4_0's short walks
         assert (packed["staging"], packed["stages"], packed["fallback"]) == ("bulk", 2, ""), packed
     elif dense.get("staging") == "tma" and v_format != "float" and D <= 128:
         assert packed["staging"] == ("regs" if v_format == "q4_0" else "regs_v" if D == 128 else "cp_async"), packed
@@ -270,14 +270,20 @@ def test_packed_cache_plans_like_dense(B, Hq, Hkv, Sq, Sk, D, v_format, device, 
 
 
 def test_packed_cache_h200_decode_plan():
-    """128k keys from a packed cache on the H200: split_k on tensor cores with the dense plan's 4 warps and 33 splits,
-    the rows moved by bulk copies in two stages (registers or TMA only when forced; registers on an A100); float16 V
-    keeps TMA and its 8 warps."""
-    packed = packed_layout(128, "q4_0", 262144)
-    p = plan(1, 32, 8, 1, 131072, 128, v_format="q4_0", kv_layout=packed)
+    """128k keys from a packed cache on the H200: split_k on tensor cores with the dense plan's 4 warps and 33 splits;
+    q8_0 V's rows moved by bulk copies in two stages, q4_0's in registers (faster inside a model, launched after the
+    prologue), TMA only when forced; registers on an A100; float16 V keeps TMA and its 8 warps."""
+    p = plan(1, 32, 8, 1, 131072, 128, v_format="q8_0", kv_layout=packed_layout(128, "q8_0", 262144))
     assert (p["route"], p["kernel"], p["staging"], p["warps"], p["stages"], p["n_splits"]) == \
         ("split_k", "decode_mma", "bulk", 4, 2, 33)
     assert p["fallback"] == ""
+    packed = packed_layout(128, "q4_0", 262144)
+    p = plan(1, 32, 8, 1, 131072, 128, v_format="q4_0", kv_layout=packed)
+    assert (p["route"], p["kernel"], p["staging"], p["warps"], p["stages"], p["n_splits"]) == \
+        ("split_k", "decode_mma", "regs", 4, 1, 33)
+    assert "padded K / V rows" in p["fallback"], p
+    p = plan(1, 32, 8, 1, 131072, 128, v_format="q4_0", kv_layout=packed, overrides="staging=bulk")
+    assert (p["staging"], p["warps"], p["stages"], p["fallback"]) == ("bulk", 4, 2, "")
     p = plan(1, 32, 8, 1, 131072, 128, v_format="q4_0", kv_layout=packed, overrides="staging=tma")
     assert (p["staging"], p["warps"], p["stages"], p["fallback"]) == ("tma", 4, 2, "")
     p = plan(1, 32, 8, 1, 131072, 128, v_format="q4_0", kv_layout=packed, overrides="staging=regs")
@@ -291,8 +297,9 @@ def test_packed_cache_h200_decode_plan():
 @pytest.mark.parametrize("sk,v_format,staging", [(131072, "q4_0", "regs"), (5009, "q4_0", "bulk"),
                                                   (131072, "q8_0", "bulk")])
 def test_packed_cache_d256_staging(sk, v_format, staging):
-    """D = 256 on the H200: q4_0's long walks keep register staging (a two-stage bulk block, 126 KB, leaves one block
-    per multiprocessor); short q4_0 walks and q8_0 take bulk copies. Same warps and splits as the dense call."""
+    """D = 256 on the H200: q4_0's long walks keep register staging (as at D = 128; a two-stage bulk block, 126 KB,
+    would also leave one block per multiprocessor); short q4_0 walks and q8_0 take bulk copies. Same warps and splits
+    as the dense call."""
     dense = plan(3, 24, 4, 1, sk, 256, v_format=v_format)
     p = plan(3, 24, 4, 1, sk, 256, v_format=v_format, kv_layout=packed_layout(256, v_format, sk + 64))
     assert p["staging"] == staging and math_of(p) == math_of(dense), p
@@ -358,12 +365,12 @@ def test_unaligned_packed_scales_fall_back():
 
 
 def test_rows_beyond_the_tma_strides_leave_tma_and_say_why():
-    """Heads more than 2^40 bytes apart do not fit a tensor map: the decode's bulk copies (plain addresses) still take
-    such a packed cache, float16 V takes its cp.async staging, the prefill its cp.async instance, and the plans say
-    why."""
+    """Heads more than 2^40 bytes apart do not fit a tensor map: the decode's bulk copies (plain addresses) and
+    register staging still take such a packed cache, float16 V takes its cp.async staging, the prefill its cp.async
+    instance, and the plans say why."""
     huge = packed_layout(128, "q4_0", (1 << 40) // 144 + 1)
     p = plan(1, 32, 8, 1, 131072, 128, v_format="q4_0", kv_layout=huge)
-    assert (p["kernel"], p["staging"], p["fallback"]) == ("decode_mma", "bulk", ""), p
+    assert (p["kernel"], p["staging"]) == ("decode_mma", "regs") and "TMA tensor map" in p["fallback"], p
     huge8 = packed_layout(128, "q8_0", (1 << 40) // 144 + 1)
     assert plan(1, 32, 8, 1, 131072, 128, v_format="q8_0", kv_layout=huge8)["staging"] == "bulk"
     hugef = packed_layout(128, "float", (1 << 40) // 272 + 1)
