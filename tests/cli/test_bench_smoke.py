@@ -88,3 +88,15 @@ def test_bench_cuda_without_cuda(tmp_path, capsys):
     assert bench.run_bench(_args(tmp_path, "--device", "cuda")) == 2
     err = capsys.readouterr().err
     assert "--device cuda" in err and ("bench_cuda" in err or "no CUDA device" in err)
+
+
+def test_bench_cuda_l2_flush_choices(capsys):
+    """The CUDA bench flushes L2 by a write (default) or a read of 256 MiB before each timed call; anything else is
+    refused, by the command line and by the timer."""
+    from dot4attn.bench import cuda
+
+    with pytest.raises(SystemExit) as e:
+        cuda.main(["--l2-flush", "sideways"])
+    assert e.value.code == 2 and "invalid choice: 'sideways'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="l2 flush: expected 'write' or 'read', got 'sideways'"):
+        cuda._Timer(None, 1, "sideways")

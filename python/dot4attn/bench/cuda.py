@@ -1,8 +1,8 @@
 """`dot4attn bench --device cuda`: Dot4Attention's GPU routes vs torch SDPA (flash, cuDNN) and ORT's
 GroupQueryAttention on the CUDA execution provider, in one process.
 
-* Kernel time by CUDA events on one stream, L2 flushed (a 256 MiB write) before every timed call, median of the
-  repeats. Dot4Attention is called through the library's C entry point (dot4attn.native.TorchAttention: device
+* Kernel time by CUDA events on one stream, L2 flushed (a 256 MiB write; --l2-flush read: a 256 MiB read) before
+  every timed call, median of the repeats. Dot4Attention is called through the library's C entry point (dot4attn.native.TorchAttention: device
   pointers, torch's current stream), so the time is the kernels' alone, and each row records the launch plan;
   ORT's session time for the same op (io_binding on device buffers, wall clock per run) is reported separately for
   decode.
@@ -15,7 +15,8 @@ GroupQueryAttention on the CUDA execution provider, in one process.
   (32, 8, 128) and (24, 4, 256). Achieved GB/s (KV bytes / time) and % of the measured HBM read bandwidth.
 * Writes bench_cuda.json (and bench_cuda.png when matplotlib is present) into --out (dot4attn.bench.report).
 
-`dot4attn bench --device cuda` runs it; so does `python -m dot4attn.bench.cuda`, which adds --cuda-repeats.
+`dot4attn bench --device cuda` runs it; so does `python -m dot4attn.bench.cuda`, which adds --cuda-repeats and
+--l2-flush.
 """
 from __future__ import annotations
 
@@ -38,12 +39,20 @@ PREFILL_SK = [2048, 8192, 32768]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """CUDA-only options (the shared ones come from dot4attn.bench.add_arguments)."""
     parser.add_argument("--cuda-repeats", type=int, default=20, help="timed calls per candidate (CUDA bench)")
+    parser.add_argument("--l2-flush", choices=["write", "read"], default="write",
+                        help="how L2 is flushed before each timed call: write 256 MiB (default; the dirty lines' "
+                             "write-back lands in the call, as in Triton's do_bench) or read 256 MiB (clean lines, "
+                             "as a model's decode finds L2 after streaming its weights; it ranks staging modes as "
+                             "the model does, docs/performance.md)")
 
 
 class _Timer:
-    def __init__(self, torch, repeats: int):
+    def __init__(self, torch, repeats: int, flush: str = "write"):
+        if flush not in ("write", "read"):
+            raise ValueError(f"l2 flush: expected 'write' or 'read', got {flush!r}")
         self.torch = torch
         self.repeats = repeats
+        self.flush_mode = flush
         self.flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 
     def __call__(self, fn) -> float:
@@ -54,7 +63,10 @@ class _Timer:
         torch.cuda.synchronize()
         times = []
         for _ in range(self.repeats):
-            self.flush.zero_()
+            if self.flush_mode == "write":
+                self.flush.zero_()
+            else:
+                self.flush.sum()  # reads every byte; the scalar it returns is not needed
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
             fn()
@@ -218,7 +230,8 @@ class _Run:
         self.B = int(getattr(args, "batch", 1) or 1)
         self.repeats = int(getattr(args, "cuda_repeats", 0) or getattr(args, "repeats", 0) or 20)
         torch.manual_seed(int(getattr(args, "seed", 0) or 0))
-        self.timer = _Timer(torch, self.repeats)
+        self.l2_flush = getattr(args, "l2_flush", None) or "write"
+        self.timer = _Timer(torch, self.repeats, self.l2_flush)
         self.dev = torch.cuda.get_device_name()
         self.bw = _read_bandwidth(torch)
         self.results = []
@@ -262,7 +275,8 @@ def run_cuda_bench(args) -> dict:
     out_dir = Path(getattr(args, "out", None) or "bench-out")
     out_dir.mkdir(parents=True, exist_ok=True)
     run = _Run(args, torch, ort)
-    print(f"# device {run.dev}; measured read bandwidth {run.bw:.2f} TB/s; repeats {run.repeats}; L2 flushed per call")
+    print(f"# device {run.dev}; measured read bandwidth {run.bw:.2f} TB/s; repeats {run.repeats}; "
+          f"L2 flushed per call (by a {run.l2_flush})")
     for hq, hkv, d in run.heads:
         for sk in run.decode_sk:
             _decode_case(run, hq, hkv, d, sk)
@@ -439,8 +453,8 @@ def _finish(run, out_dir: Path) -> BenchResult:
     targets = _targets(run.results)
     for t in targets:
         print(f"target {t['what']}: {t['value']} vs {t['limit']} -> {'MET' if t['met'] else 'MISSED'}")
-    res = BenchResult(device=run.dev, read_bandwidth_tbs=run.bw, repeats=run.repeats, results=run.results,
-                      targets=targets, exit_code=0)
+    res = BenchResult(device=run.dev, read_bandwidth_tbs=run.bw, repeats=run.repeats, l2_flush=run.l2_flush,
+                      results=run.results, targets=targets, exit_code=0)
     report.write_json(out_dir / "bench_cuda.json", res)
     try:
         report.plot_cuda(run.results, out_dir / "bench_cuda.png")
