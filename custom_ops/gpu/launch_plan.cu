@@ -243,7 +243,7 @@ bool plan_mma_cfg(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev,
   // 46.9 -> 43.9-46.4, 16 x 32k 138.3 -> 134.4), but inside the 7B model, launched after the prologue as its
   // programmatic dependent, register staging is faster (ms per token, 128k: 5.47 vs 5.60; 16 x 32k: 8.39 vs 8.67);
   // at D = 256 a two-stage bulk block (126 KB) also leaves one block per multiprocessor.
-  if (ov.staging < 0 && bulk_rows && !pl.cluster && mode != kStageBulk && !(VK == kVQ4 && walk >= 3)) {
+  if (ov.staging < 0 && bulk_rows && !pl.cluster && !(VK == kVQ4 && walk >= 3)) {
     int nw2 = 0, nst2 = 0;
     if (pick_warps_stages(nw, 2, ov.stages, dev.max_smem, stage_bytes<VK, D>(kStageBulk), nw2, nst2) && nw2 == nw) {
       mode = kStageBulk;

@@ -76,8 +76,7 @@ class InPlaceDecoder:
         lib = dec.get("session_options", {}).get("custom_ops_library")
         if lib:
             so.register_custom_ops_library(str(folder / lib))
-        cuda = ("CUDAExecutionProvider", {"enable_cuda_graph": "1"}) if self.cuda_graph else "CUDAExecutionProvider"
-        providers = [cuda, "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+        providers = self._providers()
         if device == "cuda":
             if hasattr(ort, "preload_dlls"):
                 ort.preload_dlls()
@@ -124,6 +123,14 @@ class InPlaceDecoder:
         self.values: dict[str, object] = {}
         self.batch = 0
         self.length = 0
+
+    def _providers(self) -> list:
+        """The execution providers of the model's session and the head's: CUDA (capturing CUDA graphs when
+        cuda_graph) with the CPU beside it, or the CPU alone."""
+        if self.device != "cuda":
+            return ["CPUExecutionProvider"]
+        cuda = ("CUDAExecutionProvider", {"enable_cuda_graph": "1"}) if self.cuda_graph else "CUDAExecutionProvider"
+        return [cuda, "CPUExecutionProvider"]
 
     def end_profiling(self) -> str:
         """Stops ORT's profiler (when profile_prefix was given); returns the JSON file's path."""
@@ -334,9 +341,7 @@ class InPlaceDecoder:
             model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
             so = ort.SessionOptions()
             so.log_severity_level = 3
-            cuda = ("CUDAExecutionProvider", {"enable_cuda_graph": "1"}) if self.cuda_graph else "CUDAExecutionProvider"
-            providers = [cuda, "CPUExecutionProvider"] if self.device == "cuda" else ["CPUExecutionProvider"]
-            self._head_session = ort.InferenceSession(model.SerializeToString(), so, providers=providers)
+            self._head_session = ort.InferenceSession(model.SerializeToString(), so, providers=self._providers())
         return self._head_session
 
     def _set_mask(self, start: int, total: int, mask: np.ndarray | None) -> None:

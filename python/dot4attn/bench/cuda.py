@@ -2,10 +2,10 @@
 GroupQueryAttention on the CUDA execution provider, in one process.
 
 * Kernel time by CUDA events on one stream, L2 flushed (a 256 MiB write; --l2-flush read: a 256 MiB read) before
-  every timed call, median of the repeats. Dot4Attention is called through the library's C entry point (dot4attn.native.TorchAttention: device
-  pointers, torch's current stream), so the time is the kernels' alone, and each row records the launch plan;
-  ORT's session time for the same op (io_binding on device buffers, wall clock per run) is reported separately for
-  decode.
+  every timed call, median of the repeats. Dot4Attention is called through the library's C entry point
+  (dot4attn.native.TorchAttention: device pointers, torch's current stream), so the time is the kernels' alone, and
+  each row records the launch plan; ORT's session time for the same op (io_binding on device buffers, wall clock
+  per run) is reported separately for decode.
 * Candidates: d4a_f16 / d4a_q8_0 / d4a_q4_0 (query f16, packed int8 K, V float16 / q8_0 / q4_0);
   sdpa_flash, sdpa_cudnn (torch.nn.functional.scaled_dot_product_attention, f16, GQA through enable_gqa);
   ort_gqa_f16 / ort_gqa_int8 (com.microsoft.GroupQueryAttention on the CUDA EP, f16 or ORT's own int8 (per-tensor
@@ -36,10 +36,13 @@ DECODE_SK = [512, 4096, 16384, 65536, 131072]
 PREFILL_SK = [2048, 8192, 32768]
 
 
+L2_FLUSHES = ("write", "read")  # how _Timer empties L2 before a timed call (the first: the default)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """CUDA-only options (the shared ones come from dot4attn.bench.add_arguments)."""
     parser.add_argument("--cuda-repeats", type=int, default=20, help="timed calls per candidate (CUDA bench)")
-    parser.add_argument("--l2-flush", choices=["write", "read"], default="write",
+    parser.add_argument("--l2-flush", choices=L2_FLUSHES, default=L2_FLUSHES[0],
                         help="how L2 is flushed before each timed call: write 256 MiB (default; the dirty lines' "
                              "write-back lands in the call, as in Triton's do_bench) or read 256 MiB (clean lines, "
                              "as a model's decode finds L2 after streaming its weights; it ranks staging modes as "
@@ -47,8 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class _Timer:
-    def __init__(self, torch, repeats: int, flush: str = "write"):
-        if flush not in ("write", "read"):
+    def __init__(self, torch, repeats: int, flush: str = L2_FLUSHES[0]):
+        if flush not in L2_FLUSHES:
             raise ValueError(f"l2 flush: expected 'write' or 'read', got {flush!r}")
         self.torch = torch
         self.repeats = repeats
@@ -230,7 +233,7 @@ class _Run:
         self.B = int(getattr(args, "batch", 1) or 1)
         self.repeats = int(getattr(args, "cuda_repeats", 0) or getattr(args, "repeats", 0) or 20)
         torch.manual_seed(int(getattr(args, "seed", 0) or 0))
-        self.l2_flush = getattr(args, "l2_flush", None) or "write"
+        self.l2_flush = getattr(args, "l2_flush", None) or L2_FLUSHES[0]
         self.timer = _Timer(torch, self.repeats, self.l2_flush)
         self.dev = torch.cuda.get_device_name()
         self.bw = _read_bandwidth(torch)
