@@ -186,14 +186,24 @@ bool plan_mma_cfg(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev,
   const bool split = pl.route == Route::kSplitK;
   int want = decode_warps_wanted(block_keys(pl, p), split, kKC, kMaxThreads / 32, ov.warps);
   // Staging (walks of >= 3 chunks per warp; shorter walks gain nothing from either): TMA on sm_90 for D = 128 / 256
-  // except q4_0 at D = 256, where register staging stays faster; elsewhere q4_0 stages in registers, q8_0 at
-  // D = 128 its V, the rest uses cp.async.
+  // (q4_0 at D = 256 in 3-warp blocks, below); elsewhere q4_0 stages in registers, q8_0 at D = 128 its V, the rest
+  // uses cp.async.
   const int64_t chunks = cdiv(block_keys(pl, p), kKC);
-  const int64_t walk = cdiv(chunks, want);  // chunks per warp (at least)
   constexpr int kAuto = auto_staging(VK, D);
   constexpr bool kTmaAuto = D >= 128 && !(VK == kVQ4 && D == 256);
   const bool tma_dev = dev.cc_major >= 9 && dev.tma;
-  int mode = walk < 3 ? kStageCpAsync : kTmaAuto && tma_dev ? kStageTma : kAuto;
+  // q4_0 at D = 256, split walks of >= 3 chunks per warp: TMA in 3-warp blocks (two stages, 90 KB: two blocks per
+  // multiprocessor), where a 4-warp TMA block (118 KB) fits once and 4-warp register staging was the best before.
+  // Dense and packed-cache rows alike, so both keep one summation order. H200, kernel us, L2 flushed by writes / by
+  // reads, 4-warp registers -> 3-warp TMA: (24, 4, 256) 128k dense 86.0 / 84.0 -> 79.6 / 77.6, packed cache 95.7 /
+  // 94.0 -> 87.9 / 80.0; 16k dense 32.6 / 33.3 (cp.async) -> 27.9 / 26.6; batch 4 x 32k dense 85.3 / 83.3 -> 78.0 /
+  // 76.0; (8, 1, 256) 64k dense 38.4 / 39.1 -> 32.5 / 32.3. Registers in 3-warp blocks are slower (107.7 at 128k),
+  // so without a tensor map the 4-warp plan stays; q8_0 at D = 256 is slower in 3 warps (TMA 111.1 vs 100.4).
+  const bool tma3 = VK == kVQ4 && D == 256 && split && tma_dev && ov.warps == 0 && ov.staging < 0 &&
+                    cdiv(chunks, 3) >= 3 && tma_kv_ok(p, Layout<VK, D>::VROW);
+  if (tma3) want = 3;
+  const int64_t walk = cdiv(chunks, want);  // chunks per warp (at least)
+  int mode = walk < 3 ? kStageCpAsync : (kTmaAuto || tma3) && tma_dev ? kStageTma : kAuto;
   if (ov.staging >= 0)
     mode = ov.staging == kAuto || ov.staging == kStageTma || ov.staging == kStageBulk ? ov.staging : kStageCpAsync;
   const bool bulk_rows = dev.cc_major >= 9 && rows_carry_scales<VK, D>(p);  // kStageBulk can take them

@@ -59,9 +59,24 @@ def test_h200_short_decode_runs_as_a_cluster():
         ("decode", "decode_mma", "cp_async", 4, 0)
 
 
-def test_h200_d256_q4_0_stages_in_registers():
+def test_h200_d256_q4_0_streams_by_tma_in_3_warps():
+    """q4_0 at D = 256: long split walks take TMA in 3-warp blocks (two per multiprocessor); short walks, the
+    unsplit decode, forced warps and devices without TMA keep the 4-warp plans."""
     p = plan(1, 24, 4, 1, 131072, 256, v_format="q4_0")
-    assert (p["kernel"], p["staging"], p["stages"]) == ("decode_mma", "regs", 1)
+    assert (p["route"], p["kernel"], p["staging"], p["warps"], p["stages"], p["n_splits"]) == \
+        ("split_k", "decode_mma", "tma", 3, 2, 64)
+    p16k = plan(1, 24, 4, 1, 16384, 256, v_format="q4_0")  # 8 chunks per split: 3 per warp in 3 warps
+    assert (p16k["staging"], p16k["warps"]) == ("tma", 3), p16k
+    short = plan(1, 24, 4, 1, 4096, 256, v_format="q4_0")
+    assert (short["staging"], short["warps"]) == ("cp_async", 4), short
+    forced = plan(1, 24, 4, 1, 131072, 256, v_format="q4_0", overrides="warps=4")
+    assert (forced["staging"], forced["warps"], forced["stages"]) == ("regs", 4, 1), forced
+    a100 = plan(1, 24, 4, 1, 131072, 256, v_format="q4_0", device=A100)
+    assert (a100["staging"], a100["warps"]) == ("regs", 4), a100
+    unsplit = plan(1, 24, 4, 1, 131072, 256, v_format="q4_0", route="decode")
+    assert unsplit["staging"] == "regs" and unsplit["warps"] != 3, unsplit
+    q8 = plan(1, 24, 4, 1, 131072, 256, v_format="q8_0")
+    assert (q8["staging"], q8["warps"]) == ("tma", 4), q8
 
 
 @pytest.mark.parametrize("v_format", ["float", "q8_0", "q4_0"])
@@ -248,7 +263,7 @@ def test_packed_cache_plans_like_dense(B, Hq, Hkv, Sq, Sk, D, v_format, device, 
     """Every kernel takes strided rows: a packed cache (rows padded, more rows per head than keys) gets the dense
     call's kernel, instance, warps and splits (so the same output bits) and says it is strided. Only the tensor-core
     decode's staging of q8_0 / q4_0 V changes: on sm_90 bulk copies of the rows (two stages; not q4_0's long walks,
-    which keep their registers), elsewhere TMA gives way to the staging without TMA (faster for those padded rows).
+    which keep registers at D = 128 and TMA at D = 256), elsewhere TMA gives way to the staging without TMA (faster for those padded rows).
     Preallocated dense rows keep every part of the plan."""
     if device == MI300 and Sq > 8:
         pytest.skip("the 64-row prefill tile does not fit a 64 KB LDS")
@@ -294,12 +309,12 @@ def test_packed_cache_h200_decode_plan():
     assert (p["staging"], p["warps"], p["n_splits"], p["fallback"]) == ("tma", 8, 33, "")
 
 
-@pytest.mark.parametrize("sk,v_format,staging", [(131072, "q4_0", "regs"), (5009, "q4_0", "bulk"),
-                                                  (131072, "q8_0", "bulk")])
+@pytest.mark.parametrize("sk,v_format,staging", [(131072, "q4_0", "tma"), (5009, "q4_0", "tma"),
+                                                  (3000, "q4_0", "bulk"), (131072, "q8_0", "bulk")])
 def test_packed_cache_d256_staging(sk, v_format, staging):
-    """D = 256 on the H200: q4_0's long walks keep register staging (as at D = 128; a two-stage bulk block, 126 KB,
-    would also leave one block per multiprocessor); short q4_0 walks and q8_0 take bulk copies. Same warps and splits
-    as the dense call."""
+    """D = 256 on the H200: q4_0's long walks keep the dense call's TMA in 3-warp blocks (its 272 / 144-byte rows
+    need no padding; bulk copies in 3 warps were slower); short q4_0 walks and q8_0 take bulk copies. Same warps and
+    splits as the dense call."""
     dense = plan(3, 24, 4, 1, sk, 256, v_format=v_format)
     p = plan(3, 24, 4, 1, sk, 256, v_format=v_format, kv_layout=packed_layout(256, v_format, sk + 64))
     assert p["staging"] == staging and math_of(p) == math_of(dense), p
