@@ -5,6 +5,7 @@
     logits = dec.step(prompt_ids)                         # [B, S] int64 -> last-position logits [B, vocab]
     logits = dec.step(next_ids)                           # [B, 1]
     logits = dec.step(None)                               # greedy: the argmax of the last step, on the device
+    ids = dec.greedy_step()                               # greedy, only the next ids [B] back to the host
     dec.reset(batch=16, max_length=32768 + 64)
     dec.prompt_copied(prompt_ids[:1], chunk=16384)        # one sequence prefilled, copied to all 16 rows
 
@@ -205,6 +206,22 @@ class InPlaceDecoder:
         the logits of the last position [B, vocab] on the host (float32, or the model's dtype with
         host_logits="model": half the bytes to copy from a float16 model). ids None: one greedy step, each row's
         token the argmax of the previous step's logits (after a one-token step it never leaves the device)."""
+        return self._step(ids, mask, fetch=True)
+
+    def greedy_step(self, mask: np.ndarray | None = None) -> np.ndarray:
+        """One greedy step that hands the host only token ids, as og.Generator's generate_next_token +
+        get_next_tokens: feeds each row the argmax of the previous step's logits (as step(None)), leaves this step's
+        logits on the device and returns their argmax [B] (int64), the tokens the next greedy step feeds. At batch
+        16 with a 152k vocabulary a step's logits are 4.9 MB (float16) that step() copies to the host and this does
+        not. mask as for step()."""
+        logits = self._step(None, mask, fetch=False)
+        if logits is None:  # a one-token step's logits on the device: the head picks the ids there
+            self._run_head()
+            return np.asarray(self._ids1.numpy())[:, 0].astype(np.int64)
+        return logits.argmax(-1).astype(np.int64)
+
+    def _step(self, ids: np.ndarray | None, mask: np.ndarray | None, fetch: bool) -> np.ndarray | None:
+        """step(); fetch False: a one-token step whose head can take its logits returns None and copies nothing."""
         import onnxruntime as ort
 
         if ids is None:
@@ -258,6 +275,8 @@ class InPlaceDecoder:
         if one and self._head_binding is not None:  # the logits stay in _logits1 for a later greedy step's head
             self._last_logits = None
             self._next = "device"
+            if not fetch:
+                return None
             if self.host_logits == "float32":  # float32 logits and the next ids, computed on the device
                 self._run_head()
             on_device = self._logits1 if self.host_logits == "model" else self._logits32
@@ -443,12 +462,12 @@ def greedy(dec: InPlaceDecoder, prompts: list[list[int]], new_tokens: int, pad: 
     ids = np.array([[pad] * (n - len(p)) + list(p) for p in prompts], np.int64)
     mask = np.array([[0] * (n - len(p)) + [1] * len(p) for p in prompts], np.int64)
     dec.reset(len(prompts), n + new_tokens)
-    logits = dec.step(ids, mask)
+    nxt = dec.step(ids, mask).argmax(-1)
     out = [[] for _ in prompts]
-    for _ in range(new_tokens):
-        nxt = logits.argmax(-1)
+    for i in range(new_tokens):
         for b, t in enumerate(nxt):
             out[b].append(int(t))
-        mask = np.concatenate([mask, np.ones((len(prompts), 1), np.int64)], axis=1)
-        logits = dec.step(nxt[:, None], mask)
+        if i + 1 < new_tokens:  # feeds nxt; only the next ids come back (the logits stay on the device)
+            mask = np.concatenate([mask, np.ones((len(prompts), 1), np.int64)], axis=1)
+            nxt = dec.greedy_step(mask)
     return out

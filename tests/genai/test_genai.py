@@ -94,6 +94,7 @@ def test_mask_sum_stays_integer_past_float32s_exact_range():
 def test_greedy_generation_under_og(rewritten, shape, precision, capsys):
     """dot4attn generate on the folder: 32 new tokens through og.Generator."""
     _, out = rewritten(shape, precision)
+    capsys.readouterr()  # what the fixture printed (the rewrite's report, when this test makes the folder)
     assert cli(["generate", str(out), "--token-ids", "5,6,7,8", "--max-new-tokens", "32"]) == 0
     toks = capsys.readouterr().out.splitlines()[0].split()[1:]
     assert len(toks) == 32 and all(0 <= int(t) < 257 for t in toks)

@@ -55,6 +55,8 @@ def test_batch_greedy_and_cache_accounting(folders):
     assert [len(t) for t in toks] == [6, 6]
     assert dec.cache_bytes_per_token() == 2 * 2 * 2 * 144  # layers x kv heads x (K, V) x row bytes at D = 128
     assert dec.cache_bytes() == 2 * (5 + 6) * dec.cache_bytes_per_token()
+    assert dec.length == 5 + 5  # the prompt and five steps: the sixth token comes from the fifth step's logits
+    dec.step(np.zeros((2, 1), np.int64))
     with pytest.raises(ValueError, match="exceed the cache's max_length"):
         dec.step(np.zeros((2, 1), np.int64))
 
@@ -118,6 +120,26 @@ def test_greedy_steps_feed_the_last_argmax(folders):
     fresh.reset(1, 8)
     with pytest.raises(ValueError, match="run a prompt first"):
         fresh.step(None)
+
+
+@pytest.mark.parametrize("host_logits", ["float32", "model"])
+def test_greedy_step_hands_back_the_next_ids(folders, host_logits):
+    """greedy_step(): the tokens step(None) would feed next (the argmax of this step's logits), with nothing but
+    those ids reaching the host; step(None) after it feeds the same ids without running the head again."""
+    _, out = folders
+    prompt = np.array([[5, 6, 7, 8], [9, 10, 11, 12]])
+    a, b = InPlaceDecoder(out["q8_0"], host_logits=host_logits), InPlaceDecoder(out["q8_0"])
+    for dec in (a, b):
+        dec.reset(2, 16)
+    nxt, lb = a.step(prompt).argmax(-1), b.step(prompt)
+    for _ in range(5):
+        np.testing.assert_array_equal(nxt, lb.argmax(-1))
+        nxt, lb = a.greedy_step(), b.step(lb.argmax(-1)[:, None])
+        assert nxt.dtype == np.int64 and nxt.shape == (2,)
+    np.testing.assert_array_equal(nxt, lb.argmax(-1))
+    la, lb = a.step(None), b.step(nxt[:, None])
+    np.testing.assert_array_equal(np.asarray(la, np.float32), lb)
+    assert a.length == b.length == 4 + 6
 
 
 @pytest.mark.parametrize("which", ["original", "q8_0", "q4_0"])

@@ -172,6 +172,10 @@ def test_greedy_steps_on_the_device_match_host_argmax(folders, graph, host_logit
         assert a.dtype == (np.float32 if host_logits == "float32" else device.logits_dtype)
         assert a.shape == (2, device.vocab)
         np.testing.assert_array_equal(a, b)
+    for _ in range(8):  # greedy_step: the same tokens, only the ids reaching the host
+        ids = device.greedy_step()
+        b = host.step(b.astype(np.float32).argmax(-1)[:, None])
+        np.testing.assert_array_equal(ids, b.astype(np.float32).argmax(-1))
 
 
 @pytest.mark.parametrize("which", ["original", "rewritten"])

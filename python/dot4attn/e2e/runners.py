@@ -1,18 +1,23 @@
 """One interface over the two ways the benchmark drives a model folder: onnxruntime-genai's og.Generator and
 dot4attn.inplace's InPlaceDecoder. Both take the same prompt (chunked prefill) and the same teacher-forced tokens,
-and both hand every step's last-position logits back to the host in the model's dtype (og's get_output copies the
-model's own output; InPlaceDecoder with host_logits="model"), so their step times compare like for like.
-Converting a float16 copy to float32 in numpy costs more than the copy (11 ms for [16, 152064] on a 2-core x86
-host): the harness does it outside the timed step, only for the logits it keeps.
+and both hand a teacher-forced step's last-position logits back to the host in the model's dtype (og's get_output
+copies the model's own output; InPlaceDecoder with host_logits="model") and a greedy step's next tokens alone, so
+their step times compare like for like. Converting a float16 copy to float32 in numpy costs more than the copy
+(0.8 ms for one row of a 152k vocabulary on a 2-core x86 host): the harness does it outside the timed step, only
+for the logits it keeps.
 
     r = make_runner("og", folder, device="cuda", cuda_graph=True)
     prefill_s = r.start(prompt, max_length, chunk)     # prompt [B, S]
     logits = r.step(tokens)                              # tokens [B, 1] -> [B, vocab] (float16 or float32)
-    logits = r.step(None)                                # greedy: the runner's own next tokens
+    ids = r.step(None)                                   # greedy: the runner's own next tokens -> those [B]
 
 Batch 1 is teacher-forced (the same tokens for every row, so logits compare). onnxruntime-genai 0.18 takes
-append_tokens only once for a batch > 1: there the prompt goes in one call and every step is greedy
-(generate_next_token; InPlaceDecoder feeds back its own argmax), so a batch > 1 is timed but not compared.
+append_tokens only once for a batch > 1: there the prompt goes in one call and every step is greedy, as a
+generation loop runs it: one model run, the argmax on the device and the next tokens to the host
+(generate_next_token + get_next_tokens; InPlaceDecoder.greedy_step), no logits. og's get_output("logits") at
+batch 16 allocates and frees a pinned host buffer every call (cudaHostAlloc 2.1 ms + cudaFreeHost 0.9 ms a step
+on an H200 host, 15.2 ms per step against 7.6 by InPlaceDecoder over the same row-3 folder at 16 x 16k), so a
+batch > 1 is timed on its tokens alone and not compared.
     r.stop()
 """
 from __future__ import annotations
@@ -57,10 +62,10 @@ class OgRunner:
         return time.perf_counter() - t0
 
     def step(self, tokens: np.ndarray | None) -> np.ndarray:
-        if tokens is None:
+        if tokens is None:  # a greedy step as a generation loop runs it: only the next tokens reach the host
             self.gen.generate_next_token()
-        else:
-            self.gen.append_tokens(np.ascontiguousarray(tokens, np.int32))
+            return np.asarray(self.gen.get_next_tokens())
+        self.gen.append_tokens(np.ascontiguousarray(tokens, np.int32))
         return np.asarray(self.gen.get_output("logits"))[:, -1]
 
     def stop(self) -> None:
@@ -95,7 +100,8 @@ class InplaceRunner:
         return time.perf_counter() - t0
 
     def step(self, tokens: np.ndarray | None) -> np.ndarray:
-        self.last = self.dec.step(tokens)  # None: the argmax of the last step, computed on the device
+        # None: a greedy step, fed the argmax of the last step and handing back its own (both on the device)
+        self.last = self.dec.greedy_step() if tokens is None else self.dec.step(tokens)
         return self.last
 
     def stop(self) -> None:
