@@ -85,6 +85,29 @@ def test_resume_measures_only_what_is_missing(smoke, tmp_path):
             assert r["kl"] == pytest.approx(same["kl"], rel=1e-6), r
 
 
+def test_resume_measures_a_rows_failed_case_again(smoke, tmp_path):
+    """--resume: a case that failed (on a GPU, a prompt that ran out of the arena another row's prompt grew) is
+    measured again when its row runs, and kept as it was while other rows run."""
+    base = ["e2e", "--smoke", "--out", str(tmp_path), "--contexts", "64", "--batches", "1"]
+    assert cli(base + ["--rows", "genai,d4a-q4_0"]) == 0
+    path = tmp_path / "smoke.json"
+    data = json.loads(path.read_text())
+    for i, r in enumerate(data["results"]):
+        if r["row"] == "d4a-q4_0":
+            data["results"][i] = dict(row=r["row"], label=r["label"], context=64, batch=1,
+                                      failed="RuntimeError: out of memory")
+    path.write_text(json.dumps(data))
+
+    def q4_0():
+        return [r for r in json.loads(path.read_text())["results"] if r["row"] == "d4a-q4_0"]
+
+    assert cli(base + ["--rows", "genai", "--resume"]) == 0
+    assert [r.get("failed") for r in q4_0()] == ["RuntimeError: out of memory"]
+    assert cli(base + ["--rows", "d4a-q4_0", "--resume"]) == 0
+    again = q4_0()
+    assert len(again) == 1 and "failed" not in again[0] and again[0]["ms_per_token"] > 0, again
+
+
 @pytest.mark.parametrize("row", ["genai", "d4a-q4_0"])
 def test_fit_probe_answers_in_its_own_process(smoke, row):
     """One try of the fit search (fit_probe.py, a process per try): a small batch fits; an absurd one is refused

@@ -166,10 +166,14 @@ def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log
     memory to the next). A case that fails (out of memory, say) is kept with its reason and the run goes on.
     on_case(results) runs after every case, so a stopped run keeps what it measured.
 
-    previous: results of an earlier run of the same settings (--resume); what they hold is not measured again.
+    previous: results of an earlier run of the same settings (--resume); what they hold is not measured again, except
+    the failed cases of the rows run now.
     rows: the rows to run (default all; the others are neither run nor reported). references: a folder keeping
     row 1's batch-1 logits per context, so that a row measured in a later run is still compared with row 1."""
-    results = [dict(r) for r in previous or [] if "unavailable" not in r]  # a failed case stays failed
+    # a case that failed is measured again when its row runs (a row whose prompt ran out of the arena another row's
+    # prompt grew gets a process of its own that way); the rows not run keep what they had
+    results = [dict(r) for r in previous or []
+               if "unavailable" not in r and not ("failed" in r and (rows is None or r["row"] in rows))]
     results += [dict(row=row, label=label, unavailable=folders.get(row) or "not built")
                 for row, label in ROWS.items()
                 if not isinstance(folders.get(row), Path) and (rows is None or row in rows)]
