@@ -217,7 +217,7 @@ class InPlaceDecoder:
         logits = self._step(None, mask, fetch=False)
         if logits is None:  # a one-token step's logits on the device: the head picks the ids there
             self._run_head()
-            return np.asarray(self._ids1.numpy())[:, 0].astype(np.int64)
+            return self._ids1.numpy()[:, 0].astype(np.int64)  # a copy: the buffer is the next step's input
         return logits.argmax(-1).astype(np.int64)
 
     def _step(self, ids: np.ndarray | None, mask: np.ndarray | None, fetch: bool) -> np.ndarray | None:

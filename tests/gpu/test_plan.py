@@ -263,8 +263,8 @@ def test_packed_cache_plans_like_dense(B, Hq, Hkv, Sq, Sk, D, v_format, device, 
     """Every kernel takes strided rows: a packed cache (rows padded, more rows per head than keys) gets the dense
     call's kernel, instance, warps and splits (so the same output bits) and says it is strided. Only the tensor-core
     decode's staging of q8_0 / q4_0 V changes: on sm_90 bulk copies of the rows (two stages; not q4_0's long walks,
-    which keep registers at D = 128 and TMA at D = 256), elsewhere TMA gives way to the staging without TMA (faster for those padded rows).
-    Preallocated dense rows keep every part of the plan."""
+    which keep registers at D = 128 and TMA at D = 256), elsewhere TMA gives way to the staging without TMA (faster
+    for those padded rows). Preallocated dense rows keep every part of the plan."""
     if device == MI300 and Sq > 8:
         pytest.skip("the 64-row prefill tile does not fit a 64 KB LDS")
     dense = plan(B, Hq, Hkv, Sq, Sk, D, device=device, v_format=v_format, half=half)
