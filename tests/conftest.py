@@ -44,7 +44,7 @@ INVALID_ARGUMENT = _ort_state.InvalidArgument
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "rocm_runtime: runs in the onnxruntime-rocm 1.22 venv named by $DOT4ATTN_ROCM_PYTHON "
+        "markers", "rocm_runtime: runs in the onnxruntime-rocm 1.22 venv .venv-ortrocm (or $DOT4ATTN_ROCM_PYTHON) "
                    "(skips cleanly when it is not set up)")
 
 

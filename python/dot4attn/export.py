@@ -318,6 +318,9 @@ def export_recipe(arch: str, preset: str, exporter: str, out: str | os.PathLike,
 
 
 def model_cache_dir() -> Path:
+    """Where exported and builder-made models are kept between runs: $DOT4ATTN_MODEL_CACHE, else
+    ~/.cache/dot4attn/models. Every user of the cache (demo, e2e, the tests) asks here, so nothing needs the
+    variable set."""
     return Path(os.environ.get("DOT4ATTN_MODEL_CACHE", Path.home() / ".cache" / "dot4attn" / "models"))
 
 

@@ -124,11 +124,10 @@ def test_installed_onnxruntime_subprocess():
 
 @pytest.mark.rocm_runtime
 def test_onnxruntime_rocm_122_cpu_ep():
-    python = os.environ.get("DOT4ATTN_ROCM_PYTHON")
-    if not python:
-        pytest.skip("DOT4ATTN_ROCM_PYTHON is not set (the onnxruntime-rocm 1.22 venv that .ci/run creates)")
+    python = os.environ.get("DOT4ATTN_ROCM_PYTHON") or str(REPO_ROOT / ".venv-ortrocm" / "bin" / "python")
     if not Path(python).exists():
-        pytest.skip(f"DOT4ATTN_ROCM_PYTHON={python} does not exist")
+        pytest.skip(f"{python} does not exist: the onnxruntime-rocm 1.22 venv that .ci/run creates "
+                    "(or name another in $DOT4ATTN_ROCM_PYTHON)")
     res = run_script(python)
     assert res["ort_version"].startswith("1.22"), f"expected onnxruntime-rocm 1.22, got {res['ort_version']}"
     check_result(res)

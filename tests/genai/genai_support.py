@@ -19,7 +19,9 @@ def og():
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("DOT4ATTN_MODEL_CACHE", Path.home() / ".cache" / "dot4attn" / "models")) / "genai"
+    from dot4attn.export import model_cache_dir
+
+    return model_cache_dir() / "genai"
 
 
 def genai_model(shape: str, precision: str = "fp32", ep: str = "cpu") -> Path:

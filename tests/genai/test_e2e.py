@@ -112,13 +112,13 @@ def test_resume_measures_a_rows_failed_case_again(smoke, tmp_path):
 def test_fit_probe_answers_in_its_own_process(smoke, row):
     """One try of the fit search (fit_probe.py, a process per try): a small batch fits; an absurd one is refused
     with the allocation's error, as a JSON answer and exit status 0 (the search reads the answer, not a crash)."""
-    import os
     import subprocess
     import sys
-    from pathlib import Path
+
+    from dot4attn.export import model_cache_dir
 
     _, data = smoke
-    folder = Path(os.environ["DOT4ATTN_MODEL_CACHE"]) / "e2e" / data["facts"]["model_key"] / row
+    folder = model_cache_dir() / "e2e" / data["facts"]["model_key"] / row
     probe = lambda batch: subprocess.run(  # noqa: E731
         [sys.executable, "-m", "dot4attn.e2e.fit_probe", "inplace", str(folder), "cpu", str(batch), "200"],
         capture_output=True, text=True)

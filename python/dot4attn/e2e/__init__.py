@@ -155,6 +155,7 @@ def run(args) -> int:
 
     from rich.console import Console
 
+    from ..export import model_cache_dir
     from . import report
     from .harness import run_rows
     from .models import ModelSpec, prepare, weight_bytes
@@ -166,8 +167,7 @@ def run(args) -> int:
         print(f"dot4attn e2e: {e}", file=sys.stderr)
         return 2
     shape, precision = args.shape or preset["shape"], args.precision or preset["precision"]
-    cache = args.cache or Path(os.environ.get("DOT4ATTN_MODEL_CACHE",
-                                              Path.home() / ".cache" / "dot4attn" / "models")) / "e2e"
+    cache = args.cache or model_cache_dir() / "e2e"
     spec = ModelSpec(shape, precision, args.device, max(settings.contexts + [settings.fit_context]) + MARGIN)
     try:
         folders = prepare(cache, spec, log=con.log, rows=args.rows or list(ROWS))
