@@ -2,16 +2,21 @@
 
 The builder emits one GroupQueryAttention per layer that owns the cache: past_key_values.N.key/value in,
 present.N.key/value out, [batch, kv_heads, seq, head_size] float, appended in place when genai shares the past and
-present buffers. The rewrite keeps every input of the node (query or packed QKV, key, value, seqlens_k,
-total_sequence_length, cos/sin caches) and turns the two cache tensors of each layer into packed uint8 rows
+present buffers. The rewrite keeps every input of the node at its position (query or packed QKV, key, value,
+seqlens_k, total_sequence_length, cos/sin caches, the q/k norm weights at 14 / 15: the op's inputs are
+GroupQueryAttention's) and turns the two cache tensors of each layer into packed uint8 rows
 [batch, kv_heads, seq, row_bytes] (docs/ops.md, "Packed cache"): K q8_0, V q8_0 (genai gives K and V one dtype and
 one last dim) or q4_0 for runtimes that allow V its own width. The names stay, so genai still finds them.
 
-What the op does not implement is refused with the reason: sliding windows, softcap, smooth softmax (attention
-sinks), ORT's quantized caches, position_ids / attention_bias inputs.
+What the op does not implement is refused with the reason, by the rules the op itself applies when its session is
+created (docs/ops.md): sliding windows, softcap, smooth softmax, causal = 0, ORT's quantized caches, window-sized
+caches, the attention scores output, and the position_ids / attention_bias / head_sink / k_scale / v_scale /
+query_seqlens inputs. Those attributes at the values that switch them off (what ORT's current builder writes:
+causal = 1, smooth_softmax = -1, sliding_window_cache = 0, ...) are accepted, as are the norm epsilons.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import onnx_ir as ir
@@ -21,12 +26,34 @@ from ..model_io import PAST_RE
 
 GQA = ("com.microsoft", "GroupQueryAttention")
 OP = "Dot4GroupQueryAttention"
-# GroupQueryAttention inputs the op takes, by position (the rest must be absent).
-KEPT_INPUTS = 9  # query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache, sin_cache
+# GroupQueryAttention's inputs (ONNX Runtime 1.32), which are the op's, position for position.
 INPUT_NAMES = ["query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
                "cos_cache", "sin_cache", "position_ids", "attention_bias", "head_sink", "k_scale", "v_scale",
-               "q_norm_weight", "k_norm_weight"]
-QK_NORM_INPUTS = (14, 15)  # Qwen3 on CUDA: the builder fuses q_norm / k_norm into the node (-> the op's 9, 10)
+               "q_norm_weight", "k_norm_weight", "query_seqlens"]
+KEPT_INPUTS = 9  # query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache, sin_cache
+QK_NORM_INPUTS = (14, 15)  # Qwen3 on CUDA: the builder fuses q_norm / k_norm into the node (kept at 14, 15)
+IMPLEMENTED_INPUTS = set(range(KEPT_INPUTS)) | set(QK_NORM_INPUTS)
+
+_QUANTIZED = "ONNX Runtime's quantized caches; rewrite the float-cache model instead"
+# GroupQueryAttention attributes the op does not implement: the values that switch each off (ONNX Runtime 1.32's
+# default first) and what any other value would ask for. The op refuses the same (custom_ops/cache/cache_op.cc).
+UNIMPLEMENTED_ATTRS = {
+    "causal": ((1,), "bidirectional attention"),
+    "local_window_size": ((-1,), "sliding-window attention"),
+    "softcap": ((0.0,), "softcapped logits"),
+    "smooth_softmax": ((-1, 0), "smooth softmax (attention sinks)"),
+    "qk_output": ((0,), "the attention scores as output 'output_qk'"),
+    "k_quant_type": (("NONE",), _QUANTIZED),
+    "v_quant_type": (("NONE",), _QUANTIZED),
+    "kv_cache_bit_width": ((0,), _QUANTIZED),
+    "sliding_window_cache": ((0,), "window-sized caches"),
+}
+NORM_EPSILONS = ("qk_norm_epsilon", "q_norm_epsilon", "k_norm_epsilon")
+# Attributes the op implements; with UNIMPLEMENTED_ATTRS every attribute GroupQueryAttention has.
+IMPLEMENTED_ATTRS = {"num_heads", "kv_num_heads", "scale", "do_rotary", "rotary_interleaved", *NORM_EPSILONS}
+_ATTR_TYPES = {"softcap": ir.AttributeType.FLOAT, "scale": ir.AttributeType.FLOAT,
+               "k_quant_type": ir.AttributeType.STRING, "v_quant_type": ir.AttributeType.STRING,
+               **{e: ir.AttributeType.FLOAT for e in NORM_EPSILONS}}
 
 
 class GenaiRewriteError(Exception):
@@ -58,28 +85,25 @@ def _static(d):
 def check_node(node: ir.Node) -> None:
     """Raises GenaiRewriteError when the node uses something Dot4GroupQueryAttention does not implement."""
     what = f"GroupQueryAttention node {node.name!r}"
-    lw = _attr(node, "local_window_size", -1)
-    if lw != -1:
-        raise GenaiRewriteError(f"{what}: local_window_size={lw} (sliding-window attention) is not supported")
-    sc = _attr(node, "softcap", 0.0)
-    if sc != 0.0:
-        raise GenaiRewriteError(f"{what}: softcap={sc} is not supported")
-    if _attr(node, "smooth_softmax", 0) != 0:
-        raise GenaiRewriteError(f"{what}: smooth_softmax=1 (attention sinks) is not supported")
-    for q in ("k_quant_type", "v_quant_type"):
-        v = _attr(node, q, "NONE")
-        if v not in ("NONE", "", b"NONE"):
-            raise GenaiRewriteError(f"{what}: {q}={v} (ORT's quantized KV cache) is not supported: rewrite the "
-                                    "float-cache model instead")
-    known = {"num_heads", "kv_num_heads", "scale", "local_window_size", "softcap", "do_rotary", "rotary_interleaved",
-             "smooth_softmax", "k_quant_type", "v_quant_type", "kv_cache_bit_width", "qk_output", "qk_norm_epsilon"}
-    extra = sorted(set(node.attributes) - known)
+    extra = sorted(set(node.attributes) - IMPLEMENTED_ATTRS - set(UNIMPLEMENTED_ATTRS))
     if extra:
         raise GenaiRewriteError(f"{what}: attributes {extra} are not supported")
-    if _attr(node, "qk_output", 0) != 0:
-        raise GenaiRewriteError(f"{what}: qk_output is not supported")
+    for name, a in node.attributes.items():  # ONNX Runtime checks no attribute types of a custom op: we do
+        want = _ATTR_TYPES.get(name, ir.AttributeType.INT)
+        if a.type != want:
+            raise GenaiRewriteError(f"{what}: attribute {name} must be {want.name}, got {a.type.name}")
+    for name, (off, why) in UNIMPLEMENTED_ATTRS.items():
+        v = _attr(node, name, off[0])
+        if v not in off:
+            raise GenaiRewriteError(f"{what}: {name}={v!r} ({why}) is not supported; the op supports "
+                                    f"{' or '.join(map(repr, off))}")
+    for name in NORM_EPSILONS:
+        eps = _attr(node, name, None)
+        if eps is not None and not (math.isfinite(eps) and (eps >= 0 if name == "qk_norm_epsilon" else eps > 0)):
+            raise GenaiRewriteError(f"{what}: {name}={eps!r} must be a finite float "
+                                    f"{'>= 0' if name == 'qk_norm_epsilon' else '> 0'}")
     for i, v in enumerate(node.inputs):
-        if i >= KEPT_INPUTS and i not in QK_NORM_INPUTS and v is not None:
+        if i not in IMPLEMENTED_INPUTS and v is not None:
             name = INPUT_NAMES[i] if i < len(INPUT_NAMES) else f"#{i}"
             raise GenaiRewriteError(f"{what}: input {i} ({name}) is not supported (only query, key, value, the "
                                     "caches, seqlens_k, total_sequence_length, cos/sin and the q/k norm weights)")
@@ -168,10 +192,14 @@ def rewrite_gqa(model: ir.Model, v_format: str = "q8_0", head_size: int | None =
         attrs = {"num_heads": _attr(node, "num_heads", 0), "kv_num_heads": _attr(node, "kv_num_heads", 0),
                  "scale": float(_attr(node, "scale", 0.0)), "do_rotary": _attr(node, "do_rotary", 0),
                  "rotary_interleaved": _attr(node, "rotary_interleaved", 0), "v_format": v_format}
-        inputs = list(node.inputs[:KEPT_INPUTS]) + [None] * (KEPT_INPUTS - min(KEPT_INPUTS, len(node.inputs)))
+        # The op's inputs are GroupQueryAttention's, position for position: the implemented ones stay where they
+        # are (check_node refused the others), trailing omitted ones are dropped.
+        inputs = [v if i in IMPLEMENTED_INPUTS else None for i, v in enumerate(node.inputs)]
         if len(node.inputs) > QK_NORM_INPUTS[1] and node.inputs[QK_NORM_INPUTS[0]] is not None:
-            inputs += [node.inputs[i] for i in QK_NORM_INPUTS]
-            attrs["qk_norm_epsilon"] = float(_attr(node, "qk_norm_epsilon", 1e-6))
+            for name in NORM_EPSILONS:  # q_norm_epsilon / k_norm_epsilon override qk_norm_epsilon, as in ORT
+                eps = _attr(node, name, None)
+                if eps is not None:
+                    attrs[name] = float(eps)
         while inputs and inputs[-1] is None:
             inputs.pop()
         new = ir.node(OP, inputs, attributes=attrs, domain=DOMAIN, num_outputs=3, name=node.name)

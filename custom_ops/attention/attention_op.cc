@@ -188,22 +188,22 @@ class AttentionKernel : public Kernel {
 
 Kernel* create_attention(const OrtKernelInfo* info, Ep ep) {
   Attrs a;
-  a.scale = attr_float(info, "scale", NAN);
+  a.scale = attr_float(info, kOp, "scale", NAN);
   if (!std::isnan(a.scale) && !(std::isfinite(a.scale) && a.scale > 0.f))
     fail(kOp, "attribute 'scale': expected a finite positive float, got ", a.scale);
-  const int64_t causal = attr_int(info, "causal", 1);
+  const int64_t causal = attr_int(info, kOp, "causal", 1);
   if (causal != 0 && causal != 1) fail(kOp, "attribute 'causal': expected 0 or 1, got ", causal);
   a.causal = causal == 1;
-  const std::string vf = attr_string(info, "v_format", "float");
+  const std::string vf = attr_string(info, kOp, "v_format", "float");
   if (!parse_vformat(vf, &a.v_format))
     fail(kOp, "attribute 'v_format': expected 'float', 'q8_0' or 'q4_0', got '", vf, "'");
-  const std::string route = attr_string(info, "route", "auto");
+  const std::string route = attr_string(info, kOp, "route", "auto");
   if (route == "auto") a.route = Route::kAuto;
   else if (route == "prefill") a.route = Route::kPrefill;
   else if (route == "decode") a.route = Route::kDecode;
   else if (route == "split_k") a.route = Route::kSplitK;
   else fail(kOp, "attribute 'route': expected 'auto', 'prefill', 'decode' or 'split_k', got '", route, "'");
-  a.split_k_min_keys = attr_int(info, "split_k_min_keys", 2048);
+  a.split_k_min_keys = attr_int(info, kOp, "split_k_min_keys", 2048);
   if (a.split_k_min_keys < 1)
     fail(kOp, "attribute 'split_k_min_keys': expected >= 1, got ", a.split_k_min_keys);
   return new AttentionKernel(a, ep);

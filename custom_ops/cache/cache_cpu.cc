@@ -32,13 +32,13 @@ void load_floats(const void* src, bool half, int64_t off, int n, float* dst) {
 }
 
 // RMS norm over the head (Qwen3's q_norm / k_norm): x * w / sqrt(mean(x^2) + eps).
-void rms_norm(const CacheParams& c, const void* w, float* x) {
+void rms_norm(const CacheParams& c, const void* w, float eps, float* x) {
   if (!w) return;
   float wf[kMaxHeadDim];
   load_floats(w, c.half, 0, c.D, wf);
   double ss = 0;
   for (int d = 0; d < c.D; ++d) ss += double(x[d]) * x[d];
-  const float inv = 1.f / std::sqrt(float(ss / c.D) + c.norm_eps);
+  const float inv = 1.f / std::sqrt(float(ss / c.D) + eps);
   for (int d = 0; d < c.D; ++d) x[d] = x[d] * inv * wf[d];
 }
 
@@ -101,7 +101,7 @@ void cache_attention_cpu(const CacheParams& c, OrtKernelContext* ctx) {
     float x[kMaxHeadDim];
     for (int64_t h = 0; h < c.Hkv; ++h) {
       load_floats(c.packed_qkv ? c.q : c.k, c.half, head_offset(c, 1, b, s, h), D, x);
-      rms_norm(c, c.k_norm, x);
+      rms_norm(c, c.k_norm, c.k_norm_eps, x);
       rotate(c, pos, x);
       pack_row(x, D, VFormat::kQ8_0, c.k_row, c.present_k + ((b * c.Hkv + h) * c.L + pos) * c.k_row);
       load_floats(c.packed_qkv ? c.q : c.v, c.half, head_offset(c, 2, b, s, h), D, x);
@@ -110,7 +110,7 @@ void cache_attention_cpu(const CacheParams& c, OrtKernelContext* ctx) {
     if (s >= c.q_rows(b)) return;  // right padding of a first prompt: no query row
     for (int64_t h = 0; h < c.Hq; ++h) {
       load_floats(c.q, c.half, head_offset(c, 0, b, s, h), D, x);
-      rms_norm(c, c.q_norm, x);
+      rms_norm(c, c.q_norm, c.q_norm_eps, x);
       rotate(c, pos, x);
       store_floats(x, c.half, q_rows.get(), b * c.Hq * c.S * D + (h * c.q_rows(b) + s) * D, D);
     }

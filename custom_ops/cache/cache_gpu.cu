@@ -40,7 +40,7 @@ struct Prologue {
   uint8_t* v_cache;
   int64_t S, Hq, Hkv, L, k_row, v_row, rot_half, b0, nb;
   int D;
-  float eps;
+  float q_eps, k_eps;  // the Q and K norms' epsilons
   int half, packed, rotary, interleaved, q4;
   int past[kMaxBatch], q_rows_of[kMaxBatch];
   // Decode with device lengths (CacheParams::dev_seqlens): row b's token goes to position seqlens[b] (its length
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kThreads) prologue_kernel(Prologue a) {
       float ss = 0.f;
       for (int j = 0; j < nb; ++j) ss += x[j] * x[j];
       ss = group32_sum(ss);
-      const float inv = 1.f / sqrtf(gpu::div_rn(ss, float(a.D)) + a.eps);
+      const float inv = 1.f / sqrtf(gpu::div_rn(ss, float(a.D)) + (kind == 0 ? a.q_eps : a.k_eps));
       for (int j = 0; j < nb; ++j) x[j] = __fmul_rn(__fmul_rn(x[j], inv), load_t(w, a.half, 32 * j + lane));
     }
   }
@@ -244,7 +244,8 @@ void cache_attention_gpu(const CacheParams& c, const CacheGpuWork& l, void* scra
     a.q = c.q; a.k = c.k; a.v = c.v; a.cos = c.cos; a.sin = c.sin; a.q_norm = c.q_norm; a.k_norm = c.k_norm;
     a.q_rows = q_rows; a.k_cache = c.present_k; a.v_cache = c.present_v;
     a.S = c.S; a.Hq = c.Hq; a.Hkv = c.Hkv; a.L = c.L; a.k_row = c.k_row; a.v_row = c.v_row; a.rot_half = c.rot_half;
-    a.b0 = b0; a.nb = std::min<int64_t>(kMaxBatch, c.B - b0); a.D = c.D; a.eps = c.norm_eps;
+    a.b0 = b0; a.nb = std::min<int64_t>(kMaxBatch, c.B - b0); a.D = c.D;
+    a.q_eps = c.q_norm_eps; a.k_eps = c.k_norm_eps;
     a.half = c.half; a.packed = c.packed_qkv; a.rotary = c.rotary; a.interleaved = c.interleaved;
     a.q4 = c.v_format == VFormat::kQ4_0;
     for (int64_t i = 0; i < a.nb; ++i) {

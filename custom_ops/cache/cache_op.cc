@@ -1,14 +1,20 @@
-// Dot4GroupQueryAttention: the op struct. It takes com.microsoft.GroupQueryAttention's inputs as
-// onnxruntime-genai's model builder emits them, with the float caches replaced by packed ones
-// (cache_layout.h), validates them, and hands CacheParams to a backend.
+// Dot4GroupQueryAttention: the op struct. It takes com.microsoft.GroupQueryAttention's inputs and attributes at
+// GroupQueryAttention's positions and names (ONNX Runtime 1.32's schema), with the float caches replaced by packed
+// ones (cache_layout.h), validates them, and hands CacheParams to a backend. What GroupQueryAttention has and this
+// op does not compute (sliding windows, softcap, sinks, biases, ORT's quantized caches, ...) is refused by name
+// when the session is created, never ignored: a GroupQueryAttention node whose domain / op_type was changed either
+// computes GroupQueryAttention's numbers (up to the cache's quantization) or does not load.
 #include "cache/cache_op.h"
 
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "cache/cache_backends.h"
 #include "cache/cache_layout.h"
+#include "common/custom_op.h"
 #include "common/errors.h"
 #include "common/kernel_io.h"
 #include "common/ort_api.h"
@@ -18,17 +24,41 @@ namespace {
 
 constexpr const char* kOp = "Dot4GroupQueryAttention";
 
-enum Input { kQuery, kKey, kValue, kPastK, kPastV, kSeqlens, kTotal, kCos, kSin, kQNorm, kKNorm, kNumInputs };
-const char* const kInputNames[] = {"query", "key", "value", "past_key", "past_value", "seqlens_k",
-                                   "total_sequence_length", "cos_cache", "sin_cache", "q_norm_weight",
-                                   "k_norm_weight"};
+// GroupQueryAttention's inputs, by position and name.
+enum Input {
+  kQuery, kKey, kValue, kPastK, kPastV, kSeqlens, kTotal, kCos, kSin, kPositionIds, kAttnBias, kHeadSink, kKScale,
+  kVScale, kQNorm, kKNorm, kQuerySeqlens, kNumInputs
+};
+const char* const kInputNames[kNumInputs] = {
+    "query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length", "cos_cache",
+    "sin_cache", "position_ids", "attention_bias", "head_sink", "k_scale", "v_scale", "q_norm_weight",
+    "k_norm_weight", "query_seqlens"};
+constexpr int kNumOutputs = 4;  // output, present_key, present_value, output_qk (refused)
+const char* const kOutputNames[kNumOutputs] = {"output", "present_key", "present_value", "output_qk"};
+
+// GroupQueryAttention inputs the op does not implement, and what each would have asked for.
+struct Unsupported {
+  int input;
+  const char* what;
+};
+constexpr const char* kOrtQuantized =
+    "ONNX Runtime's quantized caches: this op's caches are its own packed rows, their scales inside (v_format)";
+constexpr Unsupported kUnsupportedInputs[] = {
+    {kPositionIds, "explicit positions: the op takes them from seqlens_k and total_sequence_length. A model "
+                   "rewritten by an older dot4attn has its q_norm_weight here, now input 14: rewrite it again"},
+    {kAttnBias, "an additive attention bias or mask: the op attends causally over each row's valid keys"},
+    {kHeadSink, "attention sinks"},
+    {kKScale, kOrtQuantized},
+    {kVScale, kOrtQuantized},
+    {kQuerySeqlens, "right-padded query chunks"},
+};
 
 struct Attrs {
   int64_t num_heads = 0, kv_num_heads = 0;
   float scale = 0.f;  // 0: 1/sqrt(D), as GroupQueryAttention
   bool rotary = false, interleaved = false;
   VFormat v_format = VFormat::kQ8_0;
-  float norm_eps = 1e-6f;
+  float q_norm_eps = 1e-6f, k_norm_eps = 1e-6f;
   int64_t split_k_min_keys = 2048;
 };
 
@@ -36,6 +66,8 @@ template <class... A>
 [[noreturn]] void bad_input(int i, const A&... a) {
   fail(kOp, "input '", kInputNames[i], "' (", i, "): ", a...);
 }
+
+[[noreturn]] void unsupported_input(const Unsupported& u) { bad_input(u.input, "not supported (", u.what, ")"); }
 
 void expect_dtype(int i, const TensorIn& t, ONNXTensorElementDataType want) {
   if (t.type != want) bad_input(i, "expected dtype ", dtype_name(want), ", got ", dtype_name(t.type));
@@ -49,6 +81,9 @@ class CacheKernel : public Kernel {
     TensorIn in[kNumInputs];
     const size_t n = input_count(ctx);
     for (size_t i = 0; i < kNumInputs && i < n; ++i) in[i] = get_input(ctx, i);
+    // create_cache_kernel refused these already from the node; kept for a runtime that would not tell it.
+    for (const Unsupported& u : kUnsupportedInputs)
+      if (in[u.input].present) unsupported_input(u);
     CacheParams c;
     validate(ctx, in, &c);
     const std::vector<int64_t> cache_shape{c.B, c.Hkv, c.L, c.k_row};
@@ -193,7 +228,8 @@ class CacheKernel : public Kernel {
     }
     c->q_norm = in[kQNorm].present ? in[kQNorm].data : nullptr;
     c->k_norm = in[kKNorm].present ? in[kKNorm].data : nullptr;
-    c->norm_eps = a_.norm_eps;
+    c->q_norm_eps = a_.q_norm_eps;
+    c->k_norm_eps = a_.k_norm_eps;
     c->split_k_min_keys = a_.split_k_min_keys;
   }
 
@@ -209,30 +245,87 @@ class CacheKernel : public Kernel {
   Ep ep_;
 };
 
+// An attribute of GroupQueryAttention the op does not implement: accepted at the values that switch it off (ONNX
+// Runtime 1.32's default first), refused at any other with what it would have asked for.
+void int_attr_off(const OrtKernelInfo* info, const char* name, std::initializer_list<int64_t> off, const char* what,
+                  const char* supported) {
+  const int64_t v = attr_int(info, kOp, name, *off.begin());
+  for (int64_t o : off)
+    if (v == o) return;
+  fail(kOp, "attribute '", name, "' = ", v, ": not supported (", what, "); the op supports ", supported);
+}
+
+void check_unimplemented_attrs(const OrtKernelInfo* info) {
+  int_attr_off(info, "causal", {1}, "bidirectional attention", "1 (the default: causal)");
+  int_attr_off(info, "local_window_size", {-1}, "sliding-window attention", "-1 (the default: no window)");
+  const float softcap = attr_float(info, kOp, "softcap", 0.f);
+  if (softcap != 0.f)
+    fail(kOp, "attribute 'softcap' = ", softcap, ": not supported (softcapped logits); the op supports 0 (the "
+              "default: none)");
+  int_attr_off(info, "smooth_softmax", {-1, 0}, "smooth softmax",
+               "-1 (the default) or 0: a plain softmax");
+  int_attr_off(info, "qk_output", {0}, "the attention scores as output 'output_qk'", "0 (the default: none)");
+  for (const char* q : {"k_quant_type", "v_quant_type"}) {
+    const std::string v = attr_string(info, kOp, q, "NONE");
+    if (v != "NONE")
+      fail(kOp, "attribute '", q, "' = '", v, "': not supported (", kOrtQuantized, "); the op supports 'NONE' (the "
+                "default)");
+  }
+  int_attr_off(info, "kv_cache_bit_width", {0}, kOrtQuantized, "0 or no attribute (the default)");
+  int_attr_off(info, "sliding_window_cache", {0}, "window-sized caches",
+               "0 (the default: caches hold the whole sequence)");
+}
+
+// The node's optional inputs and outputs the op does not implement, by name: an omitted optional one has an empty
+// name (and trailing ones are simply not there). Checked here so that such a model fails when its session is
+// created, not at its first run.
+void check_node_io(const OrtKernelInfo* info) {
+  const std::vector<std::string> in = node_input_names(info), out = node_output_names(info);
+  for (const Unsupported& u : kUnsupportedInputs)
+    if (size_t(u.input) < in.size() && !in[size_t(u.input)].empty()) unsupported_input(u);
+  if (out.size() > 3 && !out[3].empty())
+    fail(kOp, "output '", kOutputNames[3], "' (3): not supported (the attention scores; the op has outputs ",
+         kOutputNames[0], ", ", kOutputNames[1], " and ", kOutputNames[2], " only)");
+}
+
+float norm_epsilon(const OrtKernelInfo* info, const char* name, float fallback) {
+  if (!has_attr(info, name)) return fallback;
+  const float eps = attr_float(info, kOp, name, fallback);
+  if (!(std::isfinite(eps) && eps > 0.f))
+    fail(kOp, "attribute '", name, "': expected a finite float > 0, got ", eps);
+  return eps;
+}
+
 Kernel* create_cache_kernel(const OrtKernelInfo* info, Ep ep) {
   Attrs a;
-  a.num_heads = attr_int(info, "num_heads", 0);
-  a.kv_num_heads = attr_int(info, "kv_num_heads", 0);
+  a.num_heads = attr_int(info, kOp, "num_heads", 0);
+  a.kv_num_heads = attr_int(info, kOp, "kv_num_heads", 0);
   if (a.num_heads < 1 || a.kv_num_heads < 1 || a.num_heads % a.kv_num_heads != 0)
     fail(kOp, "attributes 'num_heads' and 'kv_num_heads': expected positive with num_heads a multiple of "
               "kv_num_heads, got ", a.num_heads, " and ", a.kv_num_heads);
-  a.scale = attr_float(info, "scale", 0.f);
+  a.scale = attr_float(info, kOp, "scale", 0.f);
   if (!(std::isfinite(a.scale) && a.scale >= 0.f))
     fail(kOp, "attribute 'scale': expected a finite float >= 0 (0: 1/sqrt(D)), got ", a.scale);
-  const int64_t rot = attr_int(info, "do_rotary", 0), inter = attr_int(info, "rotary_interleaved", 0);
+  const int64_t rot = attr_int(info, kOp, "do_rotary", 0), inter = attr_int(info, kOp, "rotary_interleaved", 0);
   if ((rot != 0 && rot != 1) || (inter != 0 && inter != 1))
     fail(kOp, "attributes 'do_rotary' / 'rotary_interleaved': expected 0 or 1, got ", rot, " / ", inter);
   a.rotary = rot == 1;
   a.interleaved = inter == 1;
-  const std::string vf = attr_string(info, "v_format", "q8_0");
+  const std::string vf = attr_string(info, kOp, "v_format", "q8_0");
   if (vf == "q8_0") a.v_format = VFormat::kQ8_0;
   else if (vf == "q4_0") a.v_format = VFormat::kQ4_0;
   else fail(kOp, "attribute 'v_format': expected 'q8_0' or 'q4_0', got '", vf, "'");
-  a.norm_eps = attr_float(info, "qk_norm_epsilon", 1e-6f);
-  if (!(std::isfinite(a.norm_eps) && a.norm_eps >= 0.f))
-    fail(kOp, "attribute 'qk_norm_epsilon': expected a finite float >= 0, got ", a.norm_eps);
-  a.split_k_min_keys = attr_int(info, "split_k_min_keys", 2048);
+  // qk_norm_epsilon for both norms; q_norm_epsilon / k_norm_epsilon, where given, override it for Q / K (as in
+  // ONNX Runtime 1.32's GroupQueryAttention).
+  const float qk_eps = attr_float(info, kOp, "qk_norm_epsilon", 1e-6f);
+  if (!(std::isfinite(qk_eps) && qk_eps >= 0.f))
+    fail(kOp, "attribute 'qk_norm_epsilon': expected a finite float >= 0, got ", qk_eps);
+  a.q_norm_eps = norm_epsilon(info, "q_norm_epsilon", qk_eps);
+  a.k_norm_eps = norm_epsilon(info, "k_norm_epsilon", qk_eps);
+  a.split_k_min_keys = attr_int(info, kOp, "split_k_min_keys", 2048);
   if (a.split_k_min_keys < 1) fail(kOp, "attribute 'split_k_min_keys': expected >= 1, got ", a.split_k_min_keys);
+  check_unimplemented_attrs(info);
+  check_node_io(info);
   return new CacheKernel(a, ep);
 }
 
@@ -243,13 +336,13 @@ std::vector<OpSpec> cache_op_specs() {
   for (auto t : {F32, F16}) {
     // query selects T; everything else is checked in compute (our messages, not a bare schema mismatch).
     // total_sequence_length is read on the host (on a GPU EP, ORT copies it: 4 bytes); seqlens_k stays on the
-    // device (validate() says why).
-    OpSpec s{kOp,
-             {{t}, {ANY, true}, {ANY, true}, {ANY}, {ANY}, {ANY}, {ANY, false, true}, {ANY, true},
-              {ANY, true}, {ANY, true}, {ANY, true}},
-             {{t}, {U8}, {U8}},
-             create_cache_kernel,
-             nullptr};
+    // device (validate() says why). All of GroupQueryAttention's inputs and outputs are declared, the ones the op
+    // does not implement as optional of any type, so that a node carrying one reaches check_node_io's refusal by
+    // name instead of a bare "input count" schema error.
+    std::vector<IoSpec> in{{t}, {ANY, true}, {ANY, true}, {ANY}, {ANY}, {ANY}, {ANY, false, true}};
+    while (in.size() < size_t(kNumInputs)) in.push_back({ANY, true});
+    // output_qk is T, as in GroupQueryAttention (an output of any type gets a type ORT infers wrongly).
+    OpSpec s{kOp, in, {{t}, {U8}, {U8}, {t, true}}, create_cache_kernel, nullptr};
     specs.push_back(s);
   }
   return specs;

@@ -45,10 +45,11 @@ struct CacheParams {
   const void* sin = nullptr;
   int64_t rot_half = 0, max_pos = 0;
 
-  // Qwen3's RMS norms over each head of Q and K (weights [D] of T), applied before the rotation.
+  // Qwen3's RMS norms over each head of Q and K (weights [D] of T), applied before the rotation, each with its own
+  // epsilon (GroupQueryAttention's q_norm_epsilon / k_norm_epsilon, both qk_norm_epsilon unless given).
   const void* q_norm = nullptr;
   const void* k_norm = nullptr;
-  float norm_eps = 1e-6f;
+  float q_norm_eps = 1e-6f, k_norm_eps = 1e-6f;
 
   void* out = nullptr;  // T [B, S, Hq*D]
 

@@ -41,9 +41,18 @@ struct OpSpec {
 // registering SessionOptions may outlive any scope we could tie it to.
 OrtCustomOp* make_custom_op(const OpSpec& spec, Ep ep, uint32_t api_version);
 
-// Reads a string/int/float attribute, or returns the default when the node does not have it.
-std::string attr_string(const OrtKernelInfo* info, const char* name, const std::string& dflt);
-int64_t attr_int(const OrtKernelInfo* info, const char* name, int64_t dflt);
-float attr_float(const OrtKernelInfo* info, const char* name, float dflt);
+// Reads a string/int/float attribute, or returns the default when the node does not have it. An attribute the
+// node has with another type is an error naming `op` (OpError): ONNX Runtime's typed getters fail alike for a
+// missing and for a wrongly typed attribute, so `local_window_size=128.0` would otherwise read as the default.
+std::string attr_string(const OrtKernelInfo* info, const char* op, const char* name, const std::string& dflt);
+int64_t attr_int(const OrtKernelInfo* info, const char* op, const char* name, int64_t dflt);
+float attr_float(const OrtKernelInfo* info, const char* op, const char* name, float dflt);
+// Whether the node has the attribute, of any type these readers or the array getters know.
+bool has_attr(const OrtKernelInfo* info, const char* name);
+
+// The names of the node's inputs / outputs at kernel creation (OrtApi 14+): an omitted optional one in the middle is
+// "", trailing omitted ones are not listed.
+std::vector<std::string> node_input_names(const OrtKernelInfo* info);
+std::vector<std::string> node_output_names(const OrtKernelInfo* info);
 
 }  // namespace dot4attn

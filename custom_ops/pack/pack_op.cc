@@ -58,7 +58,7 @@ class PackKernel : public Kernel {
 Kernel* create_pack_k(const OrtKernelInfo*, Ep ep) { return new PackKernel("PackK", QFormat::kQ8_0, ep); }
 
 Kernel* create_pack_v(const OrtKernelInfo* info, Ep ep) {
-  const std::string f = attr_string(info, "format", "q8_0");
+  const std::string f = attr_string(info, "PackV", "format", "q8_0");
   QFormat format;
   if (f == "q8_0") {
     format = QFormat::kQ8_0;

@@ -105,15 +105,21 @@ def gqa_model(hq: int, hkv: int, dtype, int8_cache: bool = False) -> onnx.ModelP
     return model
 
 
+# Dot4GroupQueryAttention's inputs: com.microsoft.GroupQueryAttention's, position for position (ONNX Runtime 1.32).
+# The op implements 0-8, 14 and 15; a node with any other is refused (docs/ops.md).
 CACHE_INPUTS = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
-                "cos_cache", "sin_cache", "q_norm_weight", "k_norm_weight")
+                "cos_cache", "sin_cache", "position_ids", "attention_bias", "head_sink", "k_scale", "v_scale",
+                "q_norm_weight", "k_norm_weight", "query_seqlens")
 
 
 def cache_attention_model(dtype, *, num_heads: int, kv_num_heads: int, packed_qkv: bool = False,
                           rotary: bool = False, interleaved: bool = False, qk_norm: bool = False,
-                          v_format: str = "q8_0", scale: float | None = None) -> onnx.ModelProto:
+                          v_format: str = "q8_0", scale: float | None = None, qk_norm_epsilon: float | None = None,
+                          q_norm_epsilon: float | None = None,
+                          k_norm_epsilon: float | None = None) -> onnx.ModelProto:
     """One Dot4GroupQueryAttention node: graph inputs named as the op's inputs (key/value absent for packed QKV,
-    cos/sin with rotary, the norm weights with qk_norm), outputs output, present_key, present_value."""
+    cos/sin with rotary, the norm weights with qk_norm), outputs output, present_key, present_value. The norm
+    epsilons are written only when given (the op's defaults: GroupQueryAttention's)."""
     present = {"query", "past_key", "past_value", "seqlens_k", "total_sequence_length"}
     if not packed_qkv:
         present |= {"key", "value"}
@@ -136,6 +142,10 @@ def cache_attention_model(dtype, *, num_heads: int, kv_num_heads: int, packed_qk
                  rotary_interleaved=int(interleaved), v_format=v_format)
     if scale is not None:
         attrs["scale"] = float(scale)
+    for name, eps in (("qk_norm_epsilon", qk_norm_epsilon), ("q_norm_epsilon", q_norm_epsilon),
+                      ("k_norm_epsilon", k_norm_epsilon)):
+        if eps is not None:
+            attrs[name] = float(eps)
     node = helper.make_node("Dot4GroupQueryAttention", names, ["output", "present_key", "present_value"],
                             domain=DOMAIN, **attrs)
     outputs = [_vi("output", dtype, 3, "o"), _vi("present_key", np.uint8, 4, "pk"),

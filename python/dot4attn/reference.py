@@ -248,13 +248,14 @@ def rotary(x: np.ndarray, pos: np.ndarray, cos: np.ndarray, sin: np.ndarray, int
 def group_query_attention_packed(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
                                  cos_cache=None, sin_cache=None, q_norm=None, k_norm=None, *, num_heads,
                                  kv_num_heads, scale=0.0, do_rotary=0, rotary_interleaved=0, v_format="q8_0",
-                                 qk_norm_epsilon=1e-6):
+                                 qk_norm_epsilon=1e-6, q_norm_epsilon=None, k_norm_epsilon=None):
     """Dot4GroupQueryAttention: (output [B, S, Hq*D], present_key, present_value).
 
     GroupQueryAttention's semantics (com.microsoft) over packed caches: batch row b holds seqlens_k[b] + 1 valid
     keys after the call; a first prompt (S == total_sequence_length) starts at position 0 and may be right-padded
     (its padding rows output zeros), otherwise the S new tokens take positions total - S .. total - 1. The new
-    rows are packed into present (past copied when present is a new buffer)."""
+    rows are packed into present (past copied when present is a new buffer). q_norm / k_norm use q_norm_epsilon /
+    k_norm_epsilon where given, else qk_norm_epsilon (GroupQueryAttention's rule)."""
     B, S = query.shape[:2]
     hq, hkv = num_heads, kv_num_heads
     packed = key is None
@@ -277,9 +278,9 @@ def group_query_attention_packed(query, key, value, past_key, past_value, seqlen
     pos = past[:, None] + np.arange(S)[None, :]  # [B, S]
     qf, kf = q.astype(np.float32), k.astype(np.float32)
     if q_norm is not None:
-        qf = rms_norm(qf, q_norm, qk_norm_epsilon)
+        qf = rms_norm(qf, q_norm, qk_norm_epsilon if q_norm_epsilon is None else q_norm_epsilon)
     if k_norm is not None:
-        kf = rms_norm(kf, k_norm, qk_norm_epsilon)
+        kf = rms_norm(kf, k_norm, qk_norm_epsilon if k_norm_epsilon is None else k_norm_epsilon)
     if do_rotary:
         p3 = np.broadcast_to(pos[:, :, None], qf.shape[:3])
         qf = rotary(qf, p3, cos_cache, sin_cache, bool(rotary_interleaved))

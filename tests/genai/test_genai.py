@@ -126,7 +126,7 @@ def test_fused_qk_norm_of_a_cuda_build_runs_on_the_cpu_ep(tmp_path):
     assert cli(["rewrite", str(cuda), str(out)]) == 0
     m = onnx.load(str(out / "model.onnx"), load_external_data=False)
     node = next(n for n in m.graph.node if n.op_type == "Dot4GroupQueryAttention")
-    assert len(node.input) == 11 and node.input[9] and node.input[10]  # q_norm, k_norm weights
+    assert len(node.input) == 16 and node.input[14] and node.input[15]  # q_norm, k_norm weights: GQA's positions
     fp32 = genai_model("qwen3-d128", "fp32")
     tokens = [int(t) for t in np.random.default_rng(1).integers(0, 256, 64)]
     top1, kl = agreement(teacher_forced_logits(fp32, tokens, "steps"), teacher_forced_logits(out, tokens, "steps"))
@@ -188,7 +188,9 @@ def test_already_rewritten(rewritten, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("attr, value, match", [("local_window_size", 128, "sliding-window"),
-                                                ("softcap", 30.0, "softcap=30.0")])
+                                                ("softcap", 30.0, "softcap=30.0"),
+                                                ("causal", 0, "causal=0 (bidirectional attention)"),
+                                                ("smooth_softmax", 1, "smooth_softmax=1 (smooth softmax")])
 def test_unsupported_attention_is_refused(tmp_path, capsys, attr, value, match):
     src = _copy(genai_model("qwen2-bias", "fp32"), tmp_path)
     m = onnx.load(str(src / "model.onnx"), load_external_data=False)

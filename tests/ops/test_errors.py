@@ -15,6 +15,7 @@ import sys
 
 import numpy as np
 import pytest
+from onnx import helper
 
 from conftest import INVALID_ARGUMENT, expect_error, free_rank, new_session, set_input_dtype
 from dot4attn import native
@@ -231,6 +232,24 @@ def test_bad_attributes(kw, pattern):
     v_format = kw.pop("v_format", "float")
     m = ob.attention_model(np.float32, v_format, **kw)
     expect_error(lambda: new_session(m), OP + esc(pattern))
+
+
+@pytest.mark.parametrize("op, name, value, want, got", [
+    ("Dot4Attention", "causal", 0.0, "an int", "a float"),
+    ("Dot4Attention", "scale", 1, "a float", "an int"),
+    ("Dot4Attention", "route", 1, "a string", "an int"),
+    ("Dot4Attention", "split_k_min_keys", [1, 2], "an int", "a list of ints"),
+    ("PackV", "format", 4, "a string", "an int"),
+], ids=lambda x: str(x))
+def test_wrongly_typed_attributes(op, name, value, want, got):
+    """ONNX Runtime checks no attribute types of a custom op; a wrongly typed attribute is an error, not the
+    default (causal=0.0 would otherwise mean causal)."""
+    m = ob.attention_model(np.float32) if op == "Dot4Attention" else ob.pack_model("PackV", np.float32, "q8_0")
+    node = m.graph.node[0]
+    keep = [a for a in node.attribute if a.name != name]
+    del node.attribute[:]
+    node.attribute.extend(keep + [helper.make_attribute(name, value)])
+    expect_error(lambda: new_session(m), esc(f"{op}: attribute '{name}': expected {want}, got {got} attribute"))
 
 
 # ---- masks ------------------------------------------------------------------------------------------------------
