@@ -4,6 +4,8 @@ garbage after each batch row's valid length is never read). Sessions disable the
 on the GPU (ONNX Runtime copies total_sequence_length to the host for it; seqlens_k stays on the device)."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -61,3 +63,41 @@ def test_long_cache_on_a_shared_device_buffer(dtype, valid):
     f = dict(feeds, seqlens_k=np.asarray(valid, np.int32), total_sequence_length=np.asarray(max(valid) + 1, np.int32))
     expect(f, dict(num_heads=hq, kv_num_heads=hkv, do_rotary=1), (out, pk, pv), _atol(dtype))
     assert_only_new_rows_changed(k0, v0, pk, pv, valid)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_q_and_k_norm_epsilons_are_separate(dtype):
+    """q_norm_epsilon / k_norm_epsilon (each overriding qk_norm_epsilon, as in GroupQueryAttention) reach the GPU
+    prologue's Q and K norms: a prompt and a decode step against the reference under those epsilons. Large
+    epsilons against unit-variance heads, so swapping them would fail."""
+    B, hq, hkv, d, S = 2, 8, 2, 128, 9
+    eps = dict(q_norm_epsilon=0.5, k_norm_epsilon=2.0)
+    sess = _session_uncached(cache_attention_model(dtype, num_heads=hq, kv_num_heads=hkv, rotary=True, qk_norm=True,
+                                                   **eps))
+    attrs = dict(num_heads=hq, kv_num_heads=hkv, do_rotary=1, **eps)
+    feeds = make_inputs(B, S, hq, hkv, d, dtype=dtype, rotary=True, qk_norm=True, seed=4)
+    out, f = run(sess, feeds, [S - 1, S - 4], S)
+    expect(f, attrs, out, _atol(dtype))
+    sf = make_inputs(B, 1, hq, hkv, d, dtype=dtype, rotary=True, qk_norm=True, seed=5)
+    sf.update({k: feeds[k] for k in ("cos_cache", "sin_cache", "q_norm_weight", "k_norm_weight")},
+              past_key=out[1], past_value=out[2])
+    out, f = run(sess, sf, [S, S - 3], S + 1)
+    expect(f, attrs, out, _atol(dtype))
+    swapped = dict(attrs, q_norm_epsilon=2.0, k_norm_epsilon=0.5)
+    with pytest.raises(AssertionError):
+        expect(f, swapped, out, _atol(dtype))
+
+
+@pytest.mark.parametrize("attrs, inputs, match", [
+    ({"causal": 0}, {}, "attribute 'causal' = 0: not supported"),
+    ({"local_window_size": 128}, {}, "attribute 'local_window_size' = 128: not supported"),
+    ({}, {"position_ids": np.int64}, "input 'position_ids' (9): not supported"),
+])
+def test_unimplemented_group_query_attention_features_are_refused_on_cuda(attrs, inputs, match):
+    """The CUDA EP's kernel is created by the same code as the CPU's (tests/ops/test_gqa_contract.py has every
+    case): a session for the CUDA EP is refused when it is created, naming what the op does not implement."""
+    from gqa_cases import gqa_model
+
+    m = gqa_model(np.float16, 8, 2, 128, ours=True, rotary=True, attrs=attrs, inputs=inputs)
+    with pytest.raises(Exception, match=re.escape(f"Dot4GroupQueryAttention: {match}")):
+        _session_uncached(m)
