@@ -19,6 +19,7 @@
 #   path, which only differs in its inner dot/exp loops; those are exercised unforced by the non-x86 build only.
 #   tests/ops/test_attention.py  every case of the case table on every route
 #   tests/ops/test_cache_attention.py  Dot4GroupQueryAttention: prompt + decode, in-place appends, bad inputs
+#   tests/ops/test_gqa_contract.py  Dot4GroupQueryAttention's refusals at kernel creation, its norm epsilons
 #   tests/ops/test_errors.py      every refusal (the error paths free what they allocated)
 #   tests/ops/test_pack.py        PackK/PackV shapes, values, empty tensors, every ISA
 #   tests/ops/test_concurrency.py one session from 8 threads (thread_local scratch, the ORT thread pool)
@@ -26,8 +27,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build/sanitize-cpu}
 python=${PYTHON:-$root/.venv/bin/python}
-tests=${SANITIZE_TESTS:-tests/ops/test_attention.py tests/ops/test_cache_attention.py tests/ops/test_errors.py \
-tests/ops/test_pack.py tests/ops/test_concurrency.py}
+tests=${SANITIZE_TESTS:-tests/ops/test_attention.py tests/ops/test_cache_attention.py tests/ops/test_gqa_contract.py \
+tests/ops/test_errors.py tests/ops/test_pack.py tests/ops/test_concurrency.py}
 
 t0=$(date +%s)
 cmake -S "$root" -B "$build" -DDOT4ATTN_CUDA=OFF -DDOT4ATTN_HIP=OFF -DCMAKE_BUILD_TYPE=Release \

@@ -255,6 +255,8 @@ void int_attr_off(const OrtKernelInfo* info, const char* name, std::initializer_
   fail(kOp, "attribute '", name, "' = ", v, ": not supported (", what, "); the op supports ", supported);
 }
 
+// ONNX Runtime 1.32's defaults: causal 1, local_window_size -1, softcap 0, smooth_softmax -1, qk_output 0,
+// k_quant_type / v_quant_type "NONE", kv_cache_bit_width unset, sliding_window_cache 0.
 void check_unimplemented_attrs(const OrtKernelInfo* info) {
   int_attr_off(info, "causal", {1}, "bidirectional attention", "1 (the default: causal)");
   int_attr_off(info, "local_window_size", {-1}, "sliding-window attention", "-1 (the default: no window)");
@@ -341,7 +343,8 @@ std::vector<OpSpec> cache_op_specs() {
     // name instead of a bare "input count" schema error.
     std::vector<IoSpec> in{{t}, {ANY, true}, {ANY, true}, {ANY}, {ANY}, {ANY}, {ANY, false, true}};
     while (in.size() < size_t(kNumInputs)) in.push_back({ANY, true});
-    // output_qk is T, as in GroupQueryAttention (an output of any type gets a type ORT infers wrongly).
+    // output_qk is T, as in GroupQueryAttention: declared of any type, ONNX Runtime's type inference gave it int32
+    // and failed a node's float output_qk in the graph check, before the op could refuse it by name.
     OpSpec s{kOp, in, {{t}, {U8}, {U8}, {t, true}}, create_cache_kernel, nullptr};
     specs.push_back(s);
   }
