@@ -11,7 +11,7 @@ import onnx
 import onnx_ir as ir
 import pytest
 
-from cache_cases import expect, make_inputs, run
+from cache_cases import expect, make_inputs
 from dot4attn.onnx_builders import session
 from dot4attn.passes.genai_gqa import GenaiRewriteError, rewrite_gqa
 from gqa_cases import DEFAULTS, OP, UNIMPLEMENTED_ATTRS, UNIMPLEMENTED_INPUTS, gqa_model
@@ -61,13 +61,9 @@ def test_builder_defaults_are_accepted_and_norm_weights_keep_their_positions(smo
                           "qk_norm_epsilon", "q_norm_epsilon", "k_norm_epsilon"}
     assert attrs["q_norm_epsilon"] == 0.5 and attrs["k_norm_epsilon"] == 2.0
     B, S = 2, 9
-    feeds = make_inputs(B, S, HQ, HKV, D, rotary=True, qk_norm=True, seed=7)
-    feeds = {RENAME.get(k, k): v for k, v in feeds.items()}
-    out = session(proto).run(None, dict(feeds, seqlens_k=np.array([S - 1, S - 4], np.int32),
-                                        total_sequence_length=np.array(S, np.int32)))
-    f = {k: v for k, v in feeds.items()}
-    f.update(past_key=feeds["past_key_values.0.key"], past_value=feeds["past_key_values.0.value"],
-             seqlens_k=np.array([S - 1, S - 4], np.int32), total_sequence_length=np.array(S, np.int32))
+    f = make_inputs(B, S, HQ, HKV, D, rotary=True, qk_norm=True, seed=7)
+    f.update(seqlens_k=np.array([S - 1, S - 4], np.int32), total_sequence_length=np.array(S, np.int32))
+    out = session(proto).run(None, {RENAME.get(k, k): v for k, v in f.items()})
     expect(f, dict(num_heads=HQ, kv_num_heads=HKV, do_rotary=1, scale=float(1 / np.sqrt(D)), **eps), out, 1e-4)
 
 
