@@ -67,6 +67,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cuda: launch every decode step's kernels from the host instead of replaying the step as a "
                         "CUDA graph (by default every row replays: onnxruntime-genai's enable_cuda_graph for rows "
                         "1-3, dot4attn.inplace's for row 4)")
+    p.add_argument("--answer-tokens", type=_positive_int, default=500, metavar="N",
+                   help="answer length of the request time reported beside each prefilled case: time to first "
+                        "token + N x ms/token (default 500)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache", type=Path, default=None, help="model cache folder (default $DOT4ATTN_MODEL_CACHE/e2e "
                    "or ~/.cache/dot4attn/models/e2e)")
@@ -75,6 +78,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true",
                    help="keep what OUT/DEVICE.json already holds for the same model and settings and measure only "
                         "the rest (a long run split over several sittings)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def _ints_or_none(text: str) -> list[int]:
@@ -177,7 +190,8 @@ def run(args) -> int:
     facts = model_facts(folders["genai"], shape, precision, args.device)
     facts.update(machine=machine(args.device), weight_bytes=weight_bytes(folders["genai"]),
                  model_key=folders["genai"].parent.name,  # the build (shape, max positions, versions) measured
-                 settings=vars(settings), kl="batch 1 only: over the timed teacher-forced steps, against row 1")
+                 settings=vars(settings), kl="batch 1 only: over the timed teacher-forced steps, against row 1",
+                 answer_tokens=args.answer_tokens)
     vocab = int(json.loads((folders["genai"] / "genai_config.json").read_text())["model"]["vocab_size"])
     name = "smoke" if args.smoke else args.device
     try:
@@ -193,8 +207,8 @@ def run(args) -> int:
         facts["load_average_1min"] = os.getloadavg()[0]  # a shared machine slows every row
         base_kv = report.baseline_kv_bytes(results, args.device, facts)
         facts["baseline_kv_bytes_per_token"] = base_kv
-        report.add_ratios(results, facts["weight_bytes"], base_kv)
-        goal_list = report.goals(results, args.device)
+        report.add_ratios(results, facts["weight_bytes"], base_kv, args.answer_tokens)
+        goal_list = report.goals(results, args.device, smoke=args.smoke)
         paths = report.write_outputs(args.out, name, results, goal_list, facts)
         if final:
             report.print_report(Console(), results, goal_list, facts)
