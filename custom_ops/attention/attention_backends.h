@@ -3,7 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "attention/attention_params.h"
+#include "common/attention_params.h"
 #include "gpu/launch_plan.h"
 
 struct OrtKernelContext;

@@ -6,10 +6,10 @@
 #include <thread>
 
 #include "attention/attention_backends.h"
-#include "attention/cpu_rows.h"
+#include "cpu/rows.h"
 #include "common/fp16.h"
 #include "common/kernel_io.h"
-#include "pack/quantize.h"
+#include "common/quantize.h"
 
 namespace dot4attn {
 

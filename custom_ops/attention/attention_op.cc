@@ -7,7 +7,7 @@
 #include <string>
 
 #include "attention/attention_backends.h"
-#include "attention/attention_params.h"
+#include "common/attention_params.h"
 #include "common/errors.h"
 #include "common/kernel_io.h"
 #include "common/ort_api.h"

@@ -4,7 +4,7 @@
 #pragma once
 #include <vector>
 
-#include "attention/attention_params.h"
+#include "common/attention_params.h"
 #include "cache/cache_layout.h"
 #include "cache/cache_params.h"
 

@@ -12,7 +12,7 @@
 #include "common/fp16.h"
 #include "common/kernel_io.h"
 #include "cpu/isa.h"
-#include "pack/quantize.h"
+#include "common/quantize.h"
 
 namespace dot4attn {
 namespace {

@@ -1,6 +1,6 @@
 // decode route (few query rows): one work item per (batch, KV head). All G grouped query heads and all Sq
 // rows are one row block, so every K/V row is read once from memory for all of them.
-#include "attention/cpu_rows.h"
+#include "cpu/rows.h"
 #include "common/kernel_io.h"
 
 namespace dot4attn {

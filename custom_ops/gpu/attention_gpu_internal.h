@@ -2,7 +2,7 @@
 // (decode/, split_k/, prefill/). CUDA/HIP translation units only.
 #pragma once
 
-#include "attention/attention_params.h"
+#include "common/attention_params.h"
 #include "gpu/attention_tile.cuh"
 #include "gpu/launch_plan.h"
 

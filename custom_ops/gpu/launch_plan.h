@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <string>
 
-#include "attention/attention_params.h"
+#include "common/attention_params.h"
 
 namespace dot4attn {
 namespace gpu {

@@ -202,7 +202,7 @@ __device__ __forceinline__ float div_rn(float a, float b) {
 #endif
 }
 
-// ---- non-finite policy (docs/ops.md, "Non-finite and out-of-range values"), the CPU's pack/quantize.h ---------
+// ---- non-finite policy (docs/ops.md, "Non-finite and out-of-range values"), the CPU's common/quantize.h -------
 // |x| for a block max that is +inf exactly when the block holds a NaN or +-Inf (fmaxf alone drops a NaN).
 __device__ __forceinline__ float abs_or_inf(float x) {
   const float a = fabsf(x);

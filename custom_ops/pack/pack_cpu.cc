@@ -2,7 +2,7 @@
 
 #include "common/kernel_io.h"
 #include "pack/pack_params.h"
-#include "pack/quantize.h"
+#include "common/quantize.h"
 
 namespace dot4attn {
 

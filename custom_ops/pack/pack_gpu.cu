@@ -1,4 +1,4 @@
-// PackK / PackV on the GPU (CUDA or HIP through gpu/vendor.h): bit-for-bit the CPU contract (pack/quantize.h).
+// PackK / PackV on the GPU (CUDA or HIP through gpu/vendor.h): bit-for-bit the CPU contract (common/quantize.h).
 // One group of 32 lanes per 32-element block, one lane per element: the block max by shuffles, then the
 // same float32 division, round-half-even and clamp as the CPU. Grid-stride over blocks with 64-bit indices.
 #include "gpu/vendor.h"

@@ -3,7 +3,7 @@
 // entirely before the block's causal diagonal run without any causal check; only the tail is masked.
 #include <algorithm>
 
-#include "attention/cpu_rows.h"
+#include "cpu/rows.h"
 #include "common/kernel_io.h"
 
 namespace dot4attn {

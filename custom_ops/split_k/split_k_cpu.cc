@@ -6,7 +6,7 @@
 #include <limits>
 #include <vector>
 
-#include "attention/cpu_rows.h"
+#include "cpu/rows.h"
 #include "common/kernel_io.h"
 
 namespace dot4attn {

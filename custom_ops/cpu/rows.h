@@ -6,7 +6,7 @@
 
 #include <onnxruntime_c_api.h>
 
-#include "attention/attention_params.h"
+#include "common/attention_params.h"
 #include "cpu/isa.h"
 
 namespace dot4attn {

@@ -1,6 +1,6 @@
 #include <algorithm>
 
-#include "attention/attention_params.h"
+#include "common/attention_params.h"
 
 namespace dot4attn {
 
