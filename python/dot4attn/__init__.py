@@ -10,14 +10,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ._source_tree import add_passes_finder as _add_passes_finder
-from ._source_tree import package_version as _package_version
+from ._version import package_version as _package_version
 
 __version__ = _package_version("dot4attn")  # written once, in pyproject.toml (the library reports the same)
 DOMAIN = "dot4attn"
 _LIB_NAME = "libdot4attn_ops.so"
-
-_add_passes_finder(__name__)  # dot4attn.passes from a source checkout (the wheel installs it as a subpackage)
 
 
 def get_library_path() -> str:
