@@ -193,12 +193,9 @@ bool plan_mma_cfg(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev,
   constexpr bool kTmaAuto = D >= 128 && !(VK == kVQ4 && D == 256);
   const bool tma_dev = dev.cc_major >= 9 && dev.tma;
   // q4_0 at D = 256, split walks of >= 3 chunks per warp: TMA in 3-warp blocks (two stages, 90 KB: two blocks per
-  // multiprocessor), where a 4-warp TMA block (118 KB) fits once and 4-warp register staging was the best before.
-  // Dense and packed-cache rows alike, so both keep one summation order. H200, kernel us, L2 flushed by writes / by
-  // reads, 4-warp registers -> 3-warp TMA: (24, 4, 256) 128k dense 86.0 / 84.0 -> 79.6 / 77.6, packed cache 95.7 /
-  // 94.0 -> 87.9 / 80.0; 16k dense 32.6 / 33.3 (cp.async) -> 27.9 / 26.6; batch 4 x 32k dense 85.3 / 83.3 -> 78.0 /
-  // 76.0; (8, 1, 256) 64k dense 38.4 / 39.1 -> 32.5 / 32.3. Registers in 3-warp blocks are slower (107.7 at 128k),
-  // so without a tensor map the 4-warp plan stays; q8_0 at D = 256 is slower in 3 warps (TMA 111.1 vs 100.4).
+  // multiprocessor), where a 4-warp TMA block (118 KB) fits once; faster than 4-warp register staging on dense and
+  // packed-cache rows alike, so both keep one summation order (H200 timings: docs/performance.md). Registers in
+  // 3-warp blocks are slower, so without a tensor map the 4-warp plan stays; q8_0 at D = 256 is slower in 3 warps.
   const bool tma3 = VK == kVQ4 && D == 256 && split && tma_dev && ov.warps == 0 && ov.staging < 0 &&
                     cdiv(chunks, 3) >= 3 && tma_kv_ok(p, Layout<VK, D>::VROW);
   if (tma3) want = 3;
@@ -229,12 +226,10 @@ bool plan_mma_cfg(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev,
   int nw = 0, nst = 0;
   if (!pick_warps_stages(want, st_first, ov.stages, dev.max_smem, stage_bytes<VK, D>(mode), nw, nst)) return false;
   // Padded rows (a packed cache: row strides above the row widths) stream slower by TMA, whose 32-row boxes then
-  // read rows that start off the 128-byte lines, than by the register staging (H200, split_k at 128k keys,
-  // (32, 8, 128): q4_0 84.8 us by TMA vs 75.9 by registers, q8_0 100.1 vs 93.2; dense rows 69.1 / 84.0 by TMA).
+  // read rows that start off the 128-byte lines, than by the register staging (docs/performance.md).
   // q8_0 / q4_0 V take their staging without TMA where it fits the same warps, so the output keeps the dense plan's
   // bits (warps and splits fix the summation order; staging and stages do not). float16 V keeps TMA: its long walks
-  // take 8 warps there. D = 256 keeps TMA too: its 272-byte rows stream no slower by TMA (H200, (24, 4, 256) from
-  // a packed cache: 128k q8_0 105.2 us by TMA vs 110.3 by cp.async, q4_0 98.4 vs 97.8; 16k q4_0 37.3 vs 37.2).
+  // take 8 warps there. D = 256 keeps TMA too: its 272-byte rows stream no slower by TMA than by cp.async.
   if (mode == kStageTma && ov.staging != kStageTma && VK != kVF16 && D <= 128 && padded_rows(p)) {
     int nw2 = 0, nst2 = 0;
     const int st2 = kAuto == kStageRegs ? 1 : split || walk <= 1 ? 2 : 3;
@@ -246,13 +241,10 @@ bool plan_mma_cfg(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev,
     }
   }
   // A packed cache's rows on sm_90 (scales in the rows, D + 16 / VROW + 16 bytes apart): bulk copies, where they fit
-  // the same warps (so the dense plan's bits). H200, kernel and merge over a packed cache, L2 flushed, the staging
-  // above -> bulk: (28, 4, 128) 128k q8_0 62.4 -> 56.0 us, 16 x 32k q8_0 167.1 -> 164.3; (24, 4, 256) 128k q8_0
-  // 107.4 (TMA) -> 104.1; short walks (cp.async) 16k q8_0 20.3 -> 18.8, (24, 4, 256) 3 x 5k q4_0 38.1 -> 31.1.
-  // Not q4_0's long walks, which keep their registers: alone the bulk kernel was as fast or faster ((28, 4, 128) 128k
-  // 46.9 -> 43.9-46.4, 16 x 32k 138.3 -> 134.4), but inside the 7B model, launched after the prologue as its
-  // programmatic dependent, register staging is faster (ms per token, 128k: 5.47 vs 5.60; 16 x 32k: 8.39 vs 8.67);
-  // at D = 256 a two-stage bulk block (126 KB) also leaves one block per multiprocessor.
+  // the same warps (so the dense plan's bits); faster than the staging above for q8_0 and for short walks
+  // (docs/performance.md). Not q4_0's long walks, which keep their registers: alone the bulk kernel is as fast or
+  // faster, but inside the 7B model, launched after the prologue as its programmatic dependent, register staging
+  // is faster; at D = 256 a two-stage bulk block (126 KB) also leaves one block per multiprocessor.
   if (ov.staging < 0 && bulk_rows && !pl.cluster && !(VK == kVQ4 && walk >= 3)) {
     int nw2 = 0, nst2 = 0;
     if (pick_warps_stages(nw, 2, ov.stages, dev.max_smem, stage_bytes<VK, D>(kStageBulk), nw2, nst2) && nw2 == nw) {
@@ -407,7 +399,7 @@ bool plan_prefill_inst(GpuPlan& pl, const AttentionParams& p, const DeviceFacts&
   set_blocks(pl, p);
   // float16 V on the wgmma path (3 blocks per SM): the V check once per call (v_scan.cuh) instead of once per tile and
   // block, where every V tile is read by 8 blocks or more and the keys are enough for the scan and the second launch
-  // (the flagged heads', its other blocks returning at once: ~5 us in all) to cost less than the check's 6-8 %
+  // (the flagged heads', its other blocks returning at once) to cost less than the check's 6-8 %
   pl.v_scan = false;
   if constexpr (VK == kVF16 && MINB == 3) {
     if (!pl.wgmma || p.B * p.Hkv == 0) return true;
@@ -511,7 +503,7 @@ int64_t split_len_for(int64_t sk, int64_t n_splits) {
 // A split count whose (batch, KV head, split) blocks spread evenly over the multiprocessors. A long decode streams
 // at the pace of its most loaded multiprocessor: 64 (batch, KV head)s x 5 splits = 320 blocks put 3 on some of an
 // H200's 132 multiprocessors and 2 on the rest, so the kernel takes 3 blocks' time for 2.42 blocks' work (16 x 4 KV
-// heads, 32k keys, q4_0 from a packed cache: 2.55 TB/s). Among n and up to a tenth fewer splits (at least one
+// heads, 32k keys, q4_0 from a packed cache; docs/performance.md). Among n and up to a tenth fewer splits (at least one
 // fewer), the count with the most even spread, items / (sms x ceil(items / sms)); the larger count on a tie. Fewer
 // splits only: more would add merge work and shorter walks.
 int64_t balanced_splits(int64_t batch_heads, int64_t sk, int64_t sms, int64_t n) {
