@@ -10,7 +10,8 @@ import sys
 
 # pyproject.toml's [project.optional-dependencies] by import name, smallest extra first (tests/cli/test_cli.py
 # checks them against pyproject.toml).
-EXTRAS = {"passes": ("onnxscript", "onnx_ir"), "genai": ("onnxruntime_genai",),
+# genai holds the passes too: a genai folder is rewritten by them.
+EXTRAS = {"passes": ("onnxscript", "onnx_ir"), "genai": ("onnxscript", "onnx_ir", "onnxruntime_genai"),
           "models": ("onnxscript", "onnx_ir", "torch", "transformers")}
 # The extra a command is meant to run with: rewrite needs the passes; export and demo export models; generate needs
 # transformers for --tokenizer only.
