@@ -1,6 +1,6 @@
-"""Export the model set of tests/test_gpu_models.py: tiny Qwen2/Qwen3 decoders, original + rewritten onto dot4attn
-ops, into a folder that is carried to the GPU machine (which has no network and may lack torch/transformers/
-onnxscript, so nothing can be exported there).
+"""Export the model set of tests/gpu/test_models_cuda.py: tiny Qwen2/Qwen3 decoders, original + rewritten onto
+dot4attn ops, into a folder the GPU test reads (`DOT4ATTN_GPU_MODELS`), so a GPU machine needs neither
+torch/transformers/onnxscript nor a network to run it.
 
     PYTHONPATH=python DOT4ATTN_LIBRARY=build/dev/libdot4attn_ops.so python3 tools/export_gpu_models.py [--out DIR]
 
@@ -8,14 +8,14 @@ Needs torch, transformers and onnxscript (exports are reused from $DOT4ATTN_MODE
 tests/conftest_models.py). With the op library found it also runs every pair on the CPU EP and records the metrics
 in the manifest (the GPU test prints them next to its own).
 
-Folder layout (default `.gpu-models/`, ignored by git), kept small enough (~6 MB) to share a 64 MiB device transfer:
+Folder layout (default `.gpu-models/`, ignored by git, ~6 MB):
   manifest.json    format, weights, and one entry per (original, rewritten) pair
   *.onnx           graphs only: every float32 initializer of >= 4 KiB is external data in `weights.bin`
                    (shared by all models, each distinct tensor stored once), node debug metadata stripped
   weights.f16      the contents of `weights.bin` as float16. The weights are rounded to float16-representable
                    values *before* the rewrite, so float32(weights.f16) == weights.bin exactly and original and
-                   rewritten carry identical weights; the test expands it into a temp folder (half the bytes
-                   to carry, and the comparison is unaffected).
+                   rewritten carry identical weights; the test expands it into a temp folder (half the bytes,
+                   and the comparison is unaffected).
 """
 from __future__ import annotations
 

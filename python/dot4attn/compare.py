@@ -18,7 +18,7 @@ _NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)
 
 
 # Agreement bars of a rewritten model vs its original over compare()'s prompt + decode steps
-# (tests/passes/test_passes.py on the CPU EP, tests/test_gpu_models.py on CUDA). q4_0 V is held to KL only: random
+# (tests/passes/test_passes.py on the CPU EP, tests/gpu/test_models_cuda.py on CUDA). q4_0 V is held to KL only: random
 # weights give near-ties between the top tokens, and 4-bit V error flips those.
 MIN_TOP1 = 0.95
 MAX_MEAN_KL = {"float": 1e-3, "q8_0": 1e-3, "q4_0": 0.1}
