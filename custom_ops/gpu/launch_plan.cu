@@ -435,6 +435,37 @@ bool plan_prefill_vk(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& d
 }
 #endif
 
+#if defined(D4A_HAS_PREFILL_MMA)
+// q8_0 / q4_0 V on the wgmma path: every block converts each V tile it reads into float16 in shared memory, and a
+// V tile of a long causal prefill is read by hundreds of blocks; converting V once into a float16 copy (one pass over
+// it, v_dequant.cuh) and running the float16-V instance gives the same values (the same conversion) at float16 V's
+// speed. Taken where that instance is the wgmma one, each V tile is read by 8 blocks or more over 2048+ keys, and the
+// copy fits kMaxDequantBytes (rows in the K layout: kv_rows per (batch, KV head), so a cache's copy is its length).
+bool plan_v_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
+  if (ov.v_dequant == 0 || pl.vk == kVF16 || p.B * p.Hkv == 0) return false;
+  AttentionParams f = p;  // V as the float16 copy: dense rows of D halves, 256-byte aligned scratch
+  f.v_format = VFormat::kFloat;
+  f.v = nullptr;
+  f.v_scales = nullptr;
+  f.kv_rows = p.head_rows();
+  f.v_stride = p.D;
+  f.vs_stride = 0;
+  GpuPlan d = pl;
+  d.vk = kVF16;
+  std::string why;
+  const size_t bytes = (size_t(p.B * p.Hkv) * size_t(p.head_rows()) * size_t(p.D) * 2 + 255) / 256 * 256;
+  // v_dequant=1 drops the length rule only (as v_scan=1): where the wgmma instance does not run, nothing changes
+  const bool ok = plan_prefill_vk<kVF16>(d, f, dev, ov, why) && d.wgmma && bytes <= kMaxDequantBytes;
+  if (!ok || (ov.v_dequant != 1 && (d.blocks / (p.B * p.Hkv) < 8 || p.Sk < 2048))) return false;
+  d.v_dequant = true;
+  d.v_source = pl.vk;
+  d.v_dequant_bytes = bytes;
+  d.scratch_bytes += bytes;
+  pl = d;
+  return true;
+}
+#endif
+
 bool plan_prefill_mma(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov,
                       std::string& why) {
 #if defined(D4A_HAS_PREFILL_MMA)
@@ -451,6 +482,7 @@ bool plan_prefill_mma(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& 
     return refuse(why, "tensor-core prefill: scale row strides not multiples of 4 bytes");
   if (p.ks_row() > 0x7fffffffLL / pmma::kKeys || p.vs_row() > 0x7fffffffLL / pmma::kKeys)
     return refuse(why, "tensor-core prefill: scale row strides of 2^25 halves or more");
+  if (plan_v_dequant(pl, p, dev, ov)) return true;
   return pl.vk == kVF16 ? plan_prefill_vk<kVF16>(pl, p, dev, ov, why)
          : pl.vk == kVQ8 ? plan_prefill_vk<kVQ8>(pl, p, dev, ov, why)
                          : plan_prefill_vk<kVQ4>(pl, p, dev, ov, why);
@@ -630,9 +662,10 @@ PlanOverrides parse_plan_overrides(const char* s) {
     else if (k == "wgmma") ov.wgmma = to_int(k, v, 0, 1, kWhat);
     else if (k == "split_waves") ov.split_waves = to_int(k, v, 0, 64, kWhat);
     else if (k == "v_scan") ov.v_scan = to_int(k, v, 0, 1, kWhat);
+    else if (k == "v_dequant") ov.v_dequant = to_int(k, v, 0, 1, kWhat);
     else
       fail(kWhat, "unknown key '", k, "' (expected kernel, warps, stages, staging, cluster, m_tiles, min_blocks, tma, ",
-           "wgmma, split_waves, v_scan)");
+           "wgmma, split_waves, v_scan, v_dequant)");
   }
   return ov;
 }
@@ -675,7 +708,7 @@ std::string plan_json(const GpuPlan& pl) {
   if (pl.kernel == KernelKind::kPrefillMma)
     o << ", \"m_tiles\": " << pl.m_tiles << ", \"min_blocks\": " << pl.min_blocks << ", \"tma\": "
       << (pl.tma ? "true" : "false") << ", \"wgmma\": " << (pl.wgmma ? "true" : "false") << ", \"v_scan\": "
-      << (pl.v_scan ? "true" : "false");
+      << (pl.v_scan ? "true" : "false") << ", \"v_dequant\": " << (pl.v_dequant ? "true" : "false");
   o << ", \"smem_bytes\": " << pl.smem_bytes << ", \"n_splits\": " << pl.n_splits << ", \"split_len\": "
     << pl.split_len << ", \"n_chunks\": " << pl.n_chunks << ", \"blocks\": " << pl.blocks
     << ", \"scratch_bytes\": " << pl.scratch_bytes << ", \"strided\": " << (pl.strided ? "true" : "false")

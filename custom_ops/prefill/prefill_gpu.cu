@@ -3,7 +3,8 @@
 //   * the tensor-core prefill (gpu/prefill_mma.cuh; CUDA sm_80+, float16 T, D 64 / 128 / 256): int8 mma Q.K, f16
 //     mma.sync P.V, or on sm_90a wgmma P.V from TMA tiles; with float16 V a long wgmma call first scans V once for
 //     NaN / Inf (gpu/v_scan.cuh), then runs the unflagged heads on an instance without the V check and the flagged
-//     ones on the checked instance;
+//     ones on the checked instance; a long q8_0 / q4_0 V call first converts V once into float16 rows
+//     (gpu/v_dequant.cuh) and runs the float16-V instance on them;
 //   * the tile kernel (gpu/attention_tile.cuh; every other case, and HIP): a block owns 64 rows of one (batch, KV
 //     head) row space and walks the keys in 64-key tiles; with causal masking it stops at the last key its rows can
 //     see, tiles that every row sees fully run without any check, only the causal tail (and explicit masks) is
@@ -13,6 +14,7 @@
 
 #include "gpu/attention_gpu_internal.h"
 #include "gpu/prefill_mma.cuh"
+#include "gpu/v_dequant.cuh"
 #include "gpu/v_scan.cuh"
 
 namespace dot4attn {
@@ -128,6 +130,17 @@ void run_prefill(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_
   }
 #if defined(D4A_HAS_PREFILL_MMA)
   if (pl.kernel == KernelKind::kPrefillMma) {
+    if (pl.v_dequant) {  // q8_0 / q4_0 V into float16 rows first (v_dequant.cuh), then the float16-V instance
+      uint8_t* vh = static_cast<uint8_t*>(scratch);
+      dequant_v(a, pl.v_source, vh, s);
+      TileArgs b = a;
+      b.vk = kVF16;
+      b.v = vh;
+      b.vs = nullptr;
+      b.v_stride = 2 * a.D;
+      b.vs_stride = 0;
+      return mma_vk<kVF16>(pl, b, vh + pl.v_dequant_bytes, s);
+    }
     switch (a.vk) {
       case kVF16: return mma_vk<kVF16>(pl, a, scratch, s);
       case kVQ8: return mma_vk<kVQ8>(pl, a, scratch, s);

@@ -29,7 +29,8 @@ FALLBACKS = {"prefill": ["kernel=tile"], "decode": ["kernel=simt", "kernel=tile"
 # The tensor-core kernels' instances (float16 T, D 64 / 128 / 256), forced on the long cases.
 MMA_DECODE = ["staging=cp_async", "staging=tma", "staging=regs", "staging=bulk", "cluster=1", "warps=2,stages=1",
               "warps=8"]
-MMA_PREFILL = ["tma=0", "wgmma=0", "min_blocks=2", "m_tiles=2", "tma=0,stages=1", "v_scan=0", "v_scan=1"]
+MMA_PREFILL = ["tma=0", "wgmma=0", "min_blocks=2", "m_tiles=2", "tma=0,stages=1", "v_scan=0", "v_scan=1",
+               "v_dequant=0", "v_dequant=1"]
 KERNEL_OF = {"kernel=simt": "decode_simt", "kernel=tile": "tile"}
 
 
@@ -196,7 +197,9 @@ def _run_strided(torch, name: str, route: str, overrides: str, layout: str = "pa
     what = f"{c} route={route} overrides={overrides!r} layout={strided.kv_layout}"
     assert plan.pop("strided") == (c.Sk > 0 and (layout == "packed" or c.B * c.Hkv > 1)), what
     assert dense_plan.pop("strided") is False, what
-    math = lambda pl: {k: v for k, v in pl.items() if k not in STAGING_KEYS}  # noqa: E731
+    # a dequantized V's float16 copy (v_dequant) spans the layout's rows per head: its scratch follows the layout
+    layout_bytes = ("scratch_bytes",) if plan.get("v_dequant") else ()
+    math = lambda pl: {k: v for k, v in pl.items() if k not in STAGING_KEYS + layout_bytes}  # noqa: E731
     if "staging=bulk" in overrides and layout == "packed" and math(plan) != math(dense_plan):
         # forced bulk copies may take other warps or no cluster (their shared memory, their instances) than the
         # dense call's fallback: the strided output is then checked against the reference
@@ -207,7 +210,8 @@ def _run_strided(torch, name: str, route: str, overrides: str, layout: str = "pa
         return
     assert math(plan) == math(dense_plan), f"{what}: strided plan {plan} != dense plan {dense_plan}"
     if layout == "rows" or ("staging=" in overrides and "staging=bulk" not in overrides):
-        assert plan == dense_plan, f"{what}: strided plan {plan} != dense plan {dense_plan}"
+        same = lambda pl: {k: v for k, v in pl.items() if k not in layout_bytes}  # noqa: E731
+        assert same(plan) == same(dense_plan), f"{what}: strided plan {plan} != dense plan {dense_plan}"
     differ = int((_bits(torch, out) != _bits(torch, dense_out)).sum())
     assert differ == 0, f"{what} plan={plan}: {differ} of {out.numel()} output values differ from the dense call"
 
@@ -303,3 +307,38 @@ def test_bad_overrides_are_refused(torch_cuda):
                          overrides="kernel=mma")
     with pytest.raises(native.NativeError, match="kernel=mma cannot run this call: tensor-core decode: float32 T"):
         native.gpu_plan(c)
+
+
+@pytest.mark.parametrize("v_format,D", [("q8_0", 128), ("q4_0", 128), ("q8_0", 64), ("q4_0", 64)])
+def test_v_dequant_prefill_matches_the_kernels_own_conversion(torch_cuda, v_format, D):
+    """A q8_0 / q4_0 V converted once into float16 rows (v_dequant=1) gives the output of the prefill that converts
+    each tile itself (v_dequant=0) bit for bit, poisoned V included: a NaN scale (the key's rows turn NaN where they
+    see it, as the contract says), a scale past the float16 limit (clamped to +-65504 in both) and an Inf one."""
+    torch = torch_cuda
+    from dot4attn.bench.cuda import _pack
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the float16-V wgmma prefill runs on sm_90")
+    g = torch.Generator(device="cuda").manual_seed(7)
+    B, Hq, Hkv, S = 1, 8, 2, 3000  # not a multiple of the 64-key tile: the last tile is partial
+    q = torch.randn(B, Hq, S, D, device="cuda", dtype=torch.float16, generator=g)
+    k = torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.float16, generator=g)
+    v = torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.float16, generator=g)
+    kp, ks = _pack(torch, k, "q8_0")
+    vp, vs = _pack(torch, v, v_format)
+    vs[0, 0, 2500, 0] = float("nan")
+    vs[0, 1, 1000, D // 32 - 1] = 600.0 if v_format == "q8_0" else 9000.0  # past 515.5 / 8188
+    vs[0, 1, 2999, 0] = float("inf")
+    outs, plans = [], []
+    for ov in ("v_dequant=0", "v_dequant=1"):
+        r = native.TorchAttention(q, kp, ks, vp, vs, torch.empty_like(q), v_format=v_format, route="prefill",
+                                  overrides=ov)
+        r.out.fill_(float("nan"))
+        plans.append(r(return_plan=True))
+        torch.cuda.synchronize()
+        outs.append(r.out.clone())
+    assert (plans[0]["v_dequant"], plans[1]["v_dequant"], plans[1]["wgmma"]) == (False, True, True), plans
+    a, b = outs
+    assert torch.equal(torch.isnan(a), torch.isnan(b))
+    assert torch.isnan(a[0, :, 2500:]).any() and not torch.isnan(a[0, :4, :2500]).any()  # seen from 2500 on
+    assert torch.equal(torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0))

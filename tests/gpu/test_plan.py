@@ -91,11 +91,36 @@ def test_h200_prefill_takes_wgmma(v_format):
     ("float", 2048, 2048, "", True), ("float", 8192, 8192, "", True),      # long float16-V prefills: one V scan
     ("float", 512, 512, "", False), ("float", 4096, 1024, "", False),      # short key walks: each tile checks V
     ("float", 512, 512, "v_scan=1", True), ("float", 8192, 8192, "v_scan=0", False),
-    ("q8_0", 8192, 8192, "", False), ("q4_0", 8192, 8192, "v_scan=1", False),  # q8_0 / q4_0: checked while converted
+    # q8_0 / q4_0 converted by the prefill itself: checked while converted
+    ("q8_0", 8192, 8192, "v_dequant=0", False), ("q4_0", 8192, 8192, "v_scan=1,v_dequant=0", False),
     ("float", 8192, 8192, "wgmma=0", False), ("float", 8192, 8192, "min_blocks=2", False)])  # no unchecked instance
 def test_prefill_v_scan_and_its_scratch(v_format, sq, sk, overrides, scan):
     p = plan(2, 32, 8, sq, sk, 128, v_format=v_format, overrides=overrides)
     assert (p["kernel"], p["v_scan"], p["scratch_bytes"]) == ("prefill_mma", scan, 2 * 8 * 4 if scan else 0)
+
+
+@pytest.mark.parametrize("v_format", ["q8_0", "q4_0"])
+def test_long_quantized_v_prefill_dequantizes_v_once(v_format):
+    """A long q8_0 / q4_0 V prefill on the H200 converts V once into float16 rows (v_dequant.cuh) and runs the
+    float16-V wgmma instance on them, with its V scan: scratch = the float16 copy (rows in the K layout) + the
+    flags. Short walks, v_dequant=0, and devices without that instance keep the kernel's own conversion; v_dequant=1
+    takes the copy wherever that instance runs, short walks too."""
+    p = plan(2, 32, 8, 8192, 8192, 128, v_format=v_format)
+    assert (p["kernel"], p["wgmma"], p["min_blocks"], p["v_dequant"], p["v_scan"]) == \
+        ("prefill_mma", True, 3, True, True), p
+    assert p["scratch_bytes"] == 2 * 8 * 8192 * 128 * 2 + 2 * 8 * 4
+    cache = plan(1, 28, 4, 16384, 131072, 128, v_format=v_format,
+                 kv_layout=packed_layout(128, v_format, 140000))  # a cache: the copy spans its rows per head
+    assert cache["v_dequant"] and cache["scratch_bytes"] == 4 * 140000 * 128 * 2 + 4 * 4, cache
+    for off in (plan(2, 32, 8, 8192, 8192, 128, v_format=v_format, overrides="v_dequant=0"),
+                plan(1, 32, 8, 512, 512, 128, v_format=v_format),
+                plan(1, 32, 8, 8192, 8192, 128, device=H100_PLAIN_SM90, v_format=v_format),
+                plan(1, 32, 8, 8192, 8192, 256, v_format=v_format)):
+        assert not off["v_dequant"] and off["scratch_bytes"] == 0, off
+    assert plan(1, 32, 8, 512, 512, 128, v_format=v_format, overrides="v_dequant=1")["v_dequant"]
+    assert not plan(1, 32, 8, 8192, 8192, 128, device=H100_PLAIN_SM90, v_format=v_format,
+                    overrides="v_dequant=1")["v_dequant"]
+    assert not plan(1, 32, 8, 8192, 8192, 128, v_format="float")["v_dequant"]
 
 
 def test_plain_sm90_build_keeps_mma_sync_at_two_blocks():
@@ -242,7 +267,9 @@ STAGING_KEYS = ("staging", "stages", "smem_bytes", "fallback", "strided")
 
 
 def math_of(p):
-    return {k: v for k, v in p.items() if k not in STAGING_KEYS}
+    """The parts of a plan that decide the output bits. A dequantized V's float16 copy (v_dequant) spans the rows per
+    head of the call's layout, so its scratch size follows the layout, not the math."""
+    return {k: v for k, v in p.items() if k not in STAGING_KEYS and not (k == "scratch_bytes" and p.get("v_dequant"))}
 
 
 STRIDED_SHAPES = [  # (B, Hq, Hkv, Sq, Sk, D, v_format, device): every kernel family the planner picks on dense rows
