@@ -9,6 +9,11 @@ Dot4GroupQueryAttention (dot4attn.passes.genai_gqa), copies the op library into 
 genai_config.json (model.decoder.session_options.custom_ops_library, resolved by genai in the model folder),
 copies every other file, and records the cache layout in dot4attn.json. Everything is written into a temporary
 folder next to OUT and renamed into place at the end: on any error nothing is left behind.
+
+Every folder written runs under plain `og.Generator`, or the rewrite refuses with the reason: genai_config.json
+must describe the graph (head size, heads, KV heads, layers), and a config that makes genai size the cache to a
+sliding window is refused. The one exception is asked for by name: `inplace_runner=True` (`--for-inplace-runner`)
+writes q4_0 V folders, which only dot4attn's in-place runner (dot4attn.inplace, `dot4attn generate`) can run.
 """
 from __future__ import annotations
 
@@ -82,8 +87,17 @@ def _external_files(model_path: Path) -> set[str]:
     return names
 
 
-def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str = "q8_0") -> GenaiRewriteReport:
-    """Rewrites the genai folder `src` into the new folder `dst` (which must not exist, or be empty)."""
+INPLACE_RUNNER_HINT = ("run it with `dot4attn generate OUT_DIR --token-ids ...` or dot4attn.inplace.InPlaceDecoder "
+                       "(docs/genai.md)")
+
+
+def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str = "q8_0", *,
+                   inplace_runner: bool = False, split_k_min_keys: int | None = None) -> GenaiRewriteReport:
+    """Rewrites the genai folder `src` into the new folder `dst` (which must not exist, or be empty).
+
+    inplace_runner: write a folder for dot4attn's in-place runner only; required for v_format "q4_0" (genai gives V
+    the K tensor's width, so og.Generator cannot run a q4_0 V folder). split_k_min_keys: the op's rule for decode
+    steps (split_k from this many keys on; None keeps the op's default, 2048)."""
     from .passes import RewriteError, load_checked, save_atomic
     from .passes.genai_gqa import GenaiRewriteError, float_mask_sum, rewrite_gqa, row_bytes
 
@@ -98,6 +112,18 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
     if (src / FACTS).exists():
         raise GenaiError(f"{src}: already rewritten by dot4attn ({FACTS} is there)")
     decoder = cfg["model"]["decoder"]
+    if v_format == "q4_0" and not inplace_runner:
+        d = decoder.get("head_size")
+        widths = (f" (K rows {row_bytes(d, 'q8_0')} bytes, q4_0 V rows {row_bytes(d, 'q4_0')})"
+                  if isinstance(d, int) and d > 0 and d % 32 == 0 else "")
+        raise GenaiError(f"--v-format q4_0: onnxruntime-genai allocates the V cache with the K cache's last "
+                         f"dimension{widths}, so og.Generator cannot run such a folder ('invalid dimensions'). "
+                         "Use --v-format q8_0 (the default) for a folder that runs under og.Generator, or pass "
+                         "--for-inplace-runner (Python: inplace_runner=True) to write a folder for dot4attn's "
+                         f"in-place runner only: {INPLACE_RUNNER_HINT}")
+    if split_k_min_keys is not None and split_k_min_keys < 1:
+        raise GenaiError(f"split_k_min_keys must be >= 1, got {split_k_min_keys}")
+    drop_window = _sliding_window_check(src, decoder)
     model_name = decoder["filename"]
     model_path = src / model_name
     if not model_path.is_file():
@@ -111,14 +137,26 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
 
     try:
         model = load_checked(model_path)
+        _refuse_multi_head_attention(model, model_path)
+        _check_head_size_against_graph(src / CONFIG, decoder, model)
         before = _kv_bytes(model, decoder.get("head_size"))
         layers = rewrite_gqa(model, v_format, decoder.get("head_size"))
+        _check_config_against_graph(src / CONFIG, decoder, layers)
+        if split_k_min_keys is not None:
+            for n in model.graph:
+                if n.op_type == "Dot4GroupQueryAttention":
+                    n.attributes["split_k_min_keys"] = ir_attr_int("split_k_min_keys", split_k_min_keys)
         after = _kv_bytes(model, None)
         positions = context_length(cfg)
         float_sums = float_mask_sum(model.graph, positions) if positions else 0
     except (RewriteError, GenaiRewriteError) as e:
         raise GenaiError(f"{model_path}: {e}") from None
     report = GenaiRewriteReport(len(layers), layers[0].head_size, layers[0].kv_heads, v_format, before, after)
+    if drop_window:
+        report.notes.append(f"{CONFIG}: model.decoder.sliding_window removed (it names no layer and every attention "
+                            "node attends to the whole cache; kept, genai would size the cache to the window)")
+    if inplace_runner:
+        report.notes.append(f"written for dot4attn's in-place runner, not og.Generator: {INPLACE_RUNNER_HINT}")
     if float_sums:
         report.notes.append("the sequence lengths (ReduceSum of attention_mask) are summed in float32, exact up to "
                             "2^24 positions: ONNX Runtime's CUDA ReduceSum of integers walks the mask in one block "
@@ -141,14 +179,20 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
         shutil.copy2(lib, tmp / LIBRARY)
         opts = decoder.setdefault("session_options", {})
         opts["custom_ops_library"] = LIBRARY
+        if drop_window:
+            del decoder["sliding_window"]
         (tmp / CONFIG).write_text(json.dumps(cfg, indent=4) + "\n")
         facts = {"dot4attn_version": __version__, "op": "Dot4GroupQueryAttention", "source": src.name,
                  "layers": report.layers, "kv_heads": report.kv_heads, "head_size": report.head_size,
                  "k_format": "q8_0", "v_format": v_format,
                  "k_row_bytes": row_bytes(report.head_size, "q8_0"), "v_row_bytes": row_bytes(report.head_size, v_format),
                  "kv_bytes_per_token_before": before, "kv_bytes_per_token_after": after,
-                 "mask_sum_float32": bool(float_sums)}
+                 "mask_sum_float32": bool(float_sums), "runner": "inplace" if inplace_runner else "og"}
+        if split_k_min_keys is not None:
+            facts["split_k_min_keys"] = split_k_min_keys
         (tmp / FACTS).write_text(json.dumps(facts, indent=2) + "\n")
+        # mkdtemp made the folder 0700; OUT gets the mode a new folder gets (0777 less the umask), as mkdir gives
+        os.chmod(tmp, 0o777 & ~_umask())
         if dst.exists():
             dst.rmdir()  # empty (checked above)
         os.rename(tmp, dst)
@@ -157,6 +201,101 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return report
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def ir_attr_int(name: str, value: int):
+    import onnx_ir as ir
+
+    return ir.AttrInt64(name, int(value))
+
+
+def _sliding_window_check(src: Path, decoder: dict) -> bool:
+    """genai_config's model.decoder.sliding_window makes onnxruntime-genai size the listed layers' caches to the
+    window (window_size + cache_slack positions, not max_length) and hand the model present buffers of that size,
+    which an append-only packed cache cannot follow (og then fails with 'present.0.key has shape {1,2,0,...}').
+    Returns True when the entry is harmless and is dropped from OUT's config: it names no layer (the builder
+    writes `layers: []` for a model whose layers all attend globally, e.g. Mistral with layer_types unset); the
+    nodes' local_window_size is -1 there (check_node refuses any other), so the original attends to the whole
+    cache too. Raises GenaiError otherwise."""
+    sw = decoder.get("sliding_window")
+    if sw is None:
+        return False
+    where = f"{src / CONFIG}: model.decoder.sliding_window"
+    if not isinstance(sw, dict):
+        raise GenaiError(f"{where} must be an object or null, got {sw!r}")
+    layers = sw.get("layers")
+    if layers == []:
+        return True
+    which = "every layer (no 'layers' list)" if layers is None else f"layers {layers}"
+    raise GenaiError(f"{where} (window_size {sw.get('window_size')}) puts {which} on a sliding-window cache: "
+                     "onnxruntime-genai sizes those caches to the window, and Dot4GroupQueryAttention keeps a "
+                     "whole-context cache and computes no sliding-window attention (docs/ops.md). Not supported")
+
+
+def _refuse_multi_head_attention(model, model_path: Path) -> None:
+    """The builder writes com.microsoft.MultiHeadAttention (not GroupQueryAttention) for fp16 on the CPU EP."""
+    if any(n.op_type == "GroupQueryAttention" for n in model.graph):
+        return
+    mha = [n for n in model.graph if n.op_type == "MultiHeadAttention" and n.domain == "com.microsoft"]
+    if mha:
+        raise GenaiError(f"{model_path}: its attention is com.microsoft.MultiHeadAttention ({len(mha)} nodes), which "
+                         "the model builder writes for -p fp16 -e cpu; the rewrite replaces GroupQueryAttention. "
+                         "Build the folder with -p fp32 or -p int4 for the CPU, or -e cuda for fp16")
+
+
+def _output_width(value) -> int | None:
+    """The width (num_heads * head_size) of an attention output, read off the projection that takes it: the weight's
+    first dimension of a MatMul, the K attribute of an int4 MatMulNBits. None when no such user says it."""
+    for user, _ in value.uses():
+        if user.op_type == "MatMulNBits" and "K" in user.attributes:
+            return int(user.attributes["K"].value)
+        if user.op_type == "MatMul" and len(user.inputs) > 1 and user.inputs[1] is not None:
+            sh = user.inputs[1].shape
+            if sh is not None and len(sh) == 2 and isinstance(sh[0], int):
+                return sh[0]
+    return None
+
+
+def _check_head_size_against_graph(cfg_path: Path, decoder: dict, model) -> None:
+    """The builder leaves the caches' last dimension symbolic, so the rewrite sizes the packed rows from
+    genai_config's head_size; a wrong one would write rows of the wrong width. The graph says the head size
+    through the output projection: width = num_heads * head_size."""
+    d = decoder.get("head_size")
+    if d is None:
+        return
+    for n in model.graph:
+        if n.op_type != "GroupQueryAttention" or "num_heads" not in n.attributes:
+            continue
+        heads, width = int(n.attributes["num_heads"].value), _output_width(n.outputs[0])
+        if width is not None and heads > 0 and width != heads * d:
+            raise GenaiError(f"{cfg_path}: model.decoder.head_size is {d!r} but the graph has {width / heads:g} "
+                             f"(node {n.name!r}: its output projection takes {width} = num_heads {heads} x head "
+                             "size); genai sizes the cache from the config: they must agree")
+
+
+def _check_config_against_graph(cfg_path: Path, decoder: dict, layers) -> None:
+    """genai sizes its cache buffers and runs its loops from genai_config.json, not from the graph: every number it
+    reads must be the graph's, or og fails at run time (or the rewrite would trust a wrong head_size)."""
+    num_heads = {int(L.node.attributes["num_heads"].value) for L in layers if "num_heads" in L.node.attributes}
+    graph = {"head_size": {L.head_size for L in layers}, "num_key_value_heads": {L.kv_heads for L in layers},
+             "num_attention_heads": num_heads, "num_hidden_layers": {len(layers)}}
+    for key, values in graph.items():
+        if key not in decoder or not values:
+            continue
+        if len(values) > 1:
+            raise GenaiError(f"{cfg_path}: the graph's attention nodes differ in {key} ({sorted(values)}); genai "
+                             "sizes every layer's cache alike")
+        (got,) = values
+        if decoder[key] != got:
+            what = "GroupQueryAttention layers" if key == "num_hidden_layers" else "on its GroupQueryAttention nodes"
+            raise GenaiError(f"{cfg_path}: model.decoder.{key} is {decoder[key]!r} but the graph has {got} ({what}); "
+                             "genai sizes the cache and its loops from the config: they must agree")
 
 
 def _kv_bytes(model, head_size: int | None) -> int:
@@ -174,10 +313,14 @@ def _kv_bytes(model, head_size: int | None) -> int:
 
 
 def generate(folder: str | os.PathLike, prompts: list[list[int]], max_new_tokens: int,
-             share_buffer: bool | None = None, max_length: int | None = None) -> list[list[int]]:
-    """Greedy generation under onnxruntime-genai: the new tokens of each prompt (one batch)."""
+             share_buffer: bool | None = None, max_length: int | None = None,
+             threads: int | None = None) -> list[list[int]]:
+    """Greedy generation under onnxruntime-genai: the new tokens of each prompt (one batch). threads: ONNX Runtime's
+    intra-op threads for the decoder (genai's session_options.intra_op_num_threads; None: the folder's own)."""
     og = import_og()
     cfg = og.Config(str(folder))
+    if threads:
+        cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": int(threads)}}}}))
     model = og.Model(cfg)
     params = og.GeneratorParams(model)
     longest = max(len(p) for p in prompts)

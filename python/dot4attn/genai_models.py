@@ -1,6 +1,6 @@
 """Random-weight onnxruntime-genai model folders for tests and benchmarks, made offline: a Hugging Face Qwen2 /
-Qwen3 model saved with transformers (weights from a seed; the speed and the agreement checks need real shapes, not
-real weights), a word-level tokenizer, then onnxruntime-genai's model builder.
+Qwen3 / Llama / Phi-3 / Mistral model saved with transformers (weights from a seed; the speed and the agreement
+checks need real shapes, not real weights), a word-level tokenizer, then onnxruntime-genai's model builder.
 
     hf = make_hf_model("qwen3-d128", tmp / "hf")
     folder = build_genai(hf, tmp / "fp32-cpu", precision="fp32", ep="cpu")
@@ -26,6 +26,13 @@ SHAPES = {
     # 7 query heads per KV head, D = 64 (Qwen2.5-0.5B's head layout)
     "gqa7-d64": ("qwen2", dict(hidden_size=448, intermediate_size=512, num_attention_heads=7,
                                num_key_value_heads=1)),
+    # Llama (separate q/k/v projections, no biases), D = 32
+    "llama": ("llama", dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)),
+    # Phi-3 mini (fused qkv_proj and gate_up_proj; the builder's Phi3MiniModel: max = original positions), D = 32
+    "phi3": ("phi3", dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)),
+    # Mistral with its config's sliding window (4096, as Mistral-7B v0.1's), D = 32
+    "mistral": ("mistral", dict(hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                                num_key_value_heads=2, sliding_window=4096)),
     # Real model shapes for the end-to-end benchmark (random weights).
     "qwen2.5-0.5b": ("qwen2", dict(hidden_size=896, intermediate_size=4864, num_attention_heads=14,
                                    num_key_value_heads=2, num_hidden_layers=24, vocab_size=151936)),
@@ -43,14 +50,19 @@ def make_hf_model(shape: str, out: str | os.PathLike, *, layers: int = 2, seed: 
     random init; float16 on a CUDA device takes seconds (the builder reads the saved safetensors either way)."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import (PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                              Qwen3ForCausalLM)
+    import transformers
+    from transformers import PreTrainedTokenizerFast
 
     arch, fields = SHAPES[shape]
     fields = dict(fields)
     fields.setdefault("num_hidden_layers", layers)
     fields.setdefault("vocab_size", VOCAB)
-    config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if arch == "qwen2" else (Qwen3Config, Qwen3ForCausalLM)
+    if arch == "phi3":  # equal to max_position_embeddings: the builder's Phi-3 mini (no LongRoPE factors)
+        fields.setdefault("original_max_position_embeddings", max_positions)
+        fields.setdefault("pad_token_id", PAD)  # Phi3Config's default (32000) is outside this vocabulary
+    prefix = {"qwen2": "Qwen2", "qwen3": "Qwen3", "llama": "Llama", "phi3": "Phi3", "mistral": "Mistral"}[arch]
+    config_cls = getattr(transformers, f"{prefix}Config")
+    model_cls = getattr(transformers, f"{prefix}ForCausalLM")
     cfg = config_cls(**fields, max_position_embeddings=max_positions, eos_token_id=PAD, bos_token_id=PAD,
                      tie_word_embeddings=False, initializer_range=init_range)
     torch.manual_seed(seed)

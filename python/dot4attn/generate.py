@@ -70,6 +70,13 @@ def run(args) -> int:
 
     if genai.is_genai_folder(args.model):
         return _run_genai(args)
+    from .rewrite import genai_folder_of
+
+    folder = genai_folder_of(args.model)
+    if folder is not None:
+        print(f"dot4attn generate: {args.model} is the decoder of the onnxruntime-genai folder {folder} "
+              f"(genai_config.json names it): pass the folder, `dot4attn generate {folder} ...`", file=sys.stderr)
+        return 2
     if args.batch != 1:
         print("dot4attn generate: --batch is for genai folders (--runner inplace)", file=sys.stderr)
         return 2
@@ -181,7 +188,7 @@ def _run_genai(args) -> int:
             print("dot4attn generate: empty prompt", file=sys.stderr)
             return 2
         t0 = time.perf_counter()
-        out = og_generate(args.model, [ids], args.max_new_tokens)[0]
+        out = og_generate(args.model, [ids], args.max_new_tokens, threads=args.threads or None)[0]
         dt = time.perf_counter() - t0
     except GenaiError as e:
         print(f"dot4attn generate: {e}", file=sys.stderr)

@@ -25,29 +25,45 @@ def add_arguments(p) -> None:
     p.add_argument("--v-format", choices=["float", "q8_0", "q4_0"], default=None,
                    help="V cache format: float (as exported), q8_0 (int8 + fp16 scale / 32) or q4_0 (default: float "
                         "for .onnx files; q8_0 for genai folders, whose K and V caches must share one layout)")
-    p.add_argument("--route", choices=["auto", "prefill", "decode", "split_k"], default="auto",
+    # --route and --split-k-min-keys default to None so that a genai folder can tell them given from not given
+    p.add_argument("--route", choices=["auto", "prefill", "decode", "split_k"], default=None,
                    help="Dot4Attention route attribute (default auto: Sq > 8 prefill, else decode / split_k); a "
                         "forced route applies to every call: decode/split_k models cannot run a prefill of > 8 "
-                        "tokens")
-    p.add_argument("--split-k-min-keys", type=int, default=2048, metavar="N",
-                   help="auto route: decode steps with at least N keys use split_k (default 2048)")
+                        "tokens. .onnx files only: a genai folder's Dot4GroupQueryAttention always picks per call")
+    p.add_argument("--split-k-min-keys", type=int, default=None, metavar="N",
+                   help="auto route: decode steps with at least N keys use split_k (default 2048; for a genai "
+                        "folder, the split_k_min_keys attribute of every Dot4GroupQueryAttention)")
     p.add_argument("--allow-partial", action="store_true",
-                   help="rewrite the layers that match and keep the others float (default: refuse)")
+                   help="rewrite the layers that match and keep the others float (default: refuse). .onnx files "
+                        "only: a genai folder's layers share one cache layout, so all are rewritten or none")
+    p.add_argument("--for-inplace-runner", action="store_true",
+                   help="genai folders: write a folder for dot4attn's in-place runner (dot4attn generate, "
+                        "dot4attn.inplace) that og.Generator cannot run; needed for --v-format q4_0 (genai gives V "
+                        "the K cache's width)")
 
 
 def run(args) -> int:
     from . import genai
 
-    if args.split_k_min_keys < 1:
-        print("dot4attn rewrite: --split-k-min-keys must be >= 1", file=sys.stderr)
+    if args.split_k_min_keys is not None and args.split_k_min_keys < 1:
+        print(f"dot4attn rewrite: --split-k-min-keys must be >= 1, got {args.split_k_min_keys}", file=sys.stderr)
         return 2
     if genai.is_genai_folder(args.input) or (Path(args.input).is_dir() and not Path(args.input).suffix):
         return _run_genai(args)
+    folder = genai_folder_of(args.input)
+    if folder is not None:
+        print(f"dot4attn rewrite: {args.input} is the decoder of the onnxruntime-genai folder {folder} "
+              f"(genai_config.json names it): pass the folder, `dot4attn rewrite {folder} OUT_DIR`\n"
+              "(no output written)", file=sys.stderr)
+        return 2
+    if args.for_inplace_runner:
+        print("dot4attn rewrite: --for-inplace-runner is for genai folders; an .onnx file is not one", file=sys.stderr)
+        return 2
     from .passes import RewriteError
 
     try:
-        report = rewrite(args.input, args.output, args.v_format or "float", args.route, args.split_k_min_keys,
-                         args.allow_partial)
+        report = rewrite(args.input, args.output, args.v_format or "float", args.route or "auto",
+                         args.split_k_min_keys or 2048, args.allow_partial)
     except (RewriteError, OSError) as e:  # OSError: reading IN (permissions, I/O errors); writes are RewriteError
         print(f"dot4attn rewrite: {e}\n(no output written)", file=sys.stderr)
         return 1
@@ -59,14 +75,40 @@ def run(args) -> int:
     return 0
 
 
+def genai_folder_of(path: str) -> Path | None:
+    """The genai folder whose genai_config.json names the file `path` as its decoder, else None."""
+    import json
+
+    p = Path(path)
+    cfg = p.parent / "genai_config.json"
+    if not p.is_file() or not cfg.is_file():
+        return None
+    try:
+        name = json.loads(cfg.read_text())["model"]["decoder"]["filename"]
+    except (ValueError, KeyError, TypeError, OSError):
+        return None
+    return p.parent if name == p.name else None
+
+
 def _run_genai(args) -> int:
     from .genai import GenaiError, rewrite_folder
 
     if args.v_format == "float":
         print("dot4attn rewrite: a genai folder's cache is packed: --v-format q8_0 (default) or q4_0", file=sys.stderr)
         return 2
+    # Options of the .onnx path that mean nothing here are refused, not ignored.
+    if args.route not in (None, "auto"):
+        print(f"dot4attn rewrite: --route {args.route} is for .onnx files (Dot4Attention's route attribute); a genai "
+              "folder's Dot4GroupQueryAttention picks its route per call (prefill for prompts, decode or split_k "
+              "by --split-k-min-keys)", file=sys.stderr)
+        return 2
+    if args.allow_partial:
+        print("dot4attn rewrite: --allow-partial is for .onnx files; genai gives every layer of a folder the same "
+              "cache layout, so a folder's layers are all rewritten or the rewrite is refused", file=sys.stderr)
+        return 2
     try:
-        report = rewrite_folder(args.input, args.output, args.v_format or "q8_0")
+        report = rewrite_folder(args.input, args.output, args.v_format or "q8_0",
+                                inplace_runner=args.for_inplace_runner, split_k_min_keys=args.split_k_min_keys)
     except GenaiError as e:
         print(f"dot4attn rewrite: {e}\n(no output written)", file=sys.stderr)
         return 1

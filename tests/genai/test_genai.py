@@ -18,6 +18,9 @@ from dot4attn.cli import main as cli
 
 MODELS = [("qwen2-bias", "fp32"), ("qwen3-d128", "fp32"), ("gqa7-d64", "fp32"),
           ("qwen2-bias", "int4"), ("qwen3-d128", "int4"), ("gqa7-d64", "int4")]
+# The other builder architectures of docs/genai.md, tiny fp32 CPU builds: Llama, Phi-3 (fused qkv_proj) and Mistral
+# (its config's sliding window, which the builder writes into genai_config.json naming no layer)
+ARCHITECTURES = [("llama", "fp32"), ("phi3", "fp32"), ("mistral", "fp32")]
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +33,8 @@ def rewritten(tmp_path_factory):
             src = genai_model(shape, precision)
             out = tmp_path_factory.mktemp("genai") / f"{shape}-{precision}-{v_format}"
             before = tree_digest(src)
-            assert cli(["rewrite", str(src), str(out), "--v-format", v_format]) == 0
+            inplace = ["--for-inplace-runner"] if v_format == "q4_0" else []  # og cannot allocate a q4_0 V cache
+            assert cli(["rewrite", str(src), str(out), "--v-format", v_format] + inplace) == 0
             assert tree_digest(src) == before, "IN must stay untouched"
             made[key] = (src, out)
         return made[key]
@@ -38,7 +42,7 @@ def rewritten(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("shape, precision", MODELS)
+@pytest.mark.parametrize("shape, precision", MODELS + ARCHITECTURES)
 def test_teacher_forced_logits_agree(rewritten, shape, precision):
     """64 positions as one prompt and as 64 decode steps on the shared in-place buffer: top-1 >= 95 %, KL <= 1e-3.
     Top-1 counts a flip between two tokens the original does not separate beyond its own prompt-vs-steps noise as a
@@ -90,14 +94,15 @@ def test_mask_sum_stays_integer_past_float32s_exact_range():
     assert float_mask_sum(model.graph, 1 << 24) == 1
 
 
-@pytest.mark.parametrize("shape, precision", MODELS[:3])
+@pytest.mark.parametrize("shape, precision", MODELS[:3] + ARCHITECTURES)
 def test_greedy_generation_under_og(rewritten, shape, precision, capsys):
-    """dot4attn generate on the folder: 32 new tokens through og.Generator."""
+    """dot4attn generate on the folder: 32 new tokens through og.Generator, or fewer ending in the end-of-text token
+    (256; the random Mistral's original greedily reaches it after 16)."""
     _, out = rewritten(shape, precision)
     capsys.readouterr()  # what the fixture printed (the rewrite's report, when this test makes the folder)
     assert cli(["generate", str(out), "--token-ids", "5,6,7,8", "--max-new-tokens", "32"]) == 0
     toks = capsys.readouterr().out.splitlines()[0].split()[1:]
-    assert len(toks) == 32 and all(0 <= int(t) < 257 for t in toks)
+    assert (len(toks) == 32 or 0 < len(toks) < 32 and toks[-1] == "256") and all(0 <= int(t) < 257 for t in toks)
 
 
 @pytest.mark.parametrize("share", [True, False], ids=["shared-buffer", "new-buffer-per-step"])
@@ -134,11 +139,75 @@ def test_fused_qk_norm_of_a_cuda_build_runs_on_the_cpu_ep(tmp_path):
 
 
 def test_q4_0_values_make_a_narrower_v_cache(rewritten):
-    """--v-format q4_0: V rows narrower than K's (for runtimes that size V on its own; genai 0.18 gives V the K
-    tensor's width, docs/genai.md)."""
+    """--v-format q4_0 --for-inplace-runner: V rows narrower than K's (for runtimes that size V on its own; genai
+    0.18 gives V the K tensor's width, docs/genai.md), and the folder says which runner it is for."""
     src, out = rewritten("qwen3-d128", "fp32", "q4_0")
     facts = json.loads((out / "dot4attn.json").read_text())
-    assert facts["v_row_bytes"] < facts["k_row_bytes"]
+    assert facts["v_row_bytes"] < facts["k_row_bytes"] and facts["runner"] == "inplace"
+    assert json.loads((rewritten("qwen3-d128", "fp32")[1] / "dot4attn.json").read_text())["runner"] == "og"
+
+
+def test_mistral_sliding_window_naming_no_layer_is_dropped(rewritten):
+    """The builder writes Mistral's sliding_window into genai_config.json with `layers: []` (no layer windowed; the
+    nodes' local_window_size is -1). Kept, genai sizes the packed present buffers to the window and og fails
+    ('present.0.key has shape {1,2,0,48}'); the rewrite drops it (the folder then runs: the tests above)."""
+    src, out = rewritten("mistral", "fp32")
+    assert json.loads((src / "genai_config.json").read_text())["model"]["decoder"]["sliding_window"]["layers"] == []
+    assert "sliding_window" not in json.loads((out / "genai_config.json").read_text())["model"]["decoder"]
+
+
+def test_split_k_min_keys_becomes_the_op_attribute(tmp_path, capsys):
+    src = genai_model("qwen2-bias", "fp32")
+    assert cli(["rewrite", str(src), str(tmp_path / "out"), "--split-k-min-keys", "64"]) == 0
+    m = onnx.load(str(tmp_path / "out" / "model.onnx"), load_external_data=False)
+    ops = [n for n in m.graph.node if n.op_type == "Dot4GroupQueryAttention"]
+    assert len(ops) == 2 and all(onnx.helper.get_attribute_value(a) == 64
+                                 for n in ops for a in n.attribute if a.name == "split_k_min_keys")
+    assert all(any(a.name == "split_k_min_keys" for a in n.attribute) for n in ops)
+    assert json.loads((tmp_path / "out" / "dot4attn.json").read_text())["split_k_min_keys"] == 64
+    capsys.readouterr()
+    assert cli(["generate", str(tmp_path / "out"), "--token-ids", "5,6,7", "--max-new-tokens", "4"]) == 0
+
+
+def test_out_modes_follow_the_umask(tmp_path):
+    """OUT is made like any new folder: 0777 less the umask (not mkdtemp's 0700); the files the rewrite writes
+    0666 less the umask; copied files keep their own mode."""
+    src = genai_model("qwen2-bias", "fp32")
+    old = os.umask(0o027)
+    try:
+        assert cli(["rewrite", str(src), str(tmp_path / "out")]) == 0
+    finally:
+        os.umask(old)
+    out = tmp_path / "out"
+    assert out.stat().st_mode & 0o777 == 0o750
+    for name in ("model.onnx", "genai_config.json", "dot4attn.json"):
+        assert (out / name).stat().st_mode & 0o777 == 0o640, name
+    assert (out / "tokenizer.json").stat().st_mode & 0o777 == (src / "tokenizer.json").stat().st_mode & 0o777
+
+
+def test_generate_threads_reach_og(rewritten, monkeypatch, capsys):
+    """generate --threads on a folder run by og.Generator: genai's decoder session gets intra_op_num_threads."""
+    import onnxruntime_genai
+
+    from dot4attn import genai
+
+    overlays = []
+
+    class Config(onnxruntime_genai.Config):
+        def overlay(self, text):
+            overlays.append(json.loads(text))
+            super().overlay(text)
+
+    class Og:
+        def __getattr__(self, name):
+            return Config if name == "Config" else getattr(onnxruntime_genai, name)
+
+    monkeypatch.setattr(genai, "import_og", Og)
+    _, out = rewritten("qwen2-bias", "fp32")
+    capsys.readouterr()
+    assert cli(["generate", str(out), "--runner", "og", "--token-ids", "5,6", "--max-new-tokens", "2",
+                "--threads", "1"]) == 0
+    assert overlays == [{"model": {"decoder": {"session_options": {"intra_op_num_threads": 1}}}}]
 
 
 @pytest.mark.parametrize("link", [True, False], ids=["same-file-system", "links-refused"])
@@ -166,11 +235,11 @@ def test_the_weights_are_shared_not_rewritten(tmp_path, monkeypatch, link):
 
 # ---- bad input: one clear error each, nothing written, IN untouched ------------------------------------------
 
-def _rewrite_fails(src, out, capsys, match, out_before=None):
+def _rewrite_fails(src, out, capsys, match, out_before=None, args=(), code=1):
     before = tree_digest(src)
-    assert cli(["rewrite", str(src), str(out)]) == 1
+    assert cli(["rewrite", str(src), str(out), *args]) == code
     err = capsys.readouterr().err
-    assert match in err and "no output written" in err, err
+    assert match in err and (code != 1 or "no output written" in err), err
     assert (tree_digest(Path(out)) if Path(out).exists() else None) == out_before
     assert not [p for p in Path(out).parent.iterdir() if p.name.startswith(f".{Path(out).name}.")]
     assert tree_digest(src) == before
@@ -247,3 +316,65 @@ def test_out_must_be_new(rewritten, tmp_path, capsys):
     (out / "keep.txt").write_text("mine")
     _rewrite_fails(src, out, capsys, "not an empty folder", out_before=tree_digest(out))
     assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_q4_0_folder_needs_the_in_place_runner_asked_for(tmp_path, capsys):
+    """og.Generator cannot run a q4_0 V folder (genai gives V the K cache's width): refused unless asked for."""
+    src = genai_model("qwen3-d128", "fp32")
+    _rewrite_fails(src, tmp_path / "out", capsys, "--for-inplace-runner", args=["--v-format", "q4_0"])
+    capsys.readouterr()
+    assert cli(["rewrite", str(src), str(tmp_path / "out"), "--v-format", "q4_0"]) == 1
+    err = capsys.readouterr().err
+    assert "K rows 144 bytes, q4_0 V rows 80" in err and "dot4attn generate OUT_DIR" in err
+    assert "InPlaceDecoder" in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, match", [(["--route", "decode"], "--route decode is for .onnx files"),
+                                         (["--allow-partial"], "--allow-partial is for .onnx files")])
+def test_options_of_onnx_files_are_refused_for_folders(tmp_path, capsys, args, match):
+    _rewrite_fails(genai_model("qwen2-bias", "fp32"), tmp_path / "out", capsys, match, args=args, code=2)
+
+
+def test_the_decoder_file_of_a_folder_points_at_the_folder(tmp_path, capsys):
+    src = genai_model("qwen2-bias", "fp32")
+    _rewrite_fails(src / "model.onnx", tmp_path / "out.onnx", capsys, "pass the folder", code=2)
+    assert cli(["generate", str(src / "model.onnx"), "--token-ids", "5"]) == 2
+    assert f"pass the folder, `dot4attn generate {src} ...`" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("key, value", [("head_size", 64), ("num_key_value_heads", 4), ("num_attention_heads", 8),
+                                        ("num_hidden_layers", 3)])
+def test_genai_config_must_agree_with_the_graph(tmp_path, capsys, key, value):
+    """genai sizes its caches and loops from genai_config.json: a number the graph contradicts is refused, both
+    values named. head_size is checked against the cache's static last dimension (qwen3-d128: 128)."""
+    src = _copy(genai_model("qwen3-d128", "fp32"), tmp_path)
+    cfg = json.loads((src / "genai_config.json").read_text())
+    graph_value = cfg["model"]["decoder"][key]
+    cfg["model"]["decoder"][key] = value
+    (src / "genai_config.json").write_text(json.dumps(cfg))
+    _rewrite_fails(src, tmp_path / "out", capsys, f"model.decoder.{key} is {value} but the graph has {graph_value}")
+
+
+def test_a_sliding_window_cache_is_refused(tmp_path, capsys):
+    """A sliding_window naming layers: genai sizes those caches to the window; the op keeps the whole context."""
+    src = _copy(genai_model("qwen2-bias", "fp32"), tmp_path)
+    cfg = json.loads((src / "genai_config.json").read_text())
+    cfg["model"]["decoder"]["sliding_window"] = {"window_size": 64, "slide_key_value_cache": False,
+                                                 "slide_inputs": False, "layers": [0, 1], "cache_slack": 0}
+    (src / "genai_config.json").write_text(json.dumps(cfg))
+    _rewrite_fails(src, tmp_path / "out", capsys, "sliding_window (window_size 64) puts layers [0, 1] on a "
+                   "sliding-window cache")
+
+
+def test_multi_head_attention_folders_say_what_to_build(tmp_path, capsys):
+    """The builder's fp16 CPU folders use com.microsoft.MultiHeadAttention: refused with what to build instead (the
+    graph here is an fp32 folder whose attention nodes are renamed, which is all the check looks at)."""
+    src = _copy(genai_model("qwen2-bias", "fp32"), tmp_path)
+    m = onnx.load(str(src / "model.onnx"), load_external_data=False)
+    for n in m.graph.node:
+        if n.op_type == "GroupQueryAttention":
+            n.op_type = "MultiHeadAttention"
+    onnx.save(m, str(src / "model.onnx"))
+    _rewrite_fails(src, tmp_path / "out", capsys, "MultiHeadAttention (2 nodes), which the model builder writes for "
+                   "-p fp16 -e cpu; the rewrite replaces GroupQueryAttention. Build the folder with -p fp32 or "
+                   "-p int4 for the CPU, or -e cuda for fp16")

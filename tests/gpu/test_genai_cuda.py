@@ -102,7 +102,7 @@ def test_inplace_decode_moves_no_cache_bytes_to_the_host(folders, tmp_path, v_fo
     src, out = folders("qwen3-d128")
     if v_format != "q8_0":
         out = tmp_path / v_format
-        assert cli(["rewrite", str(src), str(out), "--v-format", v_format]) == 0
+        assert cli(["rewrite", str(src), str(out), "--v-format", v_format, "--for-inplace-runner"]) == 0
     # launched kernel by kernel: ORT's profiler sees no node of a replayed CUDA graph
     dec = InPlaceDecoder(out, device="cuda", profile_prefix=str(tmp_path / "inplace"), cuda_graph=False)
     dec.reset(batch, 128)
@@ -129,7 +129,7 @@ def test_cuda_graph_steps_match_launched_steps(folders, tmp_path, v_format, leng
     src, out = folders("qwen3-d128")
     if v_format != "q8_0":
         out = tmp_path / v_format
-        assert cli(["rewrite", str(src), str(out), "--v-format", v_format]) == 0
+        assert cli(["rewrite", str(src), str(out), "--v-format", v_format, "--for-inplace-runner"]) == 0
     rng = np.random.default_rng(4)
     n, B = max(lengths), len(lengths)
     ids = rng.integers(1, 256, (B, n))

@@ -123,7 +123,7 @@ def prepare(cache: Path, spec: ModelSpec, calib_tokens: int = 512, log=print,
         def rewrite(tmp: Path, fmt=fmt):
             log(f"dot4attn rewrite --v-format {fmt} -> d4a-{fmt}")
             tmp.rmdir()  # rewrite_folder wants a new or empty folder and writes atomically itself
-            rewrite_folder(folders["genai"], tmp, fmt)
+            rewrite_folder(folders["genai"], tmp, fmt, inplace_runner=fmt == "q4_0")  # q4_0 V: row 4 runs in place
         folders[f"d4a-{fmt}"] = _atomic_dir(root / f"d4a-{fmt}", rewrite)
     return folders
 
