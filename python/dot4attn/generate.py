@@ -139,6 +139,14 @@ def _genai_runner(args) -> str:
     return "og"
 
 
+def _written_for_inplace_runner(folder) -> bool:
+    import json
+    from pathlib import Path
+
+    facts = Path(folder) / "dot4attn.json"
+    return facts.is_file() and json.loads(facts.read_text()).get("runner") == "inplace"
+
+
 def _run_inplace(args) -> int:
     """A genai folder through dot4attn.inplace (the caches live on --device, appended in place)."""
     from .inplace import InPlaceDecoder, greedy
@@ -173,6 +181,11 @@ def _run_genai(args) -> int:
 
     if _genai_runner(args) == "inplace":
         return _run_inplace(args)
+    if _written_for_inplace_runner(args.model):
+        print(f"dot4attn generate: {args.model} was rewritten for dot4attn's in-place runner (--for-inplace-runner: "
+              "its q4_0 V cache is narrower than K's, which onnxruntime-genai cannot allocate): use --runner inplace "
+              "or auto", file=sys.stderr)
+        return 2
     if args.batch != 1:
         print("dot4attn generate: --batch needs --runner inplace", file=sys.stderr)
         return 2

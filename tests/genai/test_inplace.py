@@ -47,6 +47,10 @@ def test_q4_0_values_run_in_place(folders, capsys):
     assert cli(["generate", str(out["q4_0"]), "--token-ids", "5,6,7", "--max-new-tokens", "16"]) == 0
     printed = capsys.readouterr().out
     assert "in-place cache" in printed and len(printed.splitlines()[0].split()) == 17
+    # og.Generator cannot allocate its V cache: asked for, the folder is refused with the reason, not run into
+    # genai's 'invalid dimensions'
+    assert cli(["generate", str(out["q4_0"]), "--runner", "og", "--token-ids", "5,6,7"]) == 2
+    assert "rewritten for dot4attn's in-place runner" in capsys.readouterr().err
 
 
 def test_batch_greedy_and_cache_accounting(folders):
