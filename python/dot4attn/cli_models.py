@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import sys
 
+from .cli_types import HelpFormatter, fraction, nonnegative_float, nonnegative_int, positive_int
+
 # pyproject.toml's [project.optional-dependencies] by import name, smallest extra first (tests/cli/test_cli.py
 # checks them against pyproject.toml).
 # genai holds the passes too: a genai folder is rewritten by them.
@@ -30,16 +32,43 @@ def missing_extra_message(command: str, module: str) -> str | None:
             f"pip install 'dot4attn[{extra}]' (from a checkout: pip install '.[{extra}]'){note}")
 
 
+EXPORT_DESCRIPTION = """\
+Exports a Qwen2 / Qwen3 decoder with its KV cache as inputs and outputs to ONNX: a seeded random-weight preset
+(no download) or a local Hugging Face folder. The result is what `dot4attn rewrite` takes.
+
+  dot4attn export --preset tiny --out tiny.onnx
+  dot4attn export --hf-dir ~/models/Qwen3-0.6B --exporter dynamo --out qwen3.onnx"""
+
+REWRITE_DESCRIPTION = """\
+Rewrites the attention of an exported decoder (.onnx) onto dot4attn's ops with a packed KV cache (K int8 + fp16
+scale per 32 values; V float, q8_0 or q4_0), or an onnxruntime-genai model-builder folder onto
+Dot4GroupQueryAttention (a new folder that og.Generator runs). IN is never changed; OUT is written whole or not at
+all. docs/passes.md, docs/genai.md.
+
+  dot4attn rewrite model.onnx rewritten.onnx --v-format q8_0
+  dot4attn rewrite qwen-genai/ qwen-genai-d4a/"""
+
+GENERATE_DESCRIPTION = """\
+Greedy generation: prefills the prompt, then decodes one token at a time with the model's KV cache fed back
+(packed, for a rewritten model). Prints the tokens (text with --tokenizer), prefill and decode speed and the
+cache's bytes. Takes .onnx decoders, original or rewritten, and onnxruntime-genai folders (docs/genai.md).
+
+  dot4attn generate rewritten.onnx --token-ids '1 17 42' --max-new-tokens 16
+  dot4attn generate qwen-genai-d4a/ --prompt 'Hello' --tokenizer qwen-genai-d4a/"""
+
+
 def _export_args(p) -> None:
     from .export import EXPORTERS
 
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--preset", help="seeded random-weight preset: tiny (head_dim 64), hd128, hd256, small")
     src.add_argument("--hf-dir", metavar="DIR", help="local Hugging Face model folder (Qwen2/Qwen3)")
-    p.add_argument("--arch", choices=["qwen2", "qwen3"], default="qwen3", help="with --preset (default qwen3)")
-    p.add_argument("--seed", type=int, default=0, help="with --preset (default 0)")
-    p.add_argument("--exporter", choices=EXPORTERS, default="dynamo")
-    p.add_argument("--out", required=True, metavar="PATH", help="output .onnx")
+    p.add_argument("--arch", choices=["qwen2", "qwen3"], default="qwen3", help="with --preset: the architecture "
+                   "(default qwen3)")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="with --preset: the weights' seed (default 0)")
+    p.add_argument("--exporter", choices=EXPORTERS, default="dynamo",
+                   help="how the decoder is traced to ONNX; the rewrite takes the graphs of every one (docs/passes.md)")
+    p.add_argument("--out", required=True, metavar="PATH", help="output .onnx (weights in external data next to it)")
 
 
 def _export_run(args) -> int:
@@ -57,21 +86,39 @@ def _export_run(args) -> int:
 
         what = "" if isinstance(e, ExportError) else f"{type(e).__name__}: "  # ExportError names the file itself
         print(f"dot4attn export: {what}{e}\n(no output written)", file=sys.stderr)
-        return 1
+        return EXIT_COULD_NOT_RUN
     print(f"wrote {out}")
     return 0
 
 
+# compare's exit status: a disagreement is an answer, a model that cannot be run is not one (scripts and CI tell them
+# apart). 2 is also what argparse and the missing-extra message exit with.
+EXIT_DISAGREE = 1
+EXIT_COULD_NOT_RUN = 2
+
+COMPARE_DESCRIPTION = """\
+Runs both decoders on the same seeded random prompt (prefill) and then teacher-forced decode steps, each step fed
+the ORIGINAL model's greedy token, and reports the top-1 agreement of the next-token choice, the mean KL divergence
+of the REWRITTEN model's next-token distribution from the ORIGINAL's, and the largest |logit difference|.
+
+  dot4attn compare model.onnx rewritten.onnx --prompt-len 64 --steps 32
+
+exit status: 0 the models agree (every threshold met); 1 they disagree (a threshold missed: FAIL names it);
+2 the comparison could not run (a bad or missing file, models that do not fit together, a bad option)."""
+
+
 def _compare_args(p) -> None:
-    p.add_argument("original", metavar="ORIGINAL")
-    p.add_argument("rewritten", metavar="REWRITTEN")
-    p.add_argument("--prompt-len", type=int, default=32)
-    p.add_argument("--steps", type=int, default=32, help="teacher-forced decode steps (default 32)")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--min-top1", type=float, default=0.95, help="fail below this top-1 agreement (default 0.95)")
-    p.add_argument("--max-kl", type=float, default=1e-3, help="fail above this mean KL (default 1e-3)")
-    p.add_argument("--max-logit-diff", type=float, default=None, help="fail above this max |logit diff|")
+    p.add_argument("original", metavar="ORIGINAL", help="the reference decoder (.onnx, as exported)")
+    p.add_argument("rewritten", metavar="REWRITTEN", help="the decoder to judge (.onnx, e.g. `dot4attn rewrite`'s)")
+    p.add_argument("--prompt-len", type=positive_int, default=32, help="prompt tokens prefilled")
+    p.add_argument("--steps", type=nonnegative_int, default=32,
+                   help="teacher-forced decode steps after the prompt (0: the prefill alone)")
+    p.add_argument("--batch", type=positive_int, default=1, help="sequences per call (each its own random prompt)")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random prompt tokens")
+    p.add_argument("--min-top1", type=fraction, default=0.95, help="disagree below this top-1 agreement")
+    p.add_argument("--max-kl", type=nonnegative_float, default=1e-3, help="disagree above this mean KL")
+    p.add_argument("--max-logit-diff", type=nonnegative_float, default=None,
+                   help="disagree above this max |logit diff| (default: not checked)")
 
 
 def _compare_run(args) -> int:
@@ -79,9 +126,11 @@ def _compare_run(args) -> int:
 
     try:
         c = compare(args.original, args.rewritten, args.prompt_len, args.steps, args.seed, args.batch)
+    except ModuleNotFoundError:
+        raise  # cli.main names the extra that brings it
     except Exception as e:
         print(f"dot4attn compare: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+        return EXIT_COULD_NOT_RUN
     for line in c.lines():
         print(line)
     bad = []
@@ -93,7 +142,7 @@ def _compare_run(args) -> int:
         bad.append(f"max |logit diff| {c.max_abs_logit_diff:.4f} > {args.max_logit_diff}")
     if bad:
         print("FAIL: " + "; ".join(bad), file=sys.stderr)
-        return 1
+        return EXIT_DISAGREE
     print("PASS")
     return 0
 
@@ -102,14 +151,18 @@ def add_model_commands(subparsers) -> None:
     from . import demo, generate, rewrite
 
     commands = [
-        ("export", "export a Qwen2/Qwen3 decoder with KV cache to ONNX", _export_args, _export_run),
-        ("rewrite", "rewrite an exported decoder onto dot4attn ops (packed KV cache)", rewrite.add_arguments,
-         rewrite.run),
-        ("generate", "greedy generation with the (packed) KV cache fed back", generate.add_arguments, generate.run),
-        ("compare", "prefill + teacher-forced decode on two models: top-1, KL, logits", _compare_args, _compare_run),
-        ("demo", "export a tiny Qwen, rewrite it, generate, compare, memory and speed", demo.add_arguments, demo.run),
+        ("export", "export a Qwen2/Qwen3 decoder with KV cache to ONNX", EXPORT_DESCRIPTION, _export_args,
+         _export_run),
+        ("rewrite", "rewrite an exported decoder or a genai folder onto dot4attn ops (packed KV cache)",
+         REWRITE_DESCRIPTION, rewrite.add_arguments, rewrite.run),
+        ("generate", "greedy generation with the (packed) KV cache fed back", GENERATE_DESCRIPTION,
+         generate.add_arguments, generate.run),
+        ("compare", "prefill + teacher-forced decode on two models: top-1, KL, logits", COMPARE_DESCRIPTION,
+         _compare_args, _compare_run),
+        ("demo", "export a tiny Qwen, rewrite it, generate, compare, memory and speed", demo.__doc__,
+         demo.add_arguments, demo.run),
     ]
-    for name, help_text, add_arguments, run in commands:
-        p = subparsers.add_parser(name, help=help_text)
+    for name, help_text, description, add_arguments, run in commands:
+        p = subparsers.add_parser(name, help=help_text, description=description, formatter_class=HelpFormatter)
         add_arguments(p)
         p.set_defaults(func=run)

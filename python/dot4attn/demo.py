@@ -15,13 +15,17 @@ def bytes_per_token(layers: int, hkv: int, d: int, k: str, v: str) -> float:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--arch", choices=["qwen2", "qwen3"], default="qwen3")
+    from .cli_types import positive_int
+
+    p.add_argument("--arch", choices=["qwen2", "qwen3"], default="qwen3", help="the tiny model's architecture")
     p.add_argument("--preset", default="tiny", help="tiny (head_dim 64), hd128, hd256, small (default tiny)")
     p.add_argument("--exporter", default="dynamo",
                    help="dynamo, dynamo23, dynamo23gqa, torchscript, optimum, transformers (default dynamo)")
-    p.add_argument("--v-format", choices=["float", "q8_0", "q4_0"], default="q8_0")
-    p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--workdir", default=None, help="where the models go (default: $DOT4ATTN_MODEL_CACHE/demo)")
+    p.add_argument("--v-format", choices=["float", "q8_0", "q4_0"], default="q8_0",
+                   help="V cache format of the rewritten model (K is always packed q8_0)")
+    p.add_argument("--new-tokens", type=positive_int, default=32, help="tokens each model generates")
+    p.add_argument("--workdir", default=None, help="where the models go (default: $DOT4ATTN_MODEL_CACHE/demo, "
+                   "else ~/.cache/dot4attn/models/demo)")
 
 
 def run(args) -> int:

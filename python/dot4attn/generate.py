@@ -44,23 +44,26 @@ def generate(model: str, token_ids: list[int], max_new_tokens: int, device: str 
 
 
 def add_arguments(p) -> None:
+    from .cli_types import nonnegative_int, positive_int, token_ids
+
     p.add_argument("model", metavar="MODEL", help="decoder ONNX model (original or rewritten), or an onnxruntime-genai "
                    "folder (run through onnxruntime-genai; its genai_config.json picks the device)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="text prompt (needs --tokenizer)")
-    src.add_argument("--token-ids", type=lambda s: [int(x) for x in s.replace(",", " ").split()],
-                     help="prompt token ids, e.g. '1 17 42'")
+    src.add_argument("--token-ids", type=token_ids, help="prompt token ids, e.g. '1 17 42'")
     p.add_argument("--tokenizer", metavar="DIR", help="HF tokenizer folder (for --prompt and decoding the output)")
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: default)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=32, help="tokens generated after the prompt")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where an .onnx model and --runner inplace run (--runner og: genai_config.json picks)")
+    p.add_argument("--threads", type=nonnegative_int, default=0,
+                   help="ONNX Runtime intra-op threads (default 0: ONNX Runtime's default)")
     p.add_argument("--runner", choices=["auto", "og", "inplace"], default="auto",
                    help="genai folders: og (onnxruntime-genai's Generator; its genai_config picks the device) or "
                         "inplace (dot4attn.inplace: ORT with the caches bound in place on --device; runs q4_0 V "
                         "folders too). auto: inplace for --device cuda on a rewritten folder, for q4_0 V folders "
                         "and without onnxruntime-genai; og otherwise")
-    p.add_argument("--batch", type=int, default=1, help="--runner inplace: decode this many copies of the prompt "
-                   "as one batch (default 1)")
+    p.add_argument("--batch", type=positive_int, default=1, help="--runner inplace: decode this many copies of the "
+                   "prompt as one batch (default 1)")
     p.add_argument("--no-cuda-graph", action="store_true", help="--runner inplace on --device cuda: launch every "
                    "decode step's kernels from the host instead of replaying them as one CUDA graph")
 

@@ -18,19 +18,23 @@ def rewrite(src: str, dst: str, v_format: str = "float", route: str = "auto", sp
 
 
 def add_arguments(p) -> None:
+    from .cli_types import positive_int
+
     p.add_argument("input", metavar="IN", help="exported decoder (.onnx; external data next to it is read) or an "
                    "onnxruntime-genai model folder (genai_config.json, model.onnx, tokenizer)")
     p.add_argument("output", metavar="OUT", help="rewritten model (.onnx) or, for a genai folder, a new folder; "
                    "written atomically, IN is never changed")
     p.add_argument("--v-format", choices=["float", "q8_0", "q4_0"], default=None,
                    help="V cache format: float (as exported), q8_0 (int8 + fp16 scale / 32) or q4_0 (default: float "
-                        "for .onnx files; q8_0 for genai folders, whose K and V caches must share one layout)")
+                        "for .onnx files, where dot4attn's runners size each cache from the graph; q8_0 for genai "
+                        "folders: onnxruntime-genai allocates the V cache with the K cache's dtype and last "
+                        "dimension, and K is packed q8_0 rows (uint8), so only q8_0 V runs under og.Generator)")
     # --route and --split-k-min-keys default to None so that a genai folder can tell them given from not given
     p.add_argument("--route", choices=["auto", "prefill", "decode", "split_k"], default=None,
                    help="Dot4Attention route attribute (default auto: Sq > 8 prefill, else decode / split_k); a "
                         "forced route applies to every call: decode/split_k models cannot run a prefill of > 8 "
                         "tokens. .onnx files only: a genai folder's Dot4GroupQueryAttention always picks per call")
-    p.add_argument("--split-k-min-keys", type=int, default=None, metavar="N",
+    p.add_argument("--split-k-min-keys", type=positive_int, default=None, metavar="N",
                    help="auto route: decode steps with at least N keys use split_k (default 2048; for a genai "
                         "folder, the split_k_min_keys attribute of every Dot4GroupQueryAttention)")
     p.add_argument("--allow-partial", action="store_true",

@@ -29,6 +29,7 @@ import numpy as np
 
 from .. import native
 from .. import reference as ref
+from ..cli_types import positive_int
 from . import report
 
 HEADS = [(32, 8, 128), (24, 4, 256)]
@@ -41,7 +42,7 @@ L2_FLUSHES = ("write", "read")  # how _Timer empties L2 before a timed call (the
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """CUDA-only options (the shared ones come from dot4attn.bench.add_arguments)."""
-    parser.add_argument("--cuda-repeats", type=int, default=20, help="timed calls per candidate (CUDA bench)")
+    parser.add_argument("--cuda-repeats", type=positive_int, default=20, help="timed calls per candidate (CUDA bench)")
     parser.add_argument("--l2-flush", choices=L2_FLUSHES, default=L2_FLUSHES[0],
                         help="how L2 is flushed before each timed call: write 256 MiB (default; the dirty lines' "
                              "write-back lands in the call, as in Triton's do_bench) or read 256 MiB (clean lines, "

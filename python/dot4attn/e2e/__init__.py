@@ -2,12 +2,16 @@
 
     dot4attn e2e --device cpu                      # Qwen2.5-0.5B shape, int4 weights, contexts 4k/16k
     dot4attn e2e --device cuda                     # Qwen2.5-7B shape, fp16, contexts 4k..128k, batch 1 and 16
+    dot4attn e2e --device cuda --precision int4    # the same with the builder's int4 weights (cuda-int4.*)
     dot4attn e2e --smoke                           # a tiny shape at contexts 64/128: the harness in seconds
 
 Rows (dot4attn.e2e.models): 1. the onnxruntime-genai builder model under og.Generator; 2. the same with ORT's own
 int8 KV cache (per-channel scales this command calibrates); 3. `dot4attn rewrite` (packed K + q8_0 V) under
 og.Generator; 4. packed K + q4_0 V under dot4attn.inplace. The random-weight models are built into --cache on first
-use. Writes DEVICE.json, DEVICE.md (the table and goals) and DEVICE.png (ms/token against context) into --out.
+use. Per case: time to first token (the prompt's prefill), decode ms/token, and the request time of the prompt plus
+--answer-tokens (TTFT + N x ms/token), each against row 1's. Writes NAME.json, NAME.md (the table and goals) and
+NAME.png (ms/token, TTFT and request time against context) into --out; NAME is the device, with the weights'
+precision where it is not the device's default (cuda-int4), or smoke. --render writes them again from NAME.json.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import json
 import os
 from pathlib import Path
 
+from ..cli_types import nonnegative_int, positive_int
 from .models import ROWS
 
 PRESETS = {  # device -> defaults
@@ -47,47 +52,43 @@ def _ints(text: str) -> list[int]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu: onnxruntime-genai + the CPU op library; cuda: onnxruntime-genai-cuda + a CUDA build")
-    p.add_argument("--smoke", action="store_true", help="tiny shape (qwen2-bias, 2 layers), contexts 64,128")
+    p.add_argument("--smoke", action="store_true", help="tiny shape (qwen2-bias, 2 layers), contexts 64,128: the "
+                   "harness in seconds; judges none of the real shape's goals")
     p.add_argument("--shape", help="a dot4attn.genai_models.SHAPES key (default: qwen2.5-0.5b cpu, qwen2.5-7b cuda)")
     p.add_argument("--precision", help="the builder's -p (default: int4 cpu, fp16 cuda)")
     p.add_argument("--contexts", type=_ints, help="context lengths (default cpu 4096,16384; cuda 4096 .. 131072)")
     p.add_argument("--batches", type=_ints, help="batch sizes (default cpu 1,2; cuda 1,16)")
     p.add_argument("--batch-contexts", type=_ints, help="contexts at which batches > 1 run (a subset of --contexts)")
-    p.add_argument("--steps", type=int, default=None, help="timed decode steps per case (default cpu 16, cuda 24)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed decode steps before them (default 2)")
-    p.add_argument("--chunk", type=int, help="batch-1 prefill tokens per call (default cpu 1024, cuda 16384): "
+    p.add_argument("--steps", type=positive_int, default=None,
+                   help="timed decode steps per case (default cpu 16, cuda 24)")
+    p.add_argument("--warmup", type=nonnegative_int, default=2, help="untimed decode steps before them (default 2)")
+    p.add_argument("--chunk", type=positive_int, help="batch-1 prefill tokens per call (default cpu 1024, cuda 16384): "
                    "bounds the CPU attention's [heads, tokens, context] score buffer")
     p.add_argument("--copied-prompt-contexts", type=_ints_or_none, metavar="N[,N...]|none",
                    help="contexts whose batches > 1 every row decodes by dot4attn.inplace over one sequence's "
                         "prefill copied to the batch, where onnxruntime-genai's one-call batch prompt does not fit "
                         "(default cuda 32768, cpu none)")
-    p.add_argument("--fit-context", type=int, help="search the largest batch of this context that fits "
+    p.add_argument("--fit-context", type=nonnegative_int, help="search the largest batch of this context that fits "
                    "(default: 32768 on cuda, off on cpu; 0: off)")
     p.add_argument("--no-cuda-graph", action="store_true",
                    help="cuda: launch every decode step's kernels from the host instead of replaying the step as a "
                         "CUDA graph (by default every row replays: onnxruntime-genai's enable_cuda_graph for rows "
                         "1-3, dot4attn.inplace's for row 4)")
-    p.add_argument("--answer-tokens", type=_positive_int, default=500, metavar="N",
+    p.add_argument("--answer-tokens", type=positive_int, default=500, metavar="N",
                    help="answer length of the request time reported beside each prefilled case: time to first "
                         "token + N x ms/token (default 500)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random weights and prompts")
     p.add_argument("--cache", type=Path, default=None, help="model cache folder (default $DOT4ATTN_MODEL_CACHE/e2e "
                    "or ~/.cache/dot4attn/models/e2e)")
-    p.add_argument("--out", type=Path, default=Path("e2e-out"), help="folder for DEVICE.json/.md/.png")
+    p.add_argument("--out", type=Path, default=Path("e2e-out"), help="folder for DEVICE.json/.md/.png (DEVICE: cpu, "
+                   "cuda or smoke)")
     p.add_argument("--rows", type=_rows, help=f"rows to run, comma-separated (default all: {', '.join(ROWS)})")
+    p.add_argument("--render", action="store_true",
+                   help="measure nothing: write OUT/DEVICE.md and .png (and the JSON's derived fields: ratios, TTFT, "
+                        "request times, goals) again from OUT/DEVICE.json with this version's report")
     p.add_argument("--resume", action="store_true",
                    help="keep what OUT/DEVICE.json already holds for the same model and settings and measure only "
                         "the rest (a long run split over several sittings)")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def _ints_or_none(text: str) -> list[int]:
@@ -180,6 +181,15 @@ def run(args) -> int:
         print(f"dot4attn e2e: {e}", file=sys.stderr)
         return 2
     shape, precision = args.shape or preset["shape"], args.precision or preset["precision"]
+    name = report.output_name(args.device, precision, smoke=args.smoke)  # cuda.json, cuda-int4.json, ...
+    if args.render:
+        path = args.out / f"{name}.json"
+        if not path.is_file():
+            print(f"dot4attn e2e: --render: no {path}", file=sys.stderr)
+            return 2
+        for written in report.render(path, args.answer_tokens, smoke=args.smoke).values():
+            con.log(f"wrote {written}")
+        return 0
     cache = args.cache or model_cache_dir() / "e2e"
     spec = ModelSpec(shape, precision, args.device, max(settings.contexts + [settings.fit_context]) + MARGIN)
     try:
@@ -193,7 +203,6 @@ def run(args) -> int:
                  settings=vars(settings), kl="batch 1 only: over the timed teacher-forced steps, against row 1",
                  answer_tokens=args.answer_tokens)
     vocab = int(json.loads((folders["genai"] / "genai_config.json").read_text())["model"]["vocab_size"])
-    name = "smoke" if args.smoke else args.device
     try:
         previous = resumed(args.out / f"{name}.json", facts, con.log) if args.resume else []
     except ValueError as e:

@@ -1,0 +1,205 @@
+"""The `dot4attn` CLI explains itself: every verb and option has help (with its default), numbers are checked by
+argparse with the option named, --version, exit codes that tell "disagree" from "could not run", and no traceback
+on Ctrl-C or a closed pipe."""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import dot4attn
+from dot4attn.cli import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, build_parser, main
+
+PYTHON_DIR = Path(dot4attn.__file__).resolve().parents[1]
+
+
+def _verbs() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(sub.choices)
+
+
+VERBS = _verbs()
+
+
+def test_every_verb_is_listed():
+    assert set(VERBS) == {"info", "bench", "e2e", "export", "rewrite", "generate", "compare", "demo"}
+
+
+@pytest.mark.parametrize("verb", sorted(VERBS))
+def test_verb_has_description_and_every_option_help(verb):
+    p = VERBS[verb]
+    assert p.description and len(p.description) > 40, f"{verb}: no description"
+    for action in p._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        name = "/".join(action.option_strings) or action.dest
+        assert action.help, f"dot4attn {verb} {name}: no help"
+        # named types, so that an argparse error never reads "invalid <lambda> value" or "invalid int value"
+        assert action.type not in (int, float), f"dot4attn {verb} {name}: bare {action.type.__name__} type"
+        assert getattr(action.type, "__name__", "") != "<lambda>", f"dot4attn {verb} {name}: a lambda type"
+
+
+@pytest.mark.parametrize("verb", sorted(VERBS))
+def test_help_shows_every_default(verb):
+    p = VERBS[verb]
+    text = p.format_help()
+    for action in p._actions:
+        if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+            # either the help says it in words or the formatter appended "(default: X)"
+            assert "default" in p._get_formatter()._expand_help(action), (verb, action.dest)
+    assert "%(default)" not in text
+
+
+def test_compare_help_states_exit_codes_and_defaults():
+    text = VERBS["compare"].format_help()
+    assert "(default: 32)" in text and "(default: 0.95)" in text
+    assert "1 they disagree" in text and "2 the comparison could not run" in text
+
+
+BAD_NUMBERS = [
+    ("compare", ["a.onnx", "b.onnx"], "--batch", "0", "an integer >= 1"),
+    ("compare", ["a.onnx", "b.onnx"], "--prompt-len", "0", "an integer >= 1"),
+    ("compare", ["a.onnx", "b.onnx"], "--steps", "-1", "an integer >= 0"),
+    ("compare", ["a.onnx", "b.onnx"], "--min-top1", "1.5", "a number in [0, 1]"),
+    ("compare", ["a.onnx", "b.onnx"], "--max-kl", "nan", "a number >= 0"),
+    ("compare", ["a.onnx", "b.onnx"], "--max-logit-diff", "-1", "a number >= 0"),
+    ("generate", ["m.onnx", "--token-ids", "1"], "--max-new-tokens", "0", "an integer >= 1"),
+    ("generate", ["m.onnx", "--token-ids", "1"], "--batch", "0", "an integer >= 1"),
+    ("generate", ["m.onnx", "--token-ids", "1"], "--threads", "-2", "an integer >= 0"),
+    ("generate", ["m.onnx"], "--token-ids", "1 x 3", "integers >= 0"),
+    ("generate", ["m.onnx"], "--token-ids", "1 -3", "integers >= 0"),
+    ("demo", [], "--new-tokens", "0", "an integer >= 1"),
+    ("export", ["--preset", "tiny", "--out", "m.onnx"], "--seed", "-1", "an integer >= 0"),
+    ("bench", [], "--batch", "0", "an integer >= 1"),
+    ("bench", [], "--threads", "-1", "an integer >= 0"),
+    ("bench", [], "--case-seconds", "-3", "a number >= 0"),
+    ("bench", [], "--decode-sk", "4096,0", "integers >= 1"),
+    ("bench", [], "--heads", "32,0,128", "Hq,Hkv,D"),
+    ("bench", [], "--heads", "32,5,128", "Hq a multiple of Hkv"),
+    ("e2e", [], "--steps", "0", "an integer >= 1"),
+    ("e2e", [], "--chunk", "0", "an integer >= 1"),
+    ("e2e", [], "--warmup", "-1", "an integer >= 0"),
+    ("e2e", [], "--contexts", "64,-1", "positive integers"),
+    ("e2e", [], "--answer-tokens", "0", "an integer >= 1"),
+]
+
+
+@pytest.mark.parametrize("verb,rest,option,value,expected", BAD_NUMBERS)
+def test_bad_number_is_refused_by_argparse(verb, rest, option, value, expected, capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args([verb, *rest, f"{option}={value}"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}" in err and expected in err and repr(value) in err, err
+    assert "<lambda>" not in err and "Traceback" not in err
+
+
+def test_good_numbers_parse():
+    args = build_parser().parse_args(["compare", "a", "b", "--batch", "2", "--steps", "0", "--min-top1", "1"])
+    assert (args.batch, args.steps, args.min_top1) == (2, 0, 1.0)
+    args = build_parser().parse_args(["generate", "m", "--token-ids", "1, 17 42"])
+    assert args.token_ids == [1, 17, 42]
+    assert build_parser().parse_args(["bench", "--prefill-sk", ""]).prefill_sk == []
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"dot4attn {dot4attn.__version__}; op library ")
+
+
+def test_version_without_the_library(monkeypatch, capsys):
+    monkeypatch.setenv("DOT4ATTN_LIBRARY", "/nonexistent/libdot4attn_ops.so")
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert f"dot4attn {dot4attn.__version__}" in out and "not loadable" in out and "/nonexistent" in out
+
+
+# ---- exit codes ---------------------------------------------------------------------------------------------------
+
+def test_compare_could_not_run_exits_2(tmp_path, capsys):
+    rc = main(["compare", str(tmp_path / "missing.onnx"), str(tmp_path / "also-missing.onnx")])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "missing.onnx" in err and "Traceback" not in err
+
+
+def test_compare_disagree_exits_1_and_agree_0(tmp_path, capsys):
+    from conftest_models import exported, need_ops
+
+    need_ops()
+    tiny = exported("qwen3", "tiny", "dynamo")
+    q4 = tmp_path / "q4.onnx"
+    assert main(["rewrite", str(tiny), str(q4), "--v-format", "q4_0"]) == 0
+    capsys.readouterr()
+    # q4_0 V is not exact: a zero KL bound is a disagreement, an answer rather than a failure to run
+    assert main(["compare", str(tiny), str(q4), "--prompt-len", "8", "--steps", "2", "--max-kl", "0"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.startswith("FAIL: ") and "mean KL" in captured.err and "Traceback" not in captured.err
+    assert main(["compare", str(tiny), str(tiny), "--prompt-len", "8", "--steps", "2"]) == 0
+    assert "PASS" in capsys.readouterr().out
+
+
+# ---- signals ------------------------------------------------------------------------------------------------------
+
+def _child(code: str, **kw) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
+    return subprocess.Popen([sys.executable, "-c", code], env=env, text=True, **kw)
+
+
+def test_ctrl_c_exits_130_with_one_line():
+    # `info` made to wait, so that the signal arrives while a verb runs
+    code = ("import sys, time\n"
+            "import dot4attn.cli as c\n"
+            "def slow(args):\n"
+            "    print('ready', file=sys.stderr, flush=True)\n"
+            "    time.sleep(60)\n"
+            "c._cmd_info = slow\n"
+            "sys.exit(c.main(['info']))\n")
+    p = _child(code, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert p.stderr.readline().strip() == "ready"
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    finally:
+        p.kill()
+    assert p.returncode == EXIT_INTERRUPTED, err
+    assert "Traceback" not in err and err.strip() == "dot4attn: interrupted", err
+
+
+def test_closed_pipe_is_quiet():
+    # the reader is gone before `info` writes: its first write meets a broken pipe
+    p = _child("import sys\nfrom dot4attn.cli import main\nsys.exit(main(['info']))\n",
+               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read()
+    p.wait(timeout=60)
+    assert err == "", err
+    assert p.returncode == EXIT_BROKEN_PIPE
+
+
+def test_piped_info_prints_the_whole_library_path(tmp_path):
+    from conftest_models import need_ops
+
+    need_ops()
+    deep = tmp_path / ("a-long-folder-name-" * 6) / ("another-long-folder-name-" * 4)
+    deep.mkdir(parents=True)
+    lib = deep / "libdot4attn_ops.so"
+    lib.symlink_to(Path(dot4attn.get_library_path()).resolve())
+    env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR), DOT4ATTN_LIBRARY=str(lib), COLUMNS="80")
+    r = subprocess.run([sys.executable, "-m", "dot4attn", "info"], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"op library: {lib}\n" in r.stdout, r.stdout
+    assert "library version: " in r.stdout
