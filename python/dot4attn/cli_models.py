@@ -99,21 +99,26 @@ EXIT_COULD_NOT_RUN = 2
 COMPARE_DESCRIPTION = """\
 Runs both decoders on the same seeded random prompt (prefill) and then teacher-forced decode steps, each step fed
 the ORIGINAL model's greedy token, and reports the top-1 agreement of the next-token choice, the mean KL divergence
-of the REWRITTEN model's next-token distribution from the ORIGINAL's, and the largest |logit difference|.
+of the REWRITTEN model's next-token distribution from the ORIGINAL's, and the largest |logit difference|. Two .onnx
+decoders: over every prompt position and step. Two onnxruntime-genai folders (the builder's and `dot4attn
+rewrite`'s): through og.Generator (a folder written for the in-place runner: dot4attn.inplace), one sequence, over
+the prompt's last position and every step.
 
   dot4attn compare model.onnx rewritten.onnx --prompt-len 64 --steps 32
+  dot4attn compare qwen-genai/ qwen-genai-d4a/
 
 exit status: 0 the models agree (every threshold met); 1 they disagree (a threshold missed: FAIL names it);
 2 the comparison could not run (a bad or missing file, models that do not fit together, a bad option)."""
 
 
 def _compare_args(p) -> None:
-    p.add_argument("original", metavar="ORIGINAL", help="the reference decoder (.onnx, as exported)")
-    p.add_argument("rewritten", metavar="REWRITTEN", help="the decoder to judge (.onnx, e.g. `dot4attn rewrite`'s)")
+    p.add_argument("original", metavar="ORIGINAL", help="the reference decoder (.onnx, as exported, or a genai folder)")
+    p.add_argument("rewritten", metavar="REWRITTEN", help="the decoder to judge (`dot4attn rewrite`'s .onnx or folder)")
     p.add_argument("--prompt-len", type=positive_int, default=32, help="prompt tokens prefilled")
     p.add_argument("--steps", type=nonnegative_int, default=32,
                    help="teacher-forced decode steps after the prompt (0: the prefill alone)")
-    p.add_argument("--batch", type=positive_int, default=1, help="sequences per call (each its own random prompt)")
+    p.add_argument("--batch", type=positive_int, default=1, help="sequences per call, each its own random prompt "
+                   "(.onnx files; genai folders: 1)")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random prompt tokens")
     p.add_argument("--min-top1", type=fraction, default=0.95, help="disagree below this top-1 agreement")
     p.add_argument("--max-kl", type=nonnegative_float, default=1e-3, help="disagree above this mean KL")
@@ -122,14 +127,33 @@ def _compare_args(p) -> None:
 
 
 def _compare_run(args) -> int:
-    from .compare import compare
+    from pathlib import Path
 
+    from .compare import compare, compare_folders
+
+    paths = [Path(args.original), Path(args.rewritten)]
+    folders = [p.is_dir() for p in paths]
+    if any(folders) and not all(folders):
+        what = ["a folder" if p.is_dir() else "a file" if p.exists() else "missing" for p in paths]
+        print(f"dot4attn compare: ORIGINAL and REWRITTEN must both be .onnx files or both onnxruntime-genai folders, "
+              f"got {paths[0]} ({what[0]}) and {paths[1]} ({what[1]})", file=sys.stderr)
+        return EXIT_COULD_NOT_RUN
+    if all(folders) and args.batch != 1:
+        print(f"dot4attn compare: --batch {args.batch}: genai folders are compared one sequence at a time "
+              "(onnxruntime-genai teacher-forces a batch of one)", file=sys.stderr)
+        return EXIT_COULD_NOT_RUN
     try:
-        c = compare(args.original, args.rewritten, args.prompt_len, args.steps, args.seed, args.batch)
+        if all(folders):
+            c = compare_folders(args.original, args.rewritten, args.prompt_len, args.steps, args.seed)
+        else:
+            c = compare(args.original, args.rewritten, args.prompt_len, args.steps, args.seed, args.batch)
     except ModuleNotFoundError:
         raise  # cli.main names the extra that brings it
     except Exception as e:
-        print(f"dot4attn compare: {type(e).__name__}: {e}", file=sys.stderr)
+        from .genai import GenaiError
+
+        what = "" if isinstance(e, GenaiError) else f"{type(e).__name__}: "  # GenaiError names the folder itself
+        print(f"dot4attn compare: {what}{e}", file=sys.stderr)
         return EXIT_COULD_NOT_RUN
     for line in c.lines():
         print(line)

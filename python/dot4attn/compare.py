@@ -199,6 +199,65 @@ def compare(original: str, rewritten: str, prompt_len: int = 32, steps: int = 32
                       seconds=(times[0], times[1]))
 
 
+def compare_folders(original: str, rewritten: str, prompt_len: int = 32, steps: int = 32,
+                    seed: int = 0) -> Comparison:
+    """compare() for two onnxruntime-genai folders (the builder's and `dot4attn rewrite`'s), one sequence: each runs
+    under og.Generator (a folder written for the in-place runner under dot4attn.inplace on the CPU) through
+    e2e.runners, the prompt prefilled, then `steps` teacher-forced steps fed the original's greedy token. Metrics
+    over the prompt's last position and every step: a runner hands back the last position's logits only.
+    Raises GenaiError (not a folder, no onnxruntime-genai, vocabularies that differ)."""
+    import json
+    from pathlib import Path
+
+    from .e2e.runners import cache_bytes_per_token, make_runner
+    from .genai import FACTS, GenaiError, is_genai_folder, read_config
+
+    folders = [Path(original), Path(rewritten)]
+    for f in folders:
+        if not is_genai_folder(f):
+            raise GenaiError(f"{f}: not an onnxruntime-genai folder (no genai_config.json)")
+    vocab = read_config(folders[0])["model"].get("vocab_size") or 1000
+
+    def kind(folder: Path) -> str:
+        facts = folder / FACTS
+        runner = json.loads(facts.read_text()).get("runner") if facts.is_file() else None
+        return "inplace" if runner == "inplace" else "og"
+
+    prompt = np.random.default_rng(seed).integers(3, vocab, size=(1, prompt_len))
+    max_length = prompt_len + steps + 1
+    runners = [make_runner(kind(f), f, "cpu") for f in folders]
+    try:
+        times = [r.start(prompt, max_length, prompt_len) for r in runners]
+        la, lb = (np.asarray(r.last, np.float64) for r in runners)
+        agree, kls, maxdiff = [], [], 0.0
+        for step in range(steps + 1):
+            if la.shape != lb.shape:
+                raise GenaiError(f"the folders' logits differ in shape: {la.shape} ({original}) vs {lb.shape} "
+                                 f"({rewritten}): not the same model")
+            ag, kl, md = logit_metrics(la, lb)
+            agree.append(ag.reshape(-1))
+            kls.append(kl.reshape(-1))
+            maxdiff = max(maxdiff, float(md))
+            if step == steps:
+                break
+            token = la.argmax(-1)[:, None]  # the original's greedy token, fed to both
+            for i, r in enumerate(runners):
+                t0 = time.perf_counter()
+                r.step(token)
+                times[i] += time.perf_counter() - t0
+            la, lb = (np.asarray(r.last, np.float64) for r in runners)
+    finally:
+        for r in runners:
+            r.stop()
+            r.close()
+    ag, kl = np.concatenate(agree), np.concatenate(kls)
+    per_token = tuple(cache_bytes_per_token(f) for f in folders)
+    return Comparison(positions=int(ag.size), top1=float(ag.mean()), mean_kl=float(kl.mean()),
+                      max_kl=float(kl.max()), max_abs_logit_diff=maxdiff,
+                      cache_bytes=tuple(b * (prompt_len + steps) for b in per_token), bytes_per_token=per_token,
+                      seconds=(times[0], times[1]))
+
+
 def padded_batch_vs_single(model: str, prompt_lens=(20, 32), steps: int = 4, seed: int = 1,
                            vocab: int | None = None, sess: DecoderSession | None = None) -> float:
     """Max |logit diff| between a left-padded batch (one row per prompt length) and each row run alone, over the

@@ -203,3 +203,46 @@ def test_piped_info_prints_the_whole_library_path(tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"op library: {lib}\n" in r.stdout, r.stdout
     assert "library version: " in r.stdout
+
+
+# ---- compare of onnxruntime-genai folders -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def builder_folders(tmp_path_factory):
+    """A small builder folder (tests/genai's, built once into the model cache) and its q8_0 rewrite."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "genai"))  # genai_support lives beside its tests
+    from genai_support import genai_model
+
+    from conftest_models import need_ops
+
+    need_ops()
+    src = genai_model("qwen2-bias", "fp32")
+    out = tmp_path_factory.mktemp("compare-genai") / "q8"
+    assert main(["rewrite", str(src), str(out)]) == 0
+    return src, out
+
+
+def test_compare_genai_folders(builder_folders, capsys):
+    src, out = builder_folders
+    capsys.readouterr()
+    assert main(["compare", str(src), str(out), "--prompt-len", "16", "--steps", "6"]) == 0
+    text = capsys.readouterr().out
+    assert "positions compared      : 7\n" in text  # the prompt's last position + 6 teacher-forced steps
+    assert "top-1 agreement         : 100.00%" in text and "1024 -> 384" in text and text.endswith("PASS\n")
+    # the same run against a zero KL bound: q8_0 V is close, not exact, so the folders disagree (1, not 2)
+    assert main(["compare", str(src), str(out), "--prompt-len", "16", "--steps", "2", "--max-kl", "0"]) == 1
+    assert capsys.readouterr().err.startswith("FAIL: mean KL")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["{src}", "{tmp}/missing.onnx"], "must both be .onnx files or both onnxruntime-genai folders"),
+    (["{src}", "{out}", "--batch", "2"], "one sequence at a time"),
+    (["{src}", "{tmp}"], "not an onnxruntime-genai folder"),
+])
+def test_compare_genai_folders_could_not_run(builder_folders, tmp_path, argv, message, capsys):
+    src, out = builder_folders
+    argv = [a.format(src=src, out=out, tmp=tmp_path) for a in argv]
+    capsys.readouterr()
+    assert main(["compare", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err

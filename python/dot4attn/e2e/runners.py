@@ -48,6 +48,7 @@ class OgRunner:
             config.set_provider_option("cuda", "enable_cuda_graph", "1")
         self.model = self.og.Model(config)
         self.gen = None
+        self.last = None  # the last position's logits of start() and step(tokens), as InplaceRunner keeps them
 
     def start(self, prompt: np.ndarray, max_length: int, chunk: int) -> float:
         params = self.og.GeneratorParams(self.model)
@@ -58,15 +59,18 @@ class OgRunner:
         t0 = time.perf_counter()
         for s in range(0, prompt.shape[1], chunk):
             self.gen.append_tokens(np.ascontiguousarray(prompt[:, s:s + chunk], np.int32))
-        np.asarray(self.gen.get_output("logits"))  # waits for the device
-        return time.perf_counter() - t0
+        logits = np.asarray(self.gen.get_output("logits"))  # waits for the device
+        elapsed = time.perf_counter() - t0
+        self.last = logits[:, -1] if logits.ndim == 3 else logits  # [B, S, vocab] or the builder's [B, vocab]
+        return elapsed
 
     def step(self, tokens: np.ndarray | None) -> np.ndarray:
         if tokens is None:  # a greedy step as a generation loop runs it: only the next tokens reach the host
             self.gen.generate_next_token()
             return np.asarray(self.gen.get_next_tokens())
         self.gen.append_tokens(np.ascontiguousarray(tokens, np.int32))
-        return np.asarray(self.gen.get_output("logits"))[:, -1]
+        self.last = np.asarray(self.gen.get_output("logits"))[:, -1]
+        return self.last
 
     def stop(self) -> None:
         self.gen = None
