@@ -1,7 +1,7 @@
 """onnxruntime-genai model folders: rewrite one onto the packed cache, run one through `og.Generator`.
 
     dot4attn rewrite GENAI_DIR OUT_DIR        # folder in, folder out (IN is never touched)
-    dot4attn generate OUT_DIR --prompt-ids 1,2,3
+    dot4attn generate OUT_DIR --token-ids 1,2,3
 
 A genai folder (what `python -m onnxruntime_genai.models.builder` writes) holds genai_config.json, the decoder
 (model.onnx and its external data) and tokenizer files. The rewrite replaces every GroupQueryAttention by
@@ -12,9 +12,10 @@ folder next to OUT and renamed into place at the end: on any error nothing is le
 
 Every folder written runs under plain `og.Generator`, or the rewrite refuses with the reason: genai_config.json
 must describe the graph (head size, heads, KV heads, layers), and a config that makes genai size the cache to a
-sliding window is refused. The one exception is asked for by name: `inplace_runner=True` (`--for-inplace-runner`)
-writes q4_0 V folders, which only dot4attn's in-place runner (dot4attn.inplace, `dot4attn generate`) can run.
-"""
+sliding window is refused, or, where no node attends through a window (the builder's Mistral), rewritten without
+the window and with the context capped to it (_sliding_window says why). The one exception is asked for by name:
+`inplace_runner=True` (`--for-inplace-runner`) writes q4_0 V folders, which only dot4attn's in-place runner
+(dot4attn.inplace, `dot4attn generate`) can run."""
 from __future__ import annotations
 
 import json
@@ -123,7 +124,12 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
                          f"in-place runner only: {INPLACE_RUNNER_HINT}")
     if split_k_min_keys is not None and split_k_min_keys < 1:
         raise GenaiError(f"split_k_min_keys must be >= 1, got {split_k_min_keys}")
-    drop_window = _sliding_window_check(src, decoder)
+    drop_window, window_cap = _sliding_window(src, cfg)
+    context_before = context_length(cfg)
+    if window_cap is not None:  # applied to OUT's config (written below); context_length() reads the cap from here
+        cfg["model"]["context_length"] = window_cap
+        search = cfg.setdefault("search", {})
+        search["max_length"] = min(search.get("max_length") or window_cap, window_cap)
     model_name = decoder["filename"]
     model_path = src / model_name
     if not model_path.is_file():
@@ -153,8 +159,13 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
         raise GenaiError(f"{model_path}: {e}") from None
     report = GenaiRewriteReport(len(layers), layers[0].head_size, layers[0].kv_heads, v_format, before, after)
     if drop_window:
-        report.notes.append(f"{CONFIG}: model.decoder.sliding_window removed (it names no layer and every attention "
-                            "node attends to the whole cache; kept, genai would size the cache to the window)")
+        window = decoder["sliding_window"]["window_size"]
+        capped = (f"; model.context_length {context_before} -> {window}: the original stops just past the window "
+                  "under og (genai sizes its caches to it), and up to it whole-context attention is the window's"
+                  if window_cap is not None else f" (the window, {window}, is no shorter than the context)")
+        report.notes.append(f"{CONFIG}: model.decoder.sliding_window removed: genai would give the op present "
+                            f"views of a window-sized cache it does not write; every node attends to the whole "
+                            f"cache{capped}")
     if inplace_runner:
         report.notes.append(f"written for dot4attn's in-place runner, not og.Generator: {INPLACE_RUNNER_HINT}")
     if float_sums:
@@ -215,27 +226,41 @@ def ir_attr_int(name: str, value: int):
     return ir.AttrInt64(name, int(value))
 
 
-def _sliding_window_check(src: Path, decoder: dict) -> bool:
-    """genai_config's model.decoder.sliding_window makes onnxruntime-genai size the listed layers' caches to the
-    window (window_size + cache_slack positions, not max_length) and hand the model present buffers of that size,
-    which an append-only packed cache cannot follow (og then fails with 'present.0.key has shape {1,2,0,...}').
-    Returns True when the entry is harmless and is dropped from OUT's config: it names no layer (the builder
-    writes `layers: []` for a model whose layers all attend globally, e.g. Mistral with layer_types unset); the
-    nodes' local_window_size is -1 there (check_node refuses any other), so the original attends to the whole
-    cache too. Raises GenaiError otherwise."""
+def _sliding_window(src: Path, cfg: dict) -> tuple[bool, int | None]:
+    """What OUT's config does with genai_config's model.decoder.sliding_window: (drop the entry, the context OUT is
+    capped to or None).
+
+    onnxruntime-genai (0.18) reads an entry whose `layers` list is empty (or absent) as one window for every layer:
+    it allocates every cache with window_size + slack positions (16 on the CPU EP when cache_slack is 0) and hands
+    the model present tensors sized to the run's logical length, views the op does not write (og fails with
+    'present.0.key has shape {1,2,0,...}'). The builder writes such an entry for Mistral (`layers: []`) while every
+    node attends to the whole cache (local_window_size -1; check_node refuses any other): the original then runs
+    exactly as without the entry up to window + slack positions and fails after. OUT drops the entry and, where the
+    window is shorter than the context, caps model.context_length (and search.max_length) to the window: up to
+    window_size positions whole-context attention is the window's, so OUT computes what the original and a sliding
+    window compute at every length it runs, and genai refuses a longer max_length before it starts. An entry that
+    names layers (their nodes attend through a window) or slides the cache itself is refused."""
+    decoder = cfg["model"]["decoder"]
     sw = decoder.get("sliding_window")
     if sw is None:
-        return False
+        return False, None
     where = f"{src / CONFIG}: model.decoder.sliding_window"
     if not isinstance(sw, dict):
         raise GenaiError(f"{where} must be an object or null, got {sw!r}")
-    layers = sw.get("layers")
-    if layers == []:
-        return True
-    which = "every layer (no 'layers' list)" if layers is None else f"layers {layers}"
-    raise GenaiError(f"{where} (window_size {sw.get('window_size')}) puts {which} on a sliding-window cache: "
-                     "onnxruntime-genai sizes those caches to the window, and Dot4GroupQueryAttention keeps a "
-                     "whole-context cache and computes no sliding-window attention (docs/ops.md). Not supported")
+    window, layers = sw.get("window_size"), sw.get("layers") or []
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        raise GenaiError(f"{where}.window_size must be a positive integer, got {window!r}")
+    if layers:
+        raise GenaiError(f"{where} (window_size {window}) puts layers {layers} on a sliding-window cache: "
+                         "onnxruntime-genai sizes those caches to the window, and Dot4GroupQueryAttention keeps a "
+                         "whole-context cache and computes no sliding-window attention (docs/ops.md). Not supported")
+    for key in ("slide_key_value_cache", "slide_inputs"):
+        if sw.get(key):
+            raise GenaiError(f"{where}.{key} is {sw[key]!r}: onnxruntime-genai slides the cache or the inputs of "
+                             "such a model itself (a static-shape windowed model), which the packed cache does not "
+                             "follow. Not supported")
+    positions = context_length(cfg)
+    return True, (window if positions is None or window < positions else None)
 
 
 def _refuse_multi_head_attention(model, model_path: Path) -> None:

@@ -148,12 +148,44 @@ def test_q4_0_values_make_a_narrower_v_cache(rewritten):
 
 
 def test_mistral_sliding_window_naming_no_layer_is_dropped(rewritten):
-    """The builder writes Mistral's sliding_window into genai_config.json with `layers: []` (no layer windowed; the
-    nodes' local_window_size is -1). Kept, genai sizes the packed present buffers to the window and og fails
-    ('present.0.key has shape {1,2,0,48}'); the rewrite drops it (the folder then runs: the tests above)."""
+    """The builder writes Mistral's sliding_window into genai_config.json with `layers: []` while every node attends
+    to the whole cache (local_window_size -1). genai reads it as one window for every layer: kept, og hands the op
+    present views it does not write ('present.0.key has shape {1,2,0,48}'). The rewrite drops it; the window
+    (4096) is the context here, so the context stays (the folder runs: the tests above)."""
     src, out = rewritten("mistral", "fp32")
     assert json.loads((src / "genai_config.json").read_text())["model"]["decoder"]["sliding_window"]["layers"] == []
-    assert "sliding_window" not in json.loads((out / "genai_config.json").read_text())["model"]["decoder"]
+    cfg = json.loads((out / "genai_config.json").read_text())
+    assert "sliding_window" not in cfg["model"]["decoder"] and cfg["model"]["context_length"] == 4096
+
+
+def test_a_window_shorter_than_the_context_caps_it(tmp_path, capsys):
+    """The same Mistral entry with a window (16) shorter than the context (4096): genai gives every layer a cache of
+    window + 16 positions, so the original stops after 32 positions under og. OUT drops the entry and caps the
+    context to the window, where the nodes' whole-cache attention is the window's: the original's logits over those
+    16 positions, and genai refuses a longer max_length before it runs."""
+    og = pytest.importorskip("onnxruntime_genai")
+    src = _copy(genai_model("mistral", "fp32"), tmp_path)
+    cfg = json.loads((src / "genai_config.json").read_text())
+    cfg["model"]["decoder"]["sliding_window"]["window_size"] = 16
+    (src / "genai_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(Exception, match=r"has shape \{1,2,32,32\} but the computed output shape for this run is "
+                                        r"\{1,2,33,32\}"):
+        teacher_forced_logits(src, list(range(5, 45)), "steps")  # the original past its window + 16
+    out = tmp_path / "out"
+    assert cli(["rewrite", str(src), str(out)]) == 0
+    assert "model.context_length 4096 -> 16" in capsys.readouterr().out
+    cfg = json.loads((out / "genai_config.json").read_text())
+    assert "sliding_window" not in cfg["model"]["decoder"]
+    assert cfg["model"]["context_length"] == cfg["search"]["max_length"] == 16
+    tokens = [int(t) for t in np.random.default_rng(1).integers(0, 256, 12)]  # + 4: teacher_forced_logits' max_length
+    for mode in ("prompt", "steps"):
+        top1, kl = agreement(teacher_forced_logits(src, tokens, mode), teacher_forced_logits(out, tokens, mode))
+        assert top1 >= 0.95 and kl <= 1e-3, f"{mode}: top-1 {top1:.3f}, KL {kl:.2e}"
+    model = og.Model(str(out))
+    params = og.GeneratorParams(model)
+    with pytest.raises(Exception, match=r"max_length \(17\) cannot be greater than model context_length \(16\)"):
+        params.set_search_options(max_length=17)
+        og.Generator(model, params)
 
 
 def test_split_k_min_keys_becomes_the_op_attribute(tmp_path, capsys):
@@ -355,15 +387,19 @@ def test_genai_config_must_agree_with_the_graph(tmp_path, capsys, key, value):
     _rewrite_fails(src, tmp_path / "out", capsys, f"model.decoder.{key} is {value} but the graph has {graph_value}")
 
 
-def test_a_sliding_window_cache_is_refused(tmp_path, capsys):
-    """A sliding_window naming layers: genai sizes those caches to the window; the op keeps the whole context."""
+@pytest.mark.parametrize("change, match", [
+    ({"layers": [0, 1]}, "sliding_window (window_size 64) puts layers [0, 1] on a sliding-window cache"),
+    ({"slide_key_value_cache": True}, "sliding_window.slide_key_value_cache is True: onnxruntime-genai slides"),
+    ({"window_size": 0}, "sliding_window.window_size must be a positive integer, got 0")])
+def test_a_sliding_window_cache_is_refused(tmp_path, capsys, change, match):
+    """A sliding_window naming layers (genai sizes those caches to the window, their nodes attend through it; the
+    op keeps and attends to the whole context), one genai slides itself, or one without a window."""
     src = _copy(genai_model("qwen2-bias", "fp32"), tmp_path)
     cfg = json.loads((src / "genai_config.json").read_text())
     cfg["model"]["decoder"]["sliding_window"] = {"window_size": 64, "slide_key_value_cache": False,
-                                                 "slide_inputs": False, "layers": [0, 1], "cache_slack": 0}
+                                                 "slide_inputs": False, "layers": [], "cache_slack": 0, **change}
     (src / "genai_config.json").write_text(json.dumps(cfg))
-    _rewrite_fails(src, tmp_path / "out", capsys, "sliding_window (window_size 64) puts layers [0, 1] on a "
-                   "sliding-window cache")
+    _rewrite_fails(src, tmp_path / "out", capsys, match)
 
 
 def test_multi_head_attention_folders_say_what_to_build(tmp_path, capsys):
