@@ -80,6 +80,51 @@ def test_time_to_first_token_and_request_time(smoke):
         assert r["ttft_vs_row1"] == pytest.approx(r["ttft_s"] / ref["ttft_s"])
 
 
+def _png_width(path) -> int:
+    return int.from_bytes(path.read_bytes()[16:20], "big")  # the IHDR chunk's width
+
+
+def test_render_writes_the_outputs_again_from_the_measurements(smoke, tmp_path):
+    """--render measures nothing: from OUT/NAME.json it derives the ratios, TTFT and request times again (here for
+    a 100-token answer) and writes the JSON, table and plot, the measurements as they were. The plot has the TTFT /
+    request panel beside the ms/token one."""
+    out, data = smoke
+    (tmp_path / "smoke.json").write_text(json.dumps(dict(
+        facts=data["facts"], results=[{k: v for k, v in r.items() if k not in ("ttft_s", "request_s", "ratio")}
+                                      for r in data["results"]])))
+    assert cli(["e2e", "--smoke", "--out", str(tmp_path), "--render", "--answer-tokens", "100"]) == 0
+    again = json.loads((tmp_path / "smoke.json").read_text())
+    assert again["facts"]["answer_tokens"] == 100 and again["goals"] == []
+    measured = ("ms_per_token", "prefill_s", "tokens_per_s", "kl", "cache_bytes", "memory_bytes")
+    assert [[r.get(k) for k in measured] for r in again["results"]] == \
+        [[r.get(k) for k in measured] for r in data["results"]]
+    for r in again["results"]:
+        assert r["request_s"] == pytest.approx(r["prefill_s"] + 100 * r["ms_per_token"] / 1e3)
+        assert r["ttft_s"] == r["prefill_s"] and r["ratio"] > 0
+    md = (tmp_path / "smoke.md").read_text()
+    assert "an answer of 100 tokens" in md and md.count("| d4a-q4_0 |") == 3
+    assert _png_width(tmp_path / "smoke.png") > 1200 and _png_width(out / "smoke.png") > 1200  # two panels
+
+
+def test_render_needs_the_json(tmp_path, capsys):
+    assert cli(["e2e", "--smoke", "--out", str(tmp_path), "--render"]) == 2
+    assert "--render: no " in capsys.readouterr().err and not any(tmp_path.iterdir())
+
+
+def test_output_names_carry_a_precision_other_than_the_devices_default(smoke, tmp_path):
+    """cuda.json holds fp16 weights' run and cuda-int4.json int4's, so both live in one --out; the CPU's default is
+    int4 (cpu.json). A run with --precision reads and writes its own file (--render and --resume alike)."""
+    from dot4attn.e2e.report import output_name
+
+    assert [output_name("cuda", "fp16"), output_name("cuda", "int4"), output_name("cpu", "int4"),
+            output_name("cpu", "fp32"), output_name("cpu", "fp32", smoke=True)] == \
+        ["cuda", "cuda-int4", "cpu", "cpu-fp32", "smoke"]
+    _, data = smoke
+    (tmp_path / "cpu-fp32.json").write_text(json.dumps(dict(facts=data["facts"], results=data["results"])))
+    assert cli(["e2e", "--device", "cpu", "--precision", "fp32", "--out", str(tmp_path), "--render"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu-fp32.json", "cpu-fp32.md", "cpu-fp32.png"]
+
+
 def test_request_time_goals_are_time_ratios():
     """The CUDA goals on a user's request are times over row 1's that must stay at or below the bar (TTFT <= 1x at
     32k-128k, 128k + answer <= 0.8x); a measured 0.7x passes the request goal, 1.1x fails the TTFT one."""

@@ -198,6 +198,31 @@ def ordered(results: list[dict]) -> list[dict]:
     return sorted(results, key=key)
 
 
+def output_name(device: str, precision: str, smoke: bool = False) -> str:
+    """The stem of the files a run writes into --out: the device (or "smoke"), and the weights' precision where it
+    is not the device's default (cuda's fp16, cpu's int4): cuda.json for fp16 weights, cuda-int4.json for int4."""
+    if smoke:
+        return "smoke"
+    return device if precision == DEFAULT_PRECISION.get(device) else f"{device}-{precision}"
+
+
+DEFAULT_PRECISION = {"cpu": "int4", "cuda": "fp16"}
+
+
+def render(path: Path, answer_tokens: int | None = None, smoke: bool = False) -> dict[str, Path]:
+    """Writes the table, goals and plot of a result file again from its measurements (path: OUT/NAME.json) with
+    this report's code: the ratios, TTFT and request times are derived again (for `answer_tokens`, default the
+    file's own or 500), nothing is measured. Returns the paths written (the JSON, the markdown, the plot)."""
+    data = json.loads(Path(path).read_text())
+    facts, results = data["facts"], ordered([dict(r) for r in data["results"]])
+    device = facts.get("settings", {}).get("device") or ("cuda" if "builder -e cuda" in facts["model"] else "cpu")
+    facts["answer_tokens"] = answer_tokens or facts.get("answer_tokens") or 500
+    facts["baseline_kv_bytes_per_token"] = baseline_kv_bytes(results, device, facts)
+    add_ratios(results, facts["weight_bytes"], facts["baseline_kv_bytes_per_token"], facts["answer_tokens"])
+    goal_list = goals(results, device, smoke=smoke)
+    return write_outputs(Path(path).parent, Path(path).stem, results, goal_list, facts)
+
+
 def write_outputs(out: Path, device: str, results, goal_list, facts) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / f"{device}.json", "md": out / f"{device}.md", "png": out / f"{device}.png"}
@@ -208,12 +233,16 @@ def write_outputs(out: Path, device: str, results, goal_list, facts) -> dict[str
 
 
 def plot(results: list[dict], path: Path, facts: dict) -> None:
+    """Left: decode ms/token against context, every row and batch. Right (where cases prefilled their own prompt):
+    at batch 1, the time to first token and the request time (TTFT + answer tokens x ms/token) against context."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
+    requests = [r for r in results if r.get("batch") == 1 and r.get("request_s") is not None]
+    fig, axes = plt.subplots(1, 2 if requests else 1, figsize=(13 if requests else 8, 5), squeeze=False)
+    ax = axes[0][0]
     batches = sorted({r["batch"] for r in results if "batch" in r})
     styles = ["-", "--", ":", "-."]
     for row in ROWS:
@@ -226,9 +255,28 @@ def plot(results: list[dict], path: Path, facts: dict) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("context (tokens)")
     ax.set_ylabel("decode ms/token (median)")
-    ax.set_title(f"{facts['model']}\n{facts['machine']}", fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
+    if requests:
+        ax = axes[0][1]
+        answer = facts.get("answer_tokens", 500)
+        for row in ROWS:
+            mine = sorted((r for r in requests if r["row"] == row), key=lambda r: r["context"])
+            if not mine:
+                continue
+            color, n = f"C{ROW_NUMBER[row] - 1}", ROW_NUMBER[row]
+            ctx = [r["context"] for r in mine]
+            ax.plot(ctx, [r["ttft_s"] for r in mine], "-", marker="o", color=color, label=f"{n}. {row}: TTFT")
+            ax.plot(ctx, [r["request_s"] for r in mine], "--", marker="s", color=color,
+                    label=f"{n}. {row}: TTFT + {answer} tokens")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("prompt (tokens)")
+        ax.set_ylabel("seconds, batch 1")
+        ax.set_title(f"time to first token and request time (prompt + {answer} tokens)", fontsize=9)
+        ax.grid(True, alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{facts['model']}\n{facts['machine']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
