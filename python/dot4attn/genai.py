@@ -192,13 +192,21 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
         opts["custom_ops_library"] = LIBRARY
         if drop_window:
             del decoder["sliding_window"]
+        model_type = cfg["model"].get("type")
+        if inplace_runner:
+            # genai refuses a model type it does not know when the model loads ("Unsupported model_type in
+            # config.json: <type>"): the type carries the reason, so plain og code stops at og.Model with it instead
+            # of at its first step with 'invalid dimensions'. dot4attn's runners read dot4attn.json, not the type.
+            cfg["model"]["type"] = (f"{model_type} rewritten by dot4attn for its in-place runner only (V {v_format}, "
+                                    "narrower than K: og.Generator cannot allocate it); " + INPLACE_RUNNER_HINT)
         (tmp / CONFIG).write_text(json.dumps(cfg, indent=4) + "\n")
         facts = {"dot4attn_version": __version__, "op": "Dot4GroupQueryAttention", "source": src.name,
                  "layers": report.layers, "kv_heads": report.kv_heads, "head_size": report.head_size,
                  "k_format": "q8_0", "v_format": v_format,
                  "k_row_bytes": row_bytes(report.head_size, "q8_0"), "v_row_bytes": row_bytes(report.head_size, v_format),
                  "kv_bytes_per_token_before": before, "kv_bytes_per_token_after": after,
-                 "mask_sum_float32": bool(float_sums), "runner": "inplace" if inplace_runner else "og"}
+                 "mask_sum_float32": bool(float_sums), "runner": "inplace" if inplace_runner else "og",
+                 "model_type": model_type}
         if split_k_min_keys is not None:
             facts["split_k_min_keys"] = split_k_min_keys
         (tmp / FACTS).write_text(json.dumps(facts, indent=2) + "\n")

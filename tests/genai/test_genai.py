@@ -144,7 +144,15 @@ def test_q4_0_values_make_a_narrower_v_cache(rewritten):
     src, out = rewritten("qwen3-d128", "fp32", "q4_0")
     facts = json.loads((out / "dot4attn.json").read_text())
     assert facts["v_row_bytes"] < facts["k_row_bytes"] and facts["runner"] == "inplace"
+    assert facts["model_type"] == json.loads((src / "genai_config.json").read_text())["model"]["type"] == "qwen3"
     assert json.loads((rewritten("qwen3-d128", "fp32")[1] / "dot4attn.json").read_text())["runner"] == "og"
+    # handed to plain og code, the folder stops at og.Model with the reason (its model type carries it), not at the
+    # first step with genai's 'invalid dimensions'; dot4attn's runners read dot4attn.json (tests/genai/test_inplace.py)
+    og = pytest.importorskip("onnxruntime_genai")
+    with pytest.raises(Exception, match=r"Unsupported model_type in config.json: qwen3 rewritten by dot4attn for its "
+                                        r"in-place runner only \(V q4_0, narrower than K: og.Generator cannot "
+                                        r"allocate it\); run it with `dot4attn generate OUT_DIR"):
+        og.Model(str(out))
 
 
 def test_mistral_sliding_window_naming_no_layer_is_dropped(rewritten):
