@@ -81,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache", type=Path, default=None, help="model cache folder (default $DOT4ATTN_MODEL_CACHE/e2e "
                    "or ~/.cache/dot4attn/models/e2e)")
     p.add_argument("--out", type=Path, default=Path("e2e-out"), help="folder for DEVICE.json/.md/.png (DEVICE: cpu, "
-                   "cuda or smoke)")
+                   "cuda or smoke; with the precision where it is not the device's default: cuda-int4)")
     p.add_argument("--rows", type=_rows, help=f"rows to run, comma-separated (default all: {', '.join(ROWS)})")
     p.add_argument("--render", action="store_true",
                    help="measure nothing: write OUT/DEVICE.md and .png (and the JSON's derived fields: ratios, TTFT, "
