@@ -122,6 +122,11 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
                          "Use --v-format q8_0 (the default) for a folder that runs under og.Generator, or pass "
                          "--for-inplace-runner (Python: inplace_runner=True) to write a folder for dot4attn's "
                          f"in-place runner only: {INPLACE_RUNNER_HINT}")
+    if inplace_runner and v_format != "q4_0":
+        # the folder would be barred from og.Generator (its model type says so) for nothing: K and V rows of one
+        # width run under og.Generator and under the in-place runner alike
+        raise GenaiError(f"--for-inplace-runner (inplace_runner=True) is for --v-format q4_0; a {v_format} V folder "
+                         "runs under og.Generator and under dot4attn's in-place runner as it is")
     if split_k_min_keys is not None and split_k_min_keys < 1:
         raise GenaiError(f"split_k_min_keys must be >= 1, got {split_k_min_keys}")
     drop_window, window_cap = _sliding_window(src, cfg)

@@ -42,8 +42,8 @@ def add_arguments(p) -> None:
                         "only: a genai folder's layers share one cache layout, so all are rewritten or none")
     p.add_argument("--for-inplace-runner", action="store_true",
                    help="genai folders: write a folder for dot4attn's in-place runner (dot4attn generate, "
-                        "dot4attn.inplace) that og.Generator cannot run; needed for --v-format q4_0 (genai gives V "
-                        "the K cache's width)")
+                        "dot4attn.inplace) that og.Generator cannot run; needed for, and only taken with, "
+                        "--v-format q4_0 (genai gives V the K cache's width)")
 
 
 def run(args) -> int:

@@ -367,6 +367,9 @@ def test_q4_0_folder_needs_the_in_place_runner_asked_for(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "K rows 144 bytes, q4_0 V rows 80" in err and "dot4attn generate OUT_DIR" in err
     assert "InPlaceDecoder" in err and not (tmp_path / "out").exists()
+    # asked for without q4_0, it would bar og.Generator from a folder it runs
+    _rewrite_fails(src, tmp_path / "out", capsys, "--for-inplace-runner (inplace_runner=True) is for --v-format "
+                   "q4_0; a q8_0 V folder runs under og.Generator", args=["--for-inplace-runner"])
 
 
 @pytest.mark.parametrize("args, match", [(["--route", "decode"], "--route decode is for .onnx files"),
