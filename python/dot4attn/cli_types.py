@@ -72,7 +72,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         help_text = action.help or ""
-        if ("default" in help_text or action.default in (None, False, argparse.SUPPRESS)
+        # `is`, not `in (None, False, ...)`: 0 == False, and a default of 0 (a seed, a count) is one to show
+        if ("default" in help_text or any(action.default is none for none in (None, False, argparse.SUPPRESS))
                 or not action.option_strings):
             return help_text
         return help_text + " (default: %(default)s)"

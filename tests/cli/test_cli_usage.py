@@ -50,7 +50,8 @@ def test_help_shows_every_default(verb):
     p = VERBS[verb]
     text = p.format_help()
     for action in p._actions:
-        if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+        # identity: 0 == False, and a default of 0 (compare --seed) must show too
+        if action.option_strings and not any(action.default is none for none in (None, False, argparse.SUPPRESS)):
             # either the help says it in words or the formatter appended "(default: X)"
             assert "default" in p._get_formatter()._expand_help(action), (verb, action.dest)
     assert "%(default)" not in text
