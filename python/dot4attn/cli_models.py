@@ -131,7 +131,17 @@ def _compare_run(args) -> int:
 
     from .compare import compare, compare_folders
 
+    from .rewrite import genai_folder_of
+
     paths = [Path(args.original), Path(args.rewritten)]
+    # A genai folder's model.onnx would get DecoderSession's "needs static heads" (the builder's cache dims are
+    # symbolic): say to pass the folder, which compare runs through onnxruntime-genai.
+    for p in paths:
+        folder = genai_folder_of(str(p))
+        if folder is not None:
+            print(f"dot4attn compare: {p} is the decoder of the onnxruntime-genai folder {folder} (genai_config.json "
+                  "names it): compare the folders, `dot4attn compare ORIGINAL_DIR REWRITTEN_DIR`", file=sys.stderr)
+            return EXIT_COULD_NOT_RUN
     folders = [p.is_dir() for p in paths]
     if any(folders) and not all(folders):
         what = ["a folder" if p.is_dir() else "a file" if p.exists() else "missing" for p in paths]

@@ -210,12 +210,18 @@ def compare_folders(original: str, rewritten: str, prompt_len: int = 32, steps: 
     from pathlib import Path
 
     from .e2e.runners import cache_bytes_per_token, make_runner
-    from .genai import FACTS, GenaiError, is_genai_folder, read_config
+    from .genai import FACTS, GenaiError, context_length, is_genai_folder, read_config
 
     folders = [Path(original), Path(rewritten)]
+    # the prompt and every teacher-forced token: the last step's token is the last one the caches hold
+    max_length = prompt_len + steps
     for f in folders:
         if not is_genai_folder(f):
             raise GenaiError(f"{f}: not an onnxruntime-genai folder (no genai_config.json)")
+        most = context_length(read_config(f))
+        if most is not None and max_length > most:
+            raise GenaiError(f"{f}: a prompt of {prompt_len} and {steps} steps need {max_length} positions, more than "
+                             f"its genai_config.json allows ({most})")
     vocab = read_config(folders[0])["model"].get("vocab_size") or 1000
 
     def kind(folder: Path) -> str:
@@ -224,7 +230,6 @@ def compare_folders(original: str, rewritten: str, prompt_len: int = 32, steps: 
         return "inplace" if runner == "inplace" else "og"
 
     prompt = np.random.default_rng(seed).integers(3, vocab, size=(1, prompt_len))
-    max_length = prompt_len + steps + 1
     runners = [make_runner(kind(f), f, "cpu") for f in folders]
     try:
         times = [r.start(prompt, max_length, prompt_len) for r in runners]

@@ -238,6 +238,11 @@ def test_compare_genai_folders(builder_folders, capsys):
     (["{src}", "{tmp}/missing.onnx"], "must both be .onnx files or both onnxruntime-genai folders"),
     (["{src}", "{out}", "--batch", "2"], "one sequence at a time"),
     (["{src}", "{tmp}"], "not an onnxruntime-genai folder"),
+    # a folder's decoder file passed for the folder: pointed at the folder (not "needs static heads")
+    (["{src}/model.onnx", "{out}/model.onnx"], "is the decoder of the onnxruntime-genai folder"),
+    (["{src}/model.onnx", "{tmp}/missing.onnx"], "compare the folders"),
+    # more positions than genai_config.json's context_length (4096): refused before og runs
+    (["{src}", "{out}", "--prompt-len", "4000", "--steps", "97"], "need 4097 positions, more than"),
 ])
 def test_compare_genai_folders_could_not_run(builder_folders, tmp_path, argv, message, capsys):
     src, out = builder_folders
