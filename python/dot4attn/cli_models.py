@@ -130,7 +130,6 @@ def _compare_run(args) -> int:
     from pathlib import Path
 
     from .compare import compare, compare_folders
-
     from .rewrite import genai_folder_of
 
     paths = [Path(args.original), Path(args.rewritten)]
