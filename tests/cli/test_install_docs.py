@@ -1,6 +1,7 @@
 """The documented install lines bring what their commands need: every extra a model command uses holds the graph
 passes' packages (`pip install 'dot4attn[genai]'`, docs/genai.md's line, must run `rewrite`), the README's set-up
-line is the one CI runs, and the README's CPU-only build switch is a real option of the CMake build."""
+line is the one CI runs, the README's CPU-only build switch is a real option of the CMake build, and the README
+lists the exit codes."""
 from __future__ import annotations
 
 import re
@@ -76,3 +77,14 @@ def test_cpu_only_switch_is_a_cmake_option():
     assert re.search(r"PROPERTY STRINGS[^)]*\bOFF\b", gpu)
     # the build says, where pip -v shows it, that the CUDA kernels take minutes and how to skip them
     assert re.search(r"message\(STATUS[^)]*CUDA kernels takes minutes[^)]*DOT4ATTN_CUDA=OFF", gpu)
+
+
+def test_readme_documents_the_exit_codes():
+    from dot4attn.cli import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED
+    from dot4attn.cli_models import EXIT_COULD_NOT_RUN, EXIT_DISAGREE
+
+    text = " ".join((ROOT / "README.md").read_text().split())  # line breaks as spaces
+    for code, meaning in [(EXIT_DISAGREE, "a check failed (`compare`: the models disagree"),
+                          (EXIT_COULD_NOT_RUN, "the command could not run"), (EXIT_INTERRUPTED, "interrupted (Ctrl-C)"),
+                          (EXIT_BROKEN_PIPE, "the reader of the output went away")]:
+        assert f"{code} {meaning}" in text, (code, meaning)
