@@ -59,9 +59,11 @@ cache's bytes. Takes .onnx decoders, original or rewritten, and onnxruntime-gena
 
 def _export_args(p) -> None:
     from .export import EXPORTERS
+    from .recipes import PRESETS
 
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--preset", help="seeded random-weight preset: tiny (head_dim 64), hd128, hd256, small")
+    src.add_argument("--preset", choices=sorted(PRESETS),
+                     help="seeded random-weight preset: tiny (head_dim 64), hd128, hd256, small")
     src.add_argument("--hf-dir", metavar="DIR", help="local Hugging Face model folder (Qwen2/Qwen3)")
     p.add_argument("--arch", choices=["qwen2", "qwen3"], default="qwen3", help="with --preset: the architecture "
                    "(default qwen3)")

@@ -2,6 +2,7 @@
 comparison, the KV-cache memory table and the speed. Runs in about a minute on 2 CPU cores."""
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -16,11 +17,14 @@ def bytes_per_token(layers: int, hkv: int, d: int, k: str, v: str) -> float:
 
 def add_arguments(p) -> None:
     from .cli_types import positive_int
+    from .export import EXPORTERS
+    from .recipes import PRESETS
 
     p.add_argument("--arch", choices=["qwen2", "qwen3"], default="qwen3", help="the tiny model's architecture")
-    p.add_argument("--preset", default="tiny", help="tiny (head_dim 64), hd128, hd256, small (default tiny)")
-    p.add_argument("--exporter", default="dynamo",
-                   help="dynamo, dynamo23, dynamo23gqa, torchscript, optimum, transformers (default dynamo)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
+                   help="seeded random-weight preset: tiny (head_dim 64), hd128, hd256, small")
+    p.add_argument("--exporter", choices=EXPORTERS, default="dynamo",
+                   help="how the decoder is traced to ONNX (docs/passes.md)")
     p.add_argument("--v-format", choices=["float", "q8_0", "q4_0"], default="q8_0",
                    help="V cache format of the rewritten model (K is always packed q8_0)")
     p.add_argument("--new-tokens", type=positive_int, default=32, help="tokens each model generates")
@@ -28,18 +32,25 @@ def add_arguments(p) -> None:
                    "else ~/.cache/dot4attn/models/demo)")
 
 
-def run(args) -> int:
+def console():
+    """rich's Console for the demo's report: a terminal's width on a terminal; 150 columns into a pipe or a log,
+    where rich would otherwise fit every line to 80 columns and break the model paths and table rows."""
     from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=150)
+
+
+def run(args) -> int:
     from rich.table import Table
 
-    from .passes import RewriteError
-
+    from .cli_models import EXIT_COULD_NOT_RUN
     from .compare import DecoderSession, compare
     from .export import cached_export, model_cache_dir
     from .generate import generate
+    from .passes import RewriteError
     from .rewrite import rewrite
 
-    con = Console()
+    con = console()
     work = Path(args.workdir) if args.workdir else model_cache_dir() / "demo"
     work.mkdir(parents=True, exist_ok=True)
 
@@ -49,9 +60,9 @@ def run(args) -> int:
         src = cached_export(args.arch, args.preset, args.exporter)
     except ModuleNotFoundError:
         raise  # cli.main names the extra that brings it
-    except Exception as e:
-        con.print(f"[red]export failed: {e}")
-        return 1
+    except Exception as e:  # the demo could not run (exit 2); 1 is kept for agreement below the thresholds
+        print(f"dot4attn demo: export failed: {e}", file=sys.stderr)
+        return EXIT_COULD_NOT_RUN
     con.print(f"{args.arch} preset {args.preset} (seeded random weights), exporter {args.exporter}: {src} "
               f"({time.perf_counter() - t:.1f}s)")
 
@@ -60,8 +71,8 @@ def run(args) -> int:
     try:
         rep = rewrite(str(src), str(dst), v_format=args.v_format)
     except RewriteError as e:
-        con.print(f"[red]rewrite refused: {e}")
-        return 1
+        print(f"dot4attn demo: rewrite refused: {e}", file=sys.stderr)
+        return EXIT_COULD_NOT_RUN
     for line in rep.lines():
         con.print("  " + line)
 
