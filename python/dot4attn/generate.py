@@ -111,10 +111,10 @@ def run(args) -> int:
         r = generate(args.model, ids, args.max_new_tokens, args.device, progress=prog, threads=args.threads or None)
     except BadModelError as e:  # names the file itself
         print(f"dot4attn generate: {e}", file=sys.stderr)
-        return 1
+        return 2
     except Exception as e:  # ORT load/run errors: say which model
         print(f"\ndot4attn generate: {args.model}: {e}", file=sys.stderr)
-        return 1
+        return 2
     print(file=sys.stderr)
     print("tokens:", " ".join(map(str, r["tokens"])))
     if tok is not None:
@@ -169,7 +169,7 @@ def _run_inplace(args) -> int:
         dt = time.perf_counter() - t0
     except Exception as e:  # ORT load/run errors: say which folder
         print(f"dot4attn generate: {args.model}: {e}", file=sys.stderr)
-        return 1
+        return 2
     for out in outs:
         print("tokens:", " ".join(map(str, out)))
     print(f"{args.batch} x ({len(args.token_ids)} prompt + {len(outs[0])} new tokens) in {dt:.3f} s (in-place cache "
@@ -208,10 +208,10 @@ def _run_genai(args) -> int:
         dt = time.perf_counter() - t0
     except GenaiError as e:
         print(f"dot4attn generate: {e}", file=sys.stderr)
-        return 1
+        return 2
     except Exception as e:  # og load/run errors: say which folder
         print(f"dot4attn generate: {args.model}: {e}", file=sys.stderr)
-        return 1
+        return 2
     print("tokens:", " ".join(map(str, out)))
     if tokenizer is not None:
         print("text:", tokenizer.decode(out))

@@ -70,7 +70,7 @@ def run(args) -> int:
                          args.split_k_min_keys or 2048, args.allow_partial)
     except (RewriteError, OSError) as e:  # OSError: reading IN (permissions, I/O errors); writes are RewriteError
         print(f"dot4attn rewrite: {e}\n(no output written)", file=sys.stderr)
-        return 1
+        return 2
     for line in report.lines():
         print(line)
     if report.unmatched:
@@ -115,7 +115,7 @@ def _run_genai(args) -> int:
                                 inplace_runner=args.for_inplace_runner, split_k_min_keys=args.split_k_min_keys)
     except GenaiError as e:
         print(f"dot4attn rewrite: {e}\n(no output written)", file=sys.stderr)
-        return 1
+        return 2
     for line in report.lines():
         print(line)
     print(f"wrote {args.output}")

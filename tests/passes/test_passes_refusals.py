@@ -45,7 +45,7 @@ def test_no_attention_refused(tmp_path, capsys):
     src, dst = tmp_path / "mlp.onnx", tmp_path / "out.onnx"
     no_attention_model(src)
     before = src.read_bytes()
-    assert cli("rewrite", src, dst) == 1
+    assert cli("rewrite", src, dst) == 2
     err = capsys.readouterr().err
     assert "no attention" in err or "no past_key_values" in err or "only past_key_values" in err, err
     assert not dst.exists() and src.read_bytes() == before
@@ -81,7 +81,7 @@ def test_partial_match_refused_then_allowed(tiny, tmp_path, capsys):
     src = tmp_path / "partial.onnx"
     break_layer(tiny, src)
     dst = tmp_path / "out.onnx"
-    assert cli("rewrite", src, dst) == 1
+    assert cli("rewrite", src, dst) == 2
     err = capsys.readouterr().err
     assert "layer 1" in err and "--allow-partial" in err, err
     assert not dst.exists()
@@ -102,7 +102,7 @@ def test_truncated_file_refused(tiny, tmp_path, capsys):
     data = tiny.read_bytes()
     src.write_bytes(data[: len(data) // 2])
     dst = tmp_path / "out.onnx"
-    assert cli("rewrite", src, dst) == 1
+    assert cli("rewrite", src, dst) == 2
     err = capsys.readouterr().err
     assert "truncated" in err or "cannot parse" in err, err
     assert not dst.exists()
