@@ -145,7 +145,7 @@ def test_request_time_goals_are_time_ratios():
 
 
 def test_resume_measures_only_what_is_missing(smoke, tmp_path):
-    """A run split over two sittings: row 1 alone first, then --resume adds rows 2-4, keeps row 1's numbers as they
+    """A run split over two invocations: row 1 alone first, then --resume adds rows 2-4, keeps row 1's numbers as they
     were, and still compares the new rows with row 1 (its logits are kept beside the models)."""
     base = ["e2e", "--smoke", "--out", str(tmp_path), "--contexts", "64,128", "--batches", "1"]  # the smoke's model
     assert cli(base + ["--rows", "genai"]) == 0
@@ -155,7 +155,7 @@ def test_resume_measures_only_what_is_missing(smoke, tmp_path):
     second = json.loads((tmp_path / "smoke.json").read_text())["results"]
     assert [r["row"] for r in second] == ["genai", "genai-int8kv", "d4a-q8_0", "d4a-q4_0"] * 2
     assert [r["ms_per_token"] for r in second if r["row"] == "genai"] == [r["ms_per_token"] for r in first]
-    _, data = smoke  # rows 2-4 compare with row 1 as in the one-sitting run
+    _, data = smoke  # rows 2-4 compare with row 1 as in the single-invocation run
     for r in second:
         if r["row"] != "genai":
             same = next(x for x in data["results"] if x["row"] == r["row"] and x.get("context") == r["context"]

@@ -241,7 +241,8 @@ def test_info_plan_prints_the_plan(capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--plan", "1,32,8,1,131072"], re.escape("expected B,Hq,Hkv,Sq,Sk,D[,float|q8_0|q4_0], got '1,32,8,1,131072'")),
+    (["--plan", "1,32,8,1,131072"],
+     re.escape("expected B,Hq,Hkv,Sq,Sk,D[,float|q8_0|q4_0] (integers >= 1), got '1,32,8,1,131072'")),
     (["--plan", "1,32,8,1,1024,128,q5", "--gpu", H200], "got '1,32,8,1,1024,128,q5'"),
     (["--plan", "1,32,8,1,1024,128", "--gpu", "sm=90a"], "sms .* and smem are required"),
     (["--plan", "1,32,8,1,1024,128", "--gpu", H200, "--overrides", "kernel=mma", "--dtype", "float32"],
@@ -257,8 +258,12 @@ def test_info_plan_bad_input(capsys, argv, message):
 # ---- strided K / V rows (a packed cache) ----------------------------------------------------------------------------
 
 def without_strided(p):
+    """The plan less what follows the row layout rather than the math: `strided`, and a dequantized V's float16 copy
+    (v_dequant), which spans the layout's rows per head, so its scratch size."""
     q = dict(p)
     q.pop("strided")
+    if q.get("v_dequant"):
+        q.pop("scratch_bytes")
     return q
 
 

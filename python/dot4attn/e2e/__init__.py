@@ -88,7 +88,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "request times, goals) again from OUT/DEVICE.json with this version's report")
     p.add_argument("--resume", action="store_true",
                    help="keep what OUT/DEVICE.json already holds for the same model and settings and measure only "
-                        "the rest (a long run split over several sittings)")
+                        "the rest (a long run split over several invocations)")
 
 
 def _ints_or_none(text: str) -> list[int]:
