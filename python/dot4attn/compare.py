@@ -6,8 +6,11 @@
 """
 from __future__ import annotations
 
+import json
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -22,6 +25,23 @@ _NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)
 # weights give near-ties between the top tokens, and 4-bit V error flips those.
 MIN_TOP1 = 0.95
 MAX_MEAN_KL = {"float": 1e-3, "q8_0": 1e-3, "q4_0": 0.1}
+
+
+def rewritten_v_format(path: str | os.PathLike) -> str:
+    """The V format of a rewritten decoder, to judge it by its own bars: a genai folder's dot4attn.json, or an
+    exported model's packed V cache input (past_key_values.N.value_payload: uint8 q4_0, int8 q8_0; none: float V).
+    A model or folder dot4attn did not write counts as float."""
+    path = Path(path)
+    if path.is_dir():
+        facts = path / "dot4attn.json"
+        return json.loads(facts.read_text()).get("v_format", "q8_0") if facts.is_file() else "float"
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    for v in graph.input:
+        if v.name.startswith("past_key_values.") and v.name.endswith(".value_payload"):
+            return "q4_0" if v.type.tensor_type.elem_type == onnx.TensorProto.UINT8 else "q8_0"
+    return "float"
 
 
 def quality_failures(c: "Comparison", v_format: str) -> list[str]:
