@@ -6,7 +6,6 @@
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -33,8 +32,10 @@ def rewritten_v_format(path: str | os.PathLike) -> str:
     A model or folder dot4attn did not write counts as float."""
     path = Path(path)
     if path.is_dir():
-        facts = path / "dot4attn.json"
-        return json.loads(facts.read_text()).get("v_format", "q8_0") if facts.is_file() else "float"
+        from .genai import folder_facts
+
+        facts = folder_facts(path)
+        return facts.get("v_format", "q8_0") if facts else "float"
     import onnx
 
     graph = onnx.load(str(path), load_external_data=False).graph
@@ -226,11 +227,8 @@ def compare_folders(original: str, rewritten: str, prompt_len: int = 32, steps: 
     e2e.runners, the prompt prefilled, then `steps` teacher-forced steps fed the original's greedy token. Metrics
     over the prompt's last position and every step: a runner hands back the last position's logits only.
     Raises GenaiError (not a folder, no onnxruntime-genai, vocabularies that differ)."""
-    import json
-    from pathlib import Path
-
     from .e2e.runners import cache_bytes_per_token, make_runner
-    from .genai import FACTS, GenaiError, context_length, is_genai_folder, read_config
+    from .genai import GenaiError, context_length, folder_facts, is_genai_folder, read_config
 
     folders = [Path(original), Path(rewritten)]
     # the prompt and every teacher-forced token: the last step's token is the last one the caches hold
@@ -245,9 +243,7 @@ def compare_folders(original: str, rewritten: str, prompt_len: int = 32, steps: 
     vocab = read_config(folders[0])["model"].get("vocab_size") or 1000
 
     def kind(folder: Path) -> str:
-        facts = folder / FACTS
-        runner = json.loads(facts.read_text()).get("runner") if facts.is_file() else None
-        return "inplace" if runner == "inplace" else "og"
+        return "inplace" if folder_facts(folder).get("runner") == "inplace" else "og"
 
     prompt = np.random.default_rng(seed).integers(3, vocab, size=(1, prompt_len))
     runners = [make_runner(kind(f), f, "cpu") for f in folders]

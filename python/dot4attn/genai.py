@@ -70,6 +70,13 @@ def read_config(folder: Path) -> dict:
     return cfg
 
 
+def folder_facts(folder: str | os.PathLike) -> dict:
+    """What `dot4attn rewrite` recorded in a folder it wrote (dot4attn.json: v_format, runner, row bytes, ...);
+    {} for a folder it did not write."""
+    path = Path(folder) / FACTS
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def context_length(cfg: dict) -> int | None:
     """The most positions the folder's model takes: model.context_length, else search.max_length; None when the
     config names neither."""

@@ -125,15 +125,14 @@ def run(args) -> int:
 
 
 def _genai_runner(args) -> str:
-    import json
-    from pathlib import Path
+    from .genai import folder_facts
 
     if args.runner != "auto":
         return args.runner
-    facts = Path(args.model) / "dot4attn.json"
-    if facts.is_file() and json.loads(facts.read_text()).get("v_format") == "q4_0":
+    facts = folder_facts(args.model)
+    if facts.get("v_format") == "q4_0":
         return "inplace"  # genai 0.18 gives V the K tensor's width
-    if facts.is_file() and args.device == "cuda":
+    if facts and args.device == "cuda":
         return "inplace"  # --device cuda asks for the cache on the GPU, bound in place: no per-token host copy
     try:
         import onnxruntime_genai  # noqa: F401
@@ -143,11 +142,9 @@ def _genai_runner(args) -> str:
 
 
 def _written_for_inplace_runner(folder) -> bool:
-    import json
-    from pathlib import Path
+    from .genai import folder_facts
 
-    facts = Path(folder) / "dot4attn.json"
-    return facts.is_file() and json.loads(facts.read_text()).get("runner") == "inplace"
+    return folder_facts(folder).get("runner") == "inplace"
 
 
 def _run_inplace(args) -> int:
