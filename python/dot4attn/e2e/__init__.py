@@ -212,12 +212,8 @@ def run(args) -> int:
         con.log(f"--resume: {len(previous)} results kept from {args.out / f'{name}.json'}")
 
     def finish(results, final=False):
-        results = report.ordered([dict(r) for r in results])
         facts["load_average_1min"] = os.getloadavg()[0]  # a shared machine slows every row
-        base_kv = report.baseline_kv_bytes(results, args.device, facts)
-        facts["baseline_kv_bytes_per_token"] = base_kv
-        report.add_ratios(results, facts["weight_bytes"], base_kv, args.answer_tokens)
-        goal_list = report.goals(results, args.device, smoke=args.smoke)
+        results, goal_list = report.derive(results, facts, args.device, smoke=args.smoke)
         paths = report.write_outputs(args.out, name, results, goal_list, facts)
         if final:
             report.print_report(Console(), results, goal_list, facts)

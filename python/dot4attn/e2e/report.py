@@ -214,13 +214,21 @@ def render(path: Path, answer_tokens: int | None = None, smoke: bool = False) ->
     this report's code: the ratios, TTFT and request times are derived again (for `answer_tokens`, default the
     file's own or 500), nothing is measured. Returns the paths written (the JSON, the markdown, the plot)."""
     data = json.loads(Path(path).read_text())
-    facts, results = data["facts"], ordered([dict(r) for r in data["results"]])
+    facts = data["facts"]
     device = facts.get("settings", {}).get("device") or ("cuda" if "builder -e cuda" in facts["model"] else "cpu")
     facts["answer_tokens"] = answer_tokens or facts.get("answer_tokens") or 500
+    results, goal_list = derive(data["results"], facts, device, smoke)
+    return write_outputs(Path(path).parent, Path(path).stem, results, goal_list, facts)
+
+
+def derive(measured: list[dict], facts: dict, device: str, smoke: bool = False) -> tuple[list[dict], list[dict]]:
+    """The measured results in table order with everything derived from them (the bandwidth model's baseline into
+    facts, ratios, TTFT and request times for facts["answer_tokens"]) and the goals: what a run writes after every
+    case, and --render again from a stored file."""
+    results = ordered([dict(r) for r in measured])
     facts["baseline_kv_bytes_per_token"] = baseline_kv_bytes(results, device, facts)
     add_ratios(results, facts["weight_bytes"], facts["baseline_kv_bytes_per_token"], facts["answer_tokens"])
-    goal_list = goals(results, device, smoke=smoke)
-    return write_outputs(Path(path).parent, Path(path).stem, results, goal_list, facts)
+    return results, goals(results, device, smoke=smoke)
 
 
 def write_outputs(out: Path, device: str, results, goal_list, facts) -> dict[str, Path]:
