@@ -7,16 +7,12 @@ per-session temp folder. Tests needing torch/transformers (or optimum's interpre
 from __future__ import annotations
 
 import functools
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import dot4attn  # tests/conftest.py, loaded first, falls back to this checkout's python/ when not installed
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def have(mod: str) -> bool:
@@ -30,9 +26,9 @@ def have(mod: str) -> bool:
 @functools.lru_cache(maxsize=None)
 def optimum_python() -> str | None:
     """The interpreter that runs optimum-onnx (it needs transformers < 4.58), or None."""
-    py = os.environ.get("DOT4ATTN_OPTIMUM_PYTHON") or str(ROOT / ".venv-optimum" / "bin" / "python")
-    if not Path(py).is_file():
-        py = sys.executable
+    from dot4attn.export import optimum_python as find
+
+    py = find()
     r = subprocess.run([py, "-c", "import optimum.exporters.onnx"], capture_output=True)
     return py if r.returncode == 0 else None
 

@@ -9,8 +9,8 @@ Exporters:
   dynamo23gqa   opset 23 with native-GQA SDPA (enable_gqa=True): `Attention` gets the KV heads as they are
   torchscript   torch.onnx.export(dynamo=False, opset 17)
   optimum       optimum-cli export onnx --task text-generation-with-past (needs optimum-onnx, which needs
-                transformers < 4.58: it runs in the interpreter given by $DOT4ATTN_OPTIMUM_PYTHON, default
-                `.venv-optimum/bin/python` of the repository, else the current one)
+                transformers < 4.58: it runs in the interpreter given by $DOT4ATTN_OPTIMUM_PYTHON, else a
+                `.venv-optimum` beside the running venv or in the working directory, else the current one)
   transformers  transformers.exporters.OnnxExporter (transformers >= 5.x)
   dynamo_ort    dynamo, then onnxscript's ort_fusions (optimize_for_ort): attention becomes
                 com.microsoft MultiHeadAttention (contrib ops: runs on ONNX Runtime only)
@@ -175,11 +175,22 @@ def _ort_fusions(path: Path) -> None:
     ir.save(m, str(path))
 
 
-def _export_optimum(hf_dir: Path, out: Path):
+def optimum_python() -> str:
+    """The interpreter that runs optimum-cli: $DOT4ATTN_OPTIMUM_PYTHON, else `.venv-optimum/bin/python` beside
+    the running venv (a repository's `.venv` and `.venv-optimum` are siblings, and the installed package
+    cannot see the repository) or in the working directory, else this interpreter."""
     py = os.environ.get("DOT4ATTN_OPTIMUM_PYTHON")
-    if not py:
-        cand = Path(__file__).resolve().parents[2] / ".venv-optimum" / "bin" / "python"
-        py = str(cand) if cand.is_file() else sys.executable
+    if py:
+        return py
+    for root in (Path(sys.prefix).parent, Path.cwd()):
+        cand = root / ".venv-optimum" / "bin" / "python"
+        if cand.is_file():
+            return str(cand)
+    return sys.executable
+
+
+def _export_optimum(hf_dir: Path, out: Path):
+    py = optimum_python()
     with tempfile.TemporaryDirectory(prefix="d4a-optimum-") as td:
         cmd = [py, "-m", "optimum.commands.optimum_cli", "export", "onnx", "--model", str(hf_dir),
                "--task", "text-generation-with-past", "--no-post-process", td]
