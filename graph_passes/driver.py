@@ -67,19 +67,15 @@ class RewriteReport:
 
 
 def kv_bytes_per_token(model: onnx.ModelProto | ir.Model) -> int:
-    """Bytes one token adds to the cache inputs (batch 1): sum over past_* inputs of H * prod(trailing) * itemsize."""
+    """Bytes one token adds to the cache inputs (batch 1): dot4attn.formats.cache_input_bytes of the inputs."""
+    from ..formats import cache_input_bytes
+
     if isinstance(model, onnx.ModelProto):
         model = ir.from_proto(model)
-    total = 0
-    for v in model.graph.inputs:
-        if not (v.name or "").startswith("past_key_values."):
-            continue
-        sh = v.shape
-        h, d = (_static(sh[1]), _static(sh[3])) if sh is not None and len(sh) == 4 else (None, None)
-        if h is None or d is None:
-            raise RewriteError(f"cache input {v.name} needs static heads and last dim, got shape {sh}")
-        total += int(h * d * v.dtype.itemsize)
-    return total
+    try:
+        return cache_input_bytes((v.name or "", v.shape, v.dtype.itemsize) for v in model.graph.inputs)
+    except ValueError as e:
+        raise RewriteError(str(e)) from None
 
 
 def _static(d) -> int | None:

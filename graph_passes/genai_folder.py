@@ -1,4 +1,4 @@
-"""onnxruntime-genai model folders: rewrite one onto the packed cache, run one through `og.Generator`.
+"""onnxruntime-genai model folders: rewrite one onto the packed cache (dot4attn.runtime.og runs one).
 
     dot4attn rewrite GENAI_DIR OUT_DIR        # folder in, folder out (IN is never touched)
     dot4attn generate OUT_DIR --token-ids 1,2,3
@@ -15,7 +15,7 @@ must describe the graph (head size, heads, KV heads, layers), and a config that 
 sliding window is refused, or, where no node attends through a window (the builder's Mistral), rewritten without
 the window and with the context capped to it (_sliding_window says why). The one exception is asked for by name:
 `inplace_runner=True` (`--for-inplace-runner`) writes q4_0 V folders, which only dot4attn's in-place runner
-(dot4attn.inplace, `dot4attn generate`) can run."""
+(dot4attn.runtime.inplace, `dot4attn generate`) can run."""
 from __future__ import annotations
 
 import json
@@ -25,16 +25,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__, get_library_path
+from .. import __version__, get_library_path
+from ..model_io import CONFIG, FACTS, GenaiError, context_length, read_config
 
-CONFIG = "genai_config.json"
-FACTS = "dot4attn.json"
-LIBRARY = "libdot4attn_ops.so"
-
-
-class GenaiError(Exception):
-    """A genai folder that cannot be rewritten or run; the message names the file and why. Nothing is written."""
-
+LIBRARY = "libdot4attn_ops.so"  # the op library's name in a rewritten folder (genai_config.json names it)
 
 @dataclass
 class GenaiRewriteReport:
@@ -54,36 +48,6 @@ class GenaiRewriteReport:
                 f"{self.bytes_per_token_after} ({r:.2f}x smaller)"] + [f"note: {n}" for n in self.notes]
 
 
-def is_genai_folder(path: str | os.PathLike) -> bool:
-    return Path(path).is_dir() and (Path(path) / CONFIG).is_file()
-
-
-def read_config(folder: Path) -> dict:
-    cfg_path = folder / CONFIG
-    if not cfg_path.is_file():
-        raise GenaiError(f"{folder}: no {CONFIG} (not an onnxruntime-genai model folder)")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-        cfg["model"]["decoder"]["filename"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise GenaiError(f"{cfg_path}: not a genai config with model.decoder.filename ({e})") from None
-    return cfg
-
-
-def folder_facts(folder: str | os.PathLike) -> dict:
-    """What `dot4attn rewrite` recorded in a folder it wrote (dot4attn.json: v_format, runner, row bytes, ...);
-    {} for a folder it did not write."""
-    path = Path(folder) / FACTS
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def context_length(cfg: dict) -> int | None:
-    """The most positions the folder's model takes: model.context_length, else search.max_length; None when the
-    config names neither."""
-    n = cfg["model"].get("context_length") or cfg.get("search", {}).get("max_length")
-    return int(n) if n else None
-
-
 def _external_files(model_path: Path) -> set[str]:
     import onnx
 
@@ -95,7 +59,7 @@ def _external_files(model_path: Path) -> set[str]:
     return names
 
 
-INPLACE_RUNNER_HINT = ("run it with `dot4attn generate OUT_DIR --token-ids ...` or dot4attn.inplace.InPlaceDecoder "
+INPLACE_RUNNER_HINT = ("run it with `dot4attn generate OUT_DIR --token-ids ...` or dot4attn.runtime.InPlaceDecoder "
                        "(docs/genai.md)")
 
 
@@ -106,8 +70,9 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
     inplace_runner: write a folder for dot4attn's in-place runner only; required for v_format "q4_0" (genai gives V
     the K tensor's width, so og.Generator cannot run a q4_0 V folder). split_k_min_keys: the op's rule for decode
     steps (split_k from this many keys on; None keeps the op's default, 2048)."""
-    from .passes import RewriteError, load_checked, save_atomic
-    from .passes.genai_gqa import GenaiRewriteError, float_mask_sum, rewrite_gqa, row_bytes
+    from . import RewriteError, load_checked, save_atomic
+    from ..formats import row_bytes
+    from .genai_gqa import GenaiRewriteError, float_mask_sum, rewrite_gqa
 
     src, dst = Path(src).resolve(), Path(dst).resolve()
     if not src.is_dir():
@@ -344,63 +309,9 @@ def _check_config_against_graph(cfg_path: Path, decoder: dict, layers) -> None:
 
 
 def _kv_bytes(model, head_size: int | None) -> int:
-    from .model_io import PAST_RE
+    from ..formats import cache_input_bytes
 
-    total = 0
-    for v in model.graph.inputs:
-        m = PAST_RE.match(v.name or "")
-        if m and v.shape is not None and len(v.shape) == 4:
-            h, d = v.shape[1], v.shape[3]
-            d = d if isinstance(d, int) else head_size
-            if isinstance(h, int) and isinstance(d, int):
-                total += int(h * d * v.dtype.itemsize)
-    return total
+    return cache_input_bytes(((v.name or "", v.shape, v.dtype.itemsize) for v in model.graph.inputs),
+                             head_size=head_size)
 
 
-def generate(folder: str | os.PathLike, prompts: list[list[int]], max_new_tokens: int,
-             share_buffer: bool | None = None, max_length: int | None = None,
-             threads: int | None = None) -> list[list[int]]:
-    """Greedy generation under onnxruntime-genai: the new tokens of each prompt (one batch). threads: ONNX Runtime's
-    intra-op threads for the decoder (genai's session_options.intra_op_num_threads; None: the folder's own)."""
-    og = import_og()
-    cfg = og.Config(str(folder))
-    if threads:
-        cfg.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": int(threads)}}}}))
-    model = og.Model(cfg)
-    params = og.GeneratorParams(model)
-    longest = max(len(p) for p in prompts)
-    opts = {"max_length": max_length or longest + max_new_tokens, "do_sample": False, "batch_size": len(prompts)}
-    if share_buffer is not None:
-        opts["past_present_share_buffer"] = share_buffer
-    params.set_search_options(**opts)
-    gen = og.Generator(model, params)
-    gen.append_tokens(pad_prompts(prompts, _pad_id(folder)))
-    out: list[list[int]] = [[] for _ in prompts]
-    for _ in range(max_new_tokens):
-        if gen.is_done():
-            break
-        gen.generate_next_token()
-        for b, t in enumerate(gen.get_next_tokens()):
-            out[b].append(int(t))
-    return out
-
-
-def pad_prompts(prompts: list[list[int]], pad: int):
-    import numpy as np
-
-    n = max(len(p) for p in prompts)
-    return np.array([[pad] * (n - len(p)) + list(p) for p in prompts], np.int32)
-
-
-def _pad_id(folder) -> int:
-    cfg = read_config(Path(folder))
-    return int(cfg["model"].get("pad_token_id", 0))
-
-
-def import_og():
-    try:
-        import onnxruntime_genai as og
-    except ImportError:
-        raise GenaiError("onnxruntime-genai is not installed: pip install 'dot4attn[genai]' "
-                         "(onnxruntime-genai-cuda for CUDA)") from None
-    return og

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from .. import DOMAIN
+from ..formats import row_bytes
 from ..model_io import PAST_RE
 
 GQA = ("com.microsoft", "GroupQueryAttention")
@@ -58,11 +59,6 @@ _ATTR_TYPES = {"softcap": ir.AttributeType.FLOAT, "scale": ir.AttributeType.FLOA
 
 class GenaiRewriteError(Exception):
     """A builder model the pass refuses; the message names the node and why."""
-
-
-def row_bytes(d: int, fmt: str) -> int:
-    payload = d // 2 if fmt == "q4_0" else d
-    return -(-(payload + 2 * (d // 32)) // 16) * 16
 
 
 @dataclass

@@ -26,7 +26,7 @@ def have(mod: str) -> bool:
 @functools.lru_cache(maxsize=None)
 def optimum_python() -> str | None:
     """The interpreter that runs optimum-onnx (it needs transformers < 4.58), or None."""
-    from dot4attn.export import optimum_python as find
+    from dot4attn.models.export import optimum_python as find
 
     py = find()
     r = subprocess.run([py, "-c", "import optimum.exporters.onnx"], capture_output=True)
@@ -45,7 +45,7 @@ def need_export(exporter: str) -> None:
 def exported(arch: str, preset: str, exporter: str, seed: int = 0) -> Path:
     """Path of the cached export, exporting it on first use (a lock-free cache: the write is atomic)."""
     need_export(exporter)
-    from dot4attn.export import cached_export
+    from dot4attn.models.export import cached_export
 
     return cached_export(arch, preset, exporter, seed)
 

@@ -118,7 +118,7 @@ def d4a_op_counts(model: onnx.ModelProto) -> dict[str, int]:
 def cpu_metrics(orig: Path, new: Path, v_format: str, prompt_len: int) -> dict | None:
     """The pair's agreement on the CPU EP (None when the op library is not found)."""
     import dot4attn
-    from dot4attn.compare import compare, quality_failures
+    from dot4attn.quality.compare import compare, quality_failures
 
     try:
         dot4attn.get_library_path()
@@ -138,8 +138,8 @@ def main(argv=None) -> int:
     import torch
     import transformers
 
-    from dot4attn.export import cached_export
-    from dot4attn.rewrite import rewrite
+    from dot4attn.models.export import cached_export
+    from dot4attn.passes import RewriteOptions, rewrite_file
 
     out = args.out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -164,7 +164,7 @@ def main(argv=None) -> int:
             name = f"{base}-{vf}" + (f"-p{plen}" if plen != PROMPT_LEN else "") + \
                 (f"-splitk{skmin}" if skmin != 2048 else "")
             dst_full = work / f"{name}.d4a.onnx"
-            rep = rewrite(str(src_full), str(dst_full), v_format=vf, split_k_min_keys=skmin)
+            rep = rewrite_file(str(src_full), str(dst_full), RewriteOptions(v_format=vf, split_k_min_keys=skmin))
             metrics = cpu_metrics(src_full, dst_full, vf, plen)
             m = onnx.load(str(dst_full))
             ops = d4a_op_counts(m)

@@ -7,6 +7,8 @@ key / value (float cache, as exported) or key_payload / key_scales / value_paylo
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import re
 from pathlib import Path
 
@@ -111,3 +113,56 @@ def _check_single_producer(path, graph) -> None:
                 raise BadModelError(f"{path}: value name {o!r} is produced twice, by {producer[o]} and by {me} "
                                     "(expected one producer per value name)")
             producer[o] = me
+
+
+# ---- onnxruntime-genai model folders (what `python -m onnxruntime_genai.models.builder` writes) ----------------
+
+CONFIG = "genai_config.json"
+FACTS = "dot4attn.json"
+
+
+class GenaiError(Exception):
+    """A genai folder that cannot be rewritten or run; the message names the file and why. Nothing is written."""
+
+
+def is_genai_folder(path: str | os.PathLike) -> bool:
+    return Path(path).is_dir() and (Path(path) / CONFIG).is_file()
+
+
+def read_config(folder: Path) -> dict:
+    cfg_path = folder / CONFIG
+    if not cfg_path.is_file():
+        raise GenaiError(f"{folder}: no {CONFIG} (not an onnxruntime-genai model folder)")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+        cfg["model"]["decoder"]["filename"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise GenaiError(f"{cfg_path}: not a genai config with model.decoder.filename ({e})") from None
+    return cfg
+
+
+def folder_facts(folder: str | os.PathLike) -> dict:
+    """What `dot4attn rewrite` recorded in a folder it wrote (dot4attn.json: v_format, runner, row bytes, ...);
+    {} for a folder it did not write."""
+    path = Path(folder) / FACTS
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def context_length(cfg: dict) -> int | None:
+    """The most positions the folder's model takes: model.context_length, else search.max_length; None when the
+    config names neither."""
+    n = cfg["model"].get("context_length") or cfg.get("search", {}).get("max_length")
+    return int(n) if n else None
+
+
+def genai_folder_of(path: str) -> Path | None:
+    """The genai folder whose genai_config.json names the file `path` as its decoder, else None."""
+    p = Path(path)
+    cfg = p.parent / "genai_config.json"
+    if not p.is_file() or not cfg.is_file():
+        return None
+    try:
+        name = json.loads(cfg.read_text())["model"]["decoder"]["filename"]
+    except (ValueError, KeyError, TypeError, OSError):
+        return None
+    return p.parent if name == p.name else None

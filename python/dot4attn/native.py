@@ -40,6 +40,7 @@ class GpuCall(ctypes.Structure):
         *[(n, ctypes.c_int32) for n in ("D", "half", "v_format", "causal", "route", "mask_kind")],
         ("scale", ctypes.c_float),
         *[(n, ctypes.c_int64) for n in KV_LAYOUT_FIELDS],
+        ("run_as", ctypes.c_char_p),
     ]
 
 
@@ -85,13 +86,15 @@ def has_gpu_entries() -> bool:
 def make_call(B: int, Hq: int, Hkv: int, Sq: int, Sk: int, D: int, *, half: bool = True, v_format: str = "q8_0",
               causal: bool = True, route: str = "auto", scale: float = 0.0, split_k_min_keys: int = 2048,
               overrides: str = "", mask_kind: str | None = None, mask_strides=(0, 0, 0, 0),
-              kv_layout: dict | None = None) -> GpuCall:
+              kv_layout: dict | None = None, run_as: str | None = None) -> GpuCall:
     """A GpuCall for a shape; pointers stay null (set them for gpu_attention). kv_layout: the K / V row layout, a
     dict of KV_LAYOUT_FIELDS (missing or 0: dense), e.g. a packed cache of D = 128 with rows of 144 bytes and 4096
-    rows per head: {"kv_rows": 4096, "k_stride": 144, "ks_stride": 72, "v_stride": 144, "vs_stride": 72}."""
+    rows per head: {"kv_rows": 4096, "k_stride": 144, "ks_stride": 72, "v_stride": 144, "vs_stride": 72}. run_as: a
+    described AMD device ("hip,cus=304,warp=64,smem=65536") whose plan the call runs on this CUDA GPU (docs/gpu.md,
+    "AMD GPUs"); gpu_plan(call) then gives that plan."""
     c = GpuCall(B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, split_k_min_keys=split_k_min_keys, D=D, half=int(half),
                 v_format=V_FORMATS[v_format], causal=int(causal), route=ROUTES[route],
-                mask_kind=MASK_KINDS[mask_kind], scale=scale)
+                mask_kind=MASK_KINDS[mask_kind], scale=scale, run_as=run_as.encode() if run_as else None)
     c.mask_strides[:] = list(mask_strides)
     c.overrides = overrides.encode()
     layout = dict(kv_layout or {})
@@ -175,11 +178,12 @@ class TorchAttention:
     torch's current stream when called. q: [B, Hq, Sq, D] f16/f32 and out (contiguous); kp/ks: packed K; v/vs: V as
     the format says. K / V may be strided views (a packed cache, see kv_layout_of): kv_layout None reads their row
     layout off the tensors' strides; a dict of KV_LAYOUT_FIELDS gives it explicitly (the tensors' pointers are then
-    taken as they are)."""
+    taken as they are). run_as: a described AMD device whose plan runs here (make_call)."""
 
     def __init__(self, q, kp, ks, v, vs, out, *, v_format: str, causal: bool = True, route: str = "auto",
                  overrides: str = "", scale: float = 0.0, mask=None, mask_kind: str | None = None,
-                 mask_strides=(0, 0, 0, 0), split_k_min_keys: int = 2048, kv_layout: dict | None = None):
+                 mask_strides=(0, 0, 0, 0), split_k_min_keys: int = 2048, kv_layout: dict | None = None,
+                 run_as: str | None = None):
         import torch
 
         self.torch = torch
@@ -192,7 +196,7 @@ class TorchAttention:
         self.call = make_call(B, Hq, kp.shape[1], Sq, kp.shape[2], D, half=q.dtype == torch.float16,
                               v_format=v_format, causal=causal, route=route, overrides=overrides, scale=scale,
                               mask_kind=mask_kind if mask is not None else None, mask_strides=mask_strides,
-                              split_k_min_keys=split_k_min_keys, kv_layout=self.kv_layout)
+                              split_k_min_keys=split_k_min_keys, kv_layout=self.kv_layout, run_as=run_as)
         ptr = lambda t: t.data_ptr() if t is not None else None  # noqa: E731
         for name, t in zip(("q", "k", "k_scales", "v", "v_scales", "mask", "out"), self.tensors):
             setattr(self.call, name, ptr(t))

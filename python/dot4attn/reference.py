@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-BLOCK = 32
+from . import formats
+
+BLOCK = formats.BLOCK
 LOG2E = np.float32(1.4426950408889634)
 FP16_MAX = np.float32(65504.0)
 
@@ -41,6 +43,26 @@ def _quantize(blocks: np.ndarray, qmax: float, lo: float, hi: float, fp16_scale:
     return np.clip(q, lo, hi), s
 
 
+def _quantize_q4(blocks: np.ndarray):
+    """q4_0's 16 levels (ggml's q4_0): v = a block's value of largest magnitude (the positive one on a tie),
+    s = fp16(v / -8), q = clamp(rne(x / s), -8, 7). v lands on level -8 exactly and the block's other end on up
+    to +8, which clamps to 7: one more level than a symmetric max / 7 scale. A scale that rounds to zero is +0
+    (q = 0); one past float16 saturates at +-65504; a non-finite block gets a NaN scale and q = 0."""
+    amax = np.abs(blocks).max(axis=-1)
+    bad = ~np.isfinite(amax)
+    with np.errstate(invalid="ignore", over="ignore"):
+        hi, lo = blocks.max(axis=-1), blocks.min(axis=-1)
+        v = np.where(hi >= -lo, hi, lo)
+        s = (v / np.float32(-8)).astype(np.float32).astype(np.float16)
+    s = np.where(np.isinf(s), np.copysign(np.float16(FP16_MAX), s), s).astype(np.float16)
+    s = np.where(s == 0, np.float16(0), s)  # -0 -> +0
+    sf = np.where(bad, np.float32(0), s.astype(np.float32))[..., None]
+    s = np.where(bad, np.float16(np.nan), s)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(sf == 0, np.float32(0), np.rint(blocks / sf))
+    return np.clip(q, -8, 7), s
+
+
 def pack_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """PackK / PackV q8_0: int8 payload [..., D] and float16 scales [..., D/32]."""
     q, s = _quantize(_blocks(x), 127.0, -127, 127, fp16_scale=True)
@@ -53,7 +75,7 @@ def pack_v(x: np.ndarray, fmt: str = "q8_0") -> tuple[np.ndarray, np.ndarray]:
         return pack_k(x)
     if fmt != "q4_0":
         raise ValueError(f"PackV format must be 'q8_0' or 'q4_0', got {fmt!r}")
-    q, s = _quantize(_blocks(x), 7.0, -8, 7, fp16_scale=True)
+    q, s = _quantize_q4(_blocks(x))
     u = (q.astype(np.int16) + 8).astype(np.uint8).reshape(*x.shape[:-1], x.shape[-1])
     return (u[..., 0::2] | (u[..., 1::2] << 4)).astype(np.uint8), s
 
@@ -195,15 +217,8 @@ def nmse(x: np.ndarray, ref: np.ndarray) -> float:
 
 # ---- Dot4GroupQueryAttention: the packed KV cache (docs/ops.md, "Packed cache") ---------------------------------
 
-def cache_payload_bytes(d: int, fmt: str = "q8_0") -> int:
-    """Bytes of a cache row's payload: D (q8_0) or D/2 (q4_0); its float16 scales follow."""
-    return d // 2 if fmt == "q4_0" else d
-
-
-def cache_row_bytes(d: int, fmt: str = "q8_0") -> int:
-    """Bytes of one packed cache row: payload + D/32 float16 scales, rounded up to 16."""
-    return -(-(cache_payload_bytes(d, fmt) + 2 * (d // BLOCK)) // 16) * 16
-
+cache_payload_bytes = formats.payload_bytes  # the row layout is defined once, in dot4attn.formats
+cache_row_bytes = formats.row_bytes
 
 def pack_cache_rows(x: np.ndarray, fmt: str = "q8_0") -> np.ndarray:
     """uint8 rows [..., row_bytes] of x [..., D]: payload (PackK / PackV), float16 scales, zero padding."""

@@ -205,7 +205,7 @@ def test_bad_model_is_refused(command, kind, tiny, rewritten, tmp_path, capsys):
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
     need_export("dynamo")
-    from dot4attn.recipes import build_model
+    from dot4attn.models.recipes import build_model
 
     d = tmp_path_factory.mktemp("hf") / "qwen3-tiny"
     build_model("qwen3", "tiny", 0).save_pretrained(str(d))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import dot4attn
-from dot4attn.cli_models import EXTRAS, missing_extra_message
+from dot4attn.cli.options import EXTRAS, missing_extra_message
 
 
 def _pyproject() -> Path:

@@ -22,8 +22,8 @@ def test_unknown_choice_is_refused_by_argparse(argv, option, capsys):
 
 
 def test_every_preset_and_exporter_is_offered():
-    from dot4attn.export import EXPORTERS
-    from dot4attn.recipes import PRESETS
+    from dot4attn.models.export import EXPORTERS
+    from dot4attn.models.recipes import PRESETS
 
     for preset in PRESETS:
         assert build_parser().parse_args(["demo", "--preset", preset]).preset == preset
@@ -32,7 +32,7 @@ def test_every_preset_and_exporter_is_offered():
 
 
 def test_demo_step_that_fails_exits_2_on_stderr(monkeypatch, tmp_path, capsys):
-    from dot4attn import export
+    from dot4attn.models import export
 
     def broken(*args, **kwargs):
         raise RuntimeError("the exporter broke")
@@ -45,7 +45,7 @@ def test_demo_step_that_fails_exits_2_on_stderr(monkeypatch, tmp_path, capsys):
 
 
 def test_demo_console_is_wide_into_a_pipe(capsys):
-    from dot4attn.demo import console
+    from dot4attn.cli.demo import console
 
     # pytest captures stdout: not a terminal, as under `dot4attn demo | tee log`
     con = console()

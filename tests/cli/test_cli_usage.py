@@ -157,7 +157,7 @@ def test_compare_judges_a_rewrite_by_its_v_formats_bars(tmp_path, capsys):
     KL <= 0.1 alone, float / q8_0 V by top-1 >= 0.95 and KL <= 1e-3; the format is read off the rewritten model."""
     from conftest_models import exported, need_ops
 
-    from dot4attn.compare import rewritten_v_format
+    from dot4attn.quality.compare import rewritten_v_format
 
     need_ops()
     tiny = exported("qwen3", "tiny", "dynamo")
@@ -185,11 +185,11 @@ def _child(code: str, **kw) -> subprocess.Popen:
 def test_ctrl_c_exits_130_with_one_line():
     # `info` made to wait, so that the signal arrives while a verb runs
     code = ("import sys, time\n"
-            "import dot4attn.cli as c\n"
+            "import dot4attn.cli as c, dot4attn.cli.info as info\n"
             "def slow(args):\n"
             "    print('ready', file=sys.stderr, flush=True)\n"
             "    time.sleep(60)\n"
-            "c._cmd_info = slow\n"
+            "info.run = slow\n"
             "sys.exit(c.main(['info']))\n")
     p = _child(code, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dot4attn.compare import logit_metrics
+from dot4attn.quality.compare import logit_metrics
 
 
 def og():
@@ -19,7 +19,7 @@ def og():
 
 
 def cache_root() -> Path:
-    from dot4attn.export import model_cache_dir
+    from dot4attn.models.export import model_cache_dir
 
     return model_cache_dir() / "genai"
 
@@ -30,7 +30,7 @@ def genai_model(shape: str, precision: str = "fp32", ep: str = "cpu") -> Path:
     pytest.importorskip("transformers")
     from importlib.metadata import PackageNotFoundError, version
 
-    from dot4attn.genai_models import build_genai, make_hf_model
+    from dot4attn.models.genai_builder import build_genai, make_hf_model
 
     try:
         og_version = version("onnxruntime-genai")

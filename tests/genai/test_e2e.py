@@ -193,7 +193,7 @@ def test_fit_probe_answers_in_its_own_process(smoke, row):
     import subprocess
     import sys
 
-    from dot4attn.export import model_cache_dir
+    from dot4attn.models.export import model_cache_dir
 
     _, data = smoke
     folder = model_cache_dir() / "e2e" / data["facts"]["model_key"] / row
@@ -274,24 +274,34 @@ def test_bad_options_are_refused(argv, message, capsys, tmp_path):
 
 
 class _FakeRunner:
-    """A runner with e2e.runners' interface that loads nothing: start() calls on_start(self, prompt, chunk) (which
-    may raise, as a failing case does) and reports 0.5 s of prefill; every step returns zero logits."""
+    """A runner with the runtime's Decoder interface that loads nothing: a prefill calls on_start(self, prompt,
+    chunk) (which may raise, as a failing case does); every step returns zero logits."""
 
     def __init__(self, kind, cuda_graph, on_start=None):
-        self.kind, self.cuda_graph, self.on_start, self.batch = kind, cuda_graph, on_start, 1
+        self.kind, self.cuda_graph, self.on_start, self.batch, self.length = kind, cuda_graph, on_start, 1, 0
 
-    def start(self, prompt, max_length, chunk):
-        self.batch = prompt.shape[0]
+    def reset(self, batch, max_length):
+        self.batch, self.length = batch, 0
+
+    def prefill(self, prompt, mask=None, chunk=None):
         if self.on_start:
             self.on_start(self, prompt, chunk)
-        return 0.5
+        return self.step(prompt)
 
-    def step(self, tokens):
+    def prompt_copied(self, ids, chunk):
+        return self.prefill(ids, chunk=chunk)
+
+    def step(self, tokens, mask=None):
         import numpy as np
 
         return np.zeros((self.batch, 8), np.float16)
 
-    def stop(self):
+    def greedy_step(self, mask=None):
+        import numpy as np
+
+        return np.zeros(self.batch, np.int64)
+
+    def release(self):
         pass
 
     def close(self):
@@ -338,7 +348,7 @@ def test_a_case_whose_cuda_graph_mode_fails_runs_launched(monkeypatch, tmp_path)
 
 
 def test_copied_prompt_contexts_decode_one_prefilled_sequence_copied_to_the_batch(monkeypatch, tmp_path):
-    """At a --copied-prompt-contexts context a batch > 1 is measured by dot4attn.inplace over one prefilled sequence
+    """At a --copied-prompt-contexts context a batch > 1 is measured by dot4attn.runtime.inplace over one prefilled sequence
     copied to the batch, for every row, with a note and no prefill time; batch 1 and the other contexts keep the
     row's own runner."""
     from dot4attn.e2e import harness

@@ -229,7 +229,7 @@ def test_generate_threads_reach_og(rewritten, monkeypatch, capsys):
     """generate --threads on a folder run by og.Generator: genai's decoder session gets intra_op_num_threads."""
     import onnxruntime_genai
 
-    from dot4attn import genai
+    from dot4attn.runtime import og as genai
 
     overlays = []
 

@@ -1,4 +1,4 @@
-"""dot4attn.inplace: genai folders decoded with the caches bound in place (ORT IO binding), no cache bytes on the
+"""dot4attn.runtime.inplace: genai folders decoded with the caches bound in place (ORT IO binding), no cache bytes on the
 host per token; the same logits as og.Generator, and folders genai cannot run (V q4_0)."""
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import pytest
 from genai_support import agreement, genai_model, teacher_forced_logits
 
 from dot4attn.cli import main as cli
-from dot4attn.compare import MAX_MEAN_KL
-from dot4attn.inplace import InPlaceDecoder, greedy
+from dot4attn.quality.compare import MAX_MEAN_KL
+from dot4attn.runtime.decoder import greedy
+from dot4attn.runtime.inplace import InPlaceDecoder
 
 
 def _steps(folder, tokens):
@@ -82,7 +83,7 @@ def test_device_cuda_picks_the_in_place_runner_for_rewritten_folders(folders):
     an original builder folder keeps onnxruntime-genai (its genai_config picks the device)."""
     import argparse
 
-    from dot4attn.generate import _genai_runner
+    from dot4attn.cli.generate import _genai_runner
 
     src, out = folders
     args = lambda model, device: argparse.Namespace(model=str(model), device=device, runner="auto")  # noqa: E731

@@ -94,10 +94,10 @@ def test_every_dot4attn_node_runs_on_the_cuda_ep(folders, tmp_path):
 
 @pytest.mark.parametrize("v_format,batch", [("q8_0", 1), ("q4_0", 2)])
 def test_inplace_decode_moves_no_cache_bytes_to_the_host(folders, tmp_path, v_format, batch):
-    """dot4attn.inplace on the CUDA EP over 64 decode steps (q8_0 V at batch 1, q4_0 V at batch 2): the profile's
+    """dot4attn.runtime.inplace on the CUDA EP over 64 decode steps (q8_0 V at batch 1, q4_0 V at batch 2): the profile's
     memcpy nodes move a few bytes each (total_sequence_length to the host), never the cache; every
     Dot4GroupQueryAttention runs on CUDA."""
-    from dot4attn.inplace import InPlaceDecoder
+    from dot4attn.runtime.inplace import InPlaceDecoder
 
     src, out = folders("qwen3-d128")
     if v_format != "q8_0":
@@ -124,7 +124,7 @@ def test_cuda_graph_steps_match_launched_steps(folders, tmp_path, v_format, leng
     on the device) give the logits of the same steps launched kernel by kernel, for a batch of rows of different
     lengths too (left-padded prompts: the mask's zeros). Only the split of the keys may differ (the graph's plan is
     made for the cache's length), so the logits agree to float16 rounding, not bit for bit."""
-    from dot4attn.inplace import InPlaceDecoder
+    from dot4attn.runtime.inplace import InPlaceDecoder
 
     src, out = folders("qwen3-d128")
     if v_format != "q8_0":
@@ -158,7 +158,7 @@ def test_greedy_steps_on_the_device_match_host_argmax(folders, graph, host_logit
     """step(None) feeds each row the argmax of its last logits without the ids crossing to the host (the head
     session writes them into the step's input buffer; with host_logits="model" it runs only when a greedy step
     needs it): the same tokens and logits as feeding the host's argmax, in the dtype asked for."""
-    from dot4attn.inplace import InPlaceDecoder
+    from dot4attn.runtime.inplace import InPlaceDecoder
 
     _, out = folders("qwen3-d128")
     prompt = np.random.default_rng(5).integers(1, 256, (2, 7))
@@ -183,7 +183,7 @@ def test_a_copied_prompt_decodes_like_the_batch_prompt_on_cuda(folders, which):
     """prompt_copied on the device (the end-to-end benchmark's way to a batch whose prompt does not fit), for the
     builder's folder (GroupQueryAttention) and the rewritten one: in one call, the batch prompt's logits and then
     the same logits over replayed steps in every row; in chunks, row 0 is the batch-1 decoder fed the same chunks."""
-    from dot4attn.inplace import InPlaceDecoder
+    from dot4attn.runtime.inplace import InPlaceDecoder
 
     src, out = folders("qwen3-d128")
     folder = src if which == "original" else out

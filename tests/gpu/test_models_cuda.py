@@ -4,7 +4,7 @@ For every pair in the model folder (exported on a machine with torch/transformer
 then carried over: the GPU machine has no network and may lack the exporters), the ORIGINAL runs on the CPU EP as
 the reference and the REWRITTEN model on the CUDA EP with the dot4attn library registered; compare() feeds both a
 32-token prompt (512 for the split_k pairs, see the tool) and 32 greedy decode steps (the original's token, the
-packed KV cache fed back) and the pair must meet the bars of the CPU pass tests (dot4attn.compare.quality_failures: top-1 >= 95 % for float/q8_0 V, mean KL
+packed KV cache fed back) and the pair must meet the bars of the CPU pass tests (dot4attn.quality.compare.quality_failures: top-1 >= 95 % for float/q8_0 V, mean KL
 <= 1e-3, q4_0 V <= 0.1).
 
 Every Dot4Attention / PackK / PackV node must really run on the CUDA EP. session.disable_cpu_ep_fallback (what
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dot4attn.compare import DecoderSession, compare, quality_failures
+from dot4attn.quality.compare import DecoderSession, compare, quality_failures
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]

@@ -80,7 +80,7 @@ def check_structure(src, dst, v_format: str) -> None:
 @pytest.mark.parametrize("exporter,arch,preset,v_formats", CASES,
                          ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in CASES])
 def test_rewrite_and_agree(exporter, arch, preset, v_formats, tmp_path):
-    from dot4attn.compare import DecoderSession, compare, padded_batch_vs_single, quality_failures
+    from dot4attn.quality.compare import DecoderSession, compare, padded_batch_vs_single, quality_failures
 
     need_ops()
     src = exported(arch, preset, exporter)

@@ -22,13 +22,9 @@ def tiny():
 
 
 def cli(*argv):
-    from dot4attn.cli_models import add_model_commands
-    import argparse
+    from dot4attn.cli import build_parser
 
-    p = argparse.ArgumentParser(prog="dot4attn")
-    sub = p.add_subparsers(dest="command", required=True)
-    add_model_commands(sub)
-    args = p.parse_args([str(a) for a in argv])
+    args = build_parser().parse_args([str(a) for a in argv])
     return args.func(args)
 
 
@@ -91,7 +87,7 @@ def test_partial_match_refused_then_allowed(tiny, tmp_path, capsys):
     m = onnx.load(str(dst))
     names = {i.name for i in m.graph.input}
     assert {"past_key_values.0.key_payload", "past_key_values.1.key", "past_key_values.1.value"} <= names
-    from dot4attn.compare import compare
+    from dot4attn.quality.compare import compare
 
     c = compare(str(src), str(dst))
     assert c.top1 >= 0.95 and c.mean_kl <= 1e-3, c.lines()
@@ -136,7 +132,7 @@ def test_external_data_in_and_out(tiny, tmp_path, monkeypatch):
     out = onnx.load(str(dst), load_external_data=False)  # the weights went to the data file
     assert all(t.data_location == TensorProto.EXTERNAL for t in out.graph.initializer if t.ByteSize() > 4096)
     assert (dst.parent / "model.d4a.onnx.data").stat().st_size > 1_000_000
-    from dot4attn.compare import compare
+    from dot4attn.quality.compare import compare
 
     c = compare(str(src), str(dst))
     assert c.mean_kl <= 0.1
@@ -202,7 +198,7 @@ def test_over_2gb_model(tiny, tmp_path):
         del m
         rewrite_file(src, dst, RewriteOptions(v_format="q8_0"))
         assert (tmp_path / "big.d4a.onnx.data").stat().st_size > 2**31
-        from dot4attn.compare import compare
+        from dot4attn.quality.compare import compare
 
         c = compare(str(src), str(dst), prompt_len=8, steps=2)
         assert c.mean_kl <= 1e-3

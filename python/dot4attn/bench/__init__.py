@@ -11,10 +11,19 @@ import argparse
 import importlib
 import sys
 
-from ..cli_types import nonnegative_float, nonnegative_int, positive_int
+from ..argtypes import nonnegative_float, nonnegative_int, positive_int
 from .cpu import CANDIDATES, run_cpu_bench
 
 __all__ = ["CANDIDATES", "add_arguments", "main", "run_bench", "run_cpu_bench"]
+
+HELP = "benchmark Dot4Attention against ONNX Runtime GQA and numpy"
+DESCRIPTION = """\
+Times Dot4Attention (packed K cache, float / q8_0 / q4_0 V) against ONNX Runtime's GroupQueryAttention with a
+shared-buffer KV cache and a numpy reference, decode and prefill, per head shape and key length, in one process
+with the candidates interleaved. Prints a table and writes bench.json and bench.png into --out (docs/performance.md).
+
+  dot4attn bench --quick
+  dot4attn bench --device cuda --heads 32,8,128 --decode-sk 16384,131072"""
 
 
 def key_lengths(text: str) -> list[int]:

@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import native
 from .. import reference as ref
-from ..cli_types import positive_int
+from ..argtypes import positive_int
 from . import report
 
 HEADS = [(32, 8, 128), (24, 4, 256)]

@@ -6,19 +6,22 @@ import sys
 import time
 from pathlib import Path
 
+from ..formats import bytes_per_token
+from ..argtypes import positive_int
+from .options import EXIT_COULD_NOT_RUN
+
+HELP = "export a tiny Qwen, rewrite it, generate, compare, memory and speed"
+
 # Real-model cache layouts for the memory table: (name, layers, kv heads, head dim).
 REAL_LAYOUTS = [("Qwen2.5-0.5B", 24, 2, 64), ("Qwen2.5-7B", 28, 4, 128), ("Qwen3-8B", 36, 8, 128)]
 
 
-def bytes_per_token(layers: int, hkv: int, d: int, k: str, v: str) -> float:
-    per = {"float32": 4 * d, "float16": 2 * d, "q8_0": d + 2 * d // 32, "q4_0": d // 2 + 2 * d // 32}
-    return layers * hkv * (per[k] + per[v])
+DESCRIPTION = __doc__
 
 
 def add_arguments(p) -> None:
-    from .cli_types import positive_int
-    from .export import EXPORTERS
-    from .recipes import PRESETS
+    from ..models.export import EXPORTERS
+    from ..models.recipes import PRESETS
 
     p.add_argument("--arch", choices=["qwen2", "qwen3"], default="qwen3", help="the tiny model's architecture")
     p.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
@@ -43,12 +46,10 @@ def console():
 def run(args) -> int:
     from rich.table import Table
 
-    from .cli_models import EXIT_COULD_NOT_RUN
-    from .compare import DecoderSession, compare
-    from .export import cached_export, model_cache_dir
-    from .generate import generate
-    from .passes import RewriteError
-    from .rewrite import rewrite
+    from ..models.export import cached_export, model_cache_dir
+    from ..passes import RewriteError, RewriteOptions, rewrite_file
+    from ..quality.compare import compare
+    from ..runtime.session import DecoderSession, generate
 
     con = console()
     work = Path(args.workdir) if args.workdir else model_cache_dir() / "demo"
@@ -69,7 +70,7 @@ def run(args) -> int:
     con.rule("[bold]2. rewrite")
     dst = work / f"{src.stem}.d4a-{args.v_format}.onnx"
     try:
-        rep = rewrite(str(src), str(dst), v_format=args.v_format)
+        rep = rewrite_file(str(src), str(dst), RewriteOptions(v_format=args.v_format))
     except RewriteError as e:
         print(f"dot4attn demo: rewrite refused: {e}", file=sys.stderr)
         return EXIT_COULD_NOT_RUN
@@ -97,10 +98,10 @@ def run(args) -> int:
               f"{s0 / s1:.2f}x smaller ({s0 * 32768 / 2**20:.0f} -> {s1 * 32768 / 2**20:.0f} MiB at 32k tokens)")
     tab = Table("real layout", "fp16 K+V", "K q8_0 + V fp16", "K q8_0 + V q8_0", "K q8_0 + V q4_0")
     for name, nl, hkv, d in REAL_LAYOUTS:
-        f16 = bytes_per_token(nl, hkv, d, "float16", "float16")
+        f16 = bytes_per_token(nl, hkv, d, "float16", "float16", layout="split")
         row = [f"{name} ({nl}L, {hkv} KV heads, D {d})", f"{int(f16)}"]
         for vf in ("float16", "q8_0", "q4_0"):
-            q = bytes_per_token(nl, hkv, d, "q8_0", vf)
+            q = bytes_per_token(nl, hkv, d, "q8_0", vf, layout="split")
             row.append(f"{int(q)} ({f16 / q:.2f}x)")
         tab.add_row(*row)
     con.print(tab)

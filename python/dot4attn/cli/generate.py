@@ -4,48 +4,21 @@ from __future__ import annotations
 import sys
 import time
 
-import numpy as np
+from ..model_io import folder_facts, genai_folder_of, is_genai_folder
+from ..argtypes import nonnegative_int, positive_int, token_ids
+from .options import EXIT_COULD_NOT_RUN
 
-from .compare import DecoderSession, positions
+HELP = "greedy generation with the (packed) KV cache fed back"
+DESCRIPTION = """\
+Greedy generation: prefills the prompt, then decodes one token at a time with the model's KV cache fed back
+(packed, for a rewritten model). Prints the tokens (text with --tokenizer), prefill and decode speed and the
+cache's bytes. Takes .onnx decoders, original or rewritten, and onnxruntime-genai folders (docs/genai.md).
 
-
-def providers_for(device: str):
-    if device == "cuda":
-        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    return ["CPUExecutionProvider"]
-
-
-def generate(model: str, token_ids: list[int], max_new_tokens: int, device: str = "cpu", eos: int | None = None,
-             progress=None, session: DecoderSession | None = None, threads: int | None = None) -> dict:
-    s = session or DecoderSession(model, providers=providers_for(device), threads=threads)
-    ids = np.asarray(token_ids, np.int64)[None]
-    mask = np.ones_like(ids)
-    s.reset(1)
-    t0 = time.perf_counter()
-    logits = s.step(ids, mask, positions(mask))
-    t_prefill = time.perf_counter() - t0
-    out: list[int] = []
-    t1 = time.perf_counter()
-    for i in range(max_new_tokens):
-        nxt = int(logits[0, -1].argmax())
-        out.append(nxt)
-        if progress:
-            progress(i + 1, nxt)
-        if eos is not None and nxt == eos or i == max_new_tokens - 1:
-            break
-        mask = np.concatenate([mask, [[1]]], axis=1)
-        logits = s.step(np.array([[nxt]]), mask, positions(mask)[:, -1:])
-    t_decode = time.perf_counter() - t1
-    n_dec = max(len(out) - 1, 0)
-    return dict(tokens=out, prefill_s=t_prefill, decode_s=t_decode,
-                prefill_tok_s=ids.shape[1] / max(t_prefill, 1e-9), decode_tok_s=n_dec / max(t_decode, 1e-9),
-                cache_bytes=s.cache_bytes(), cache_bytes_per_token=s.cache_bytes_per_token(),
-                context=int(mask.shape[1]))
+  dot4attn generate rewritten.onnx --token-ids '1 17 42' --max-new-tokens 16
+  dot4attn generate qwen-genai-d4a/ --prompt 'Hello' --tokenizer qwen-genai-d4a/"""
 
 
 def add_arguments(p) -> None:
-    from .cli_types import nonnegative_int, positive_int, token_ids
-
     p.add_argument("model", metavar="MODEL", help="decoder ONNX model (original or rewritten), or an onnxruntime-genai "
                    "folder (run through onnxruntime-genai; its genai_config.json picks the device)")
     src = p.add_mutually_exclusive_group(required=True)
@@ -59,7 +32,7 @@ def add_arguments(p) -> None:
                    help="ONNX Runtime intra-op threads (default 0: ONNX Runtime's default)")
     p.add_argument("--runner", choices=["auto", "og", "inplace"], default="auto",
                    help="genai folders: og (onnxruntime-genai's Generator; its genai_config picks the device) or "
-                        "inplace (dot4attn.inplace: ORT with the caches bound in place on --device; runs q4_0 V "
+                        "inplace (dot4attn.runtime.inplace: ORT with the caches bound in place on --device; runs q4_0 V "
                         "folders too). auto: inplace for --device cuda on a rewritten folder, for q4_0 V folders "
                         "and without onnxruntime-genai; og otherwise")
     p.add_argument("--batch", type=positive_int, default=1, help="--runner inplace: decode this many copies of the "
@@ -69,25 +42,21 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from . import genai
-
-    if genai.is_genai_folder(args.model):
+    if is_genai_folder(args.model):
         return _run_genai(args)
-    from .rewrite import genai_folder_of
-
     folder = genai_folder_of(args.model)
     if folder is not None:
         print(f"dot4attn generate: {args.model} is the decoder of the onnxruntime-genai folder {folder} "
               f"(genai_config.json names it): pass the folder, `dot4attn generate {folder} ...`", file=sys.stderr)
-        return 2
+        return EXIT_COULD_NOT_RUN
     if args.batch != 1:
         print("dot4attn generate: --batch is for genai folders (--runner inplace)", file=sys.stderr)
-        return 2
+        return EXIT_COULD_NOT_RUN
     tok = None
     if args.prompt is not None:
         if not args.tokenizer:
             print("dot4attn generate: --prompt needs --tokenizer DIR", file=sys.stderr)
-            return 2
+            return EXIT_COULD_NOT_RUN
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(args.tokenizer)
@@ -100,21 +69,22 @@ def run(args) -> int:
             tok = AutoTokenizer.from_pretrained(args.tokenizer)
     if not ids:
         print("dot4attn generate: empty prompt", file=sys.stderr)
-        return 2
+        return EXIT_COULD_NOT_RUN
 
     def prog(i, t):
         print(f"\r  token {i}/{args.max_new_tokens}", end="", file=sys.stderr, flush=True)
 
-    from .model_io import BadModelError
+    from ..model_io import BadModelError
+    from ..runtime.session import generate
 
     try:
         r = generate(args.model, ids, args.max_new_tokens, args.device, progress=prog, threads=args.threads or None)
     except BadModelError as e:  # names the file itself
         print(f"dot4attn generate: {e}", file=sys.stderr)
-        return 2
+        return EXIT_COULD_NOT_RUN
     except Exception as e:  # ORT load/run errors: say which model
         print(f"\ndot4attn generate: {args.model}: {e}", file=sys.stderr)
-        return 2
+        return EXIT_COULD_NOT_RUN
     print(file=sys.stderr)
     print("tokens:", " ".join(map(str, r["tokens"])))
     if tok is not None:
@@ -125,8 +95,6 @@ def run(args) -> int:
 
 
 def _genai_runner(args) -> str:
-    from .genai import folder_facts
-
     if args.runner != "auto":
         return args.runner
     facts = folder_facts(args.model)
@@ -142,22 +110,21 @@ def _genai_runner(args) -> str:
 
 
 def _written_for_inplace_runner(folder) -> bool:
-    from .genai import folder_facts
-
     return folder_facts(folder).get("runner") == "inplace"
 
 
 def _run_inplace(args) -> int:
-    """A genai folder through dot4attn.inplace (the caches live on --device, appended in place)."""
-    from .inplace import InPlaceDecoder, greedy
+    """A genai folder through dot4attn.runtime.inplace (the caches live on --device, appended in place)."""
+    from ..runtime.decoder import greedy
+    from ..runtime.inplace import InPlaceDecoder
 
     if args.prompt is not None:
         print("dot4attn generate: --runner inplace takes --token-ids (the tokenizer comes with onnxruntime-genai)",
               file=sys.stderr)
-        return 2
+        return EXIT_COULD_NOT_RUN
     if args.batch < 1:
         print(f"dot4attn generate: --batch must be >= 1, got {args.batch}", file=sys.stderr)
-        return 2
+        return EXIT_COULD_NOT_RUN
     try:
         dec = InPlaceDecoder(args.model, device=args.device, threads=args.threads or None,
                              cuda_graph=False if args.no_cuda_graph else None)
@@ -166,7 +133,7 @@ def _run_inplace(args) -> int:
         dt = time.perf_counter() - t0
     except Exception as e:  # ORT load/run errors: say which folder
         print(f"dot4attn generate: {args.model}: {e}", file=sys.stderr)
-        return 2
+        return EXIT_COULD_NOT_RUN
     for out in outs:
         print("tokens:", " ".join(map(str, out)))
     print(f"{args.batch} x ({len(args.token_ids)} prompt + {len(outs[0])} new tokens) in {dt:.3f} s (in-place cache "
@@ -177,7 +144,8 @@ def _run_inplace(args) -> int:
 
 def _run_genai(args) -> int:
     """A genai folder under og.Generator (greedy); --prompt goes through the folder's own tokenizer."""
-    from .genai import GenaiError, generate as og_generate, import_og
+    from ..model_io import GenaiError
+    from ..runtime.og import generate as og_generate, import_og
 
     if _genai_runner(args) == "inplace":
         return _run_inplace(args)
@@ -185,10 +153,10 @@ def _run_genai(args) -> int:
         print(f"dot4attn generate: {args.model} was rewritten for dot4attn's in-place runner (--for-inplace-runner: "
               "its q4_0 V cache is narrower than K's, which onnxruntime-genai cannot allocate): use --runner inplace "
               "or auto", file=sys.stderr)
-        return 2
+        return EXIT_COULD_NOT_RUN
     if args.batch != 1:
         print("dot4attn generate: --batch needs --runner inplace", file=sys.stderr)
-        return 2
+        return EXIT_COULD_NOT_RUN
     try:
         og = import_og()
         tokenizer = None
@@ -199,16 +167,16 @@ def _run_genai(args) -> int:
             ids = args.token_ids
         if not ids:
             print("dot4attn generate: empty prompt", file=sys.stderr)
-            return 2
+            return EXIT_COULD_NOT_RUN
         t0 = time.perf_counter()
         out = og_generate(args.model, [ids], args.max_new_tokens, threads=args.threads or None)[0]
         dt = time.perf_counter() - t0
     except GenaiError as e:
         print(f"dot4attn generate: {e}", file=sys.stderr)
-        return 2
+        return EXIT_COULD_NOT_RUN
     except Exception as e:  # og load/run errors: say which folder
         print(f"dot4attn generate: {args.model}: {e}", file=sys.stderr)
-        return 2
+        return EXIT_COULD_NOT_RUN
     print("tokens:", " ".join(map(str, out)))
     if tokenizer is not None:
         print("text:", tokenizer.decode(out))

@@ -1,25 +1,28 @@
 """`dot4attn rewrite IN OUT`: the user-facing entry of the graph passes.
 
 IN is an exported decoder (.onnx; dot4attn.passes.driver) or an onnxruntime-genai model folder (genai_config.json
-inside; dot4attn.genai), and OUT the same kind of thing."""
+inside; dot4attn.passes.genai_folder), and OUT the same kind of thing."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+from ..model_io import genai_folder_of, is_genai_folder
+from ..argtypes import positive_int
+from .options import EXIT_COULD_NOT_RUN
 
-def rewrite(src: str, dst: str, v_format: str = "float", route: str = "auto", split_k_min_keys: int = 2048,
-            allow_partial: bool = False):
-    """Rewrite the ONNX decoder `src` onto dot4attn ops; writes `dst` atomically; returns the RewriteReport."""
-    from .passes import RewriteOptions, rewrite_file
+HELP = "rewrite an exported decoder or a genai folder onto dot4attn ops (packed KV cache)"
+DESCRIPTION = """\
+Rewrites the attention of an exported decoder (.onnx) onto dot4attn's ops with a packed KV cache (K int8 + fp16
+scale per 32 values; V float, q8_0 or q4_0), or an onnxruntime-genai model-builder folder onto
+Dot4GroupQueryAttention (a new folder that og.Generator runs). IN is never changed; OUT is written whole or not at
+all. docs/passes.md, docs/genai.md.
 
-    opts = RewriteOptions(v_format=v_format, route=route, split_k_min_keys=split_k_min_keys)
-    return rewrite_file(src, dst, opts, allow_partial=allow_partial)
+  dot4attn rewrite model.onnx rewritten.onnx --v-format q8_0
+  dot4attn rewrite qwen-genai/ qwen-genai-d4a/"""
 
 
 def add_arguments(p) -> None:
-    from .cli_types import positive_int
-
     p.add_argument("input", metavar="IN", help="exported decoder (.onnx; external data next to it is read) or an "
                    "onnxruntime-genai model folder (genai_config.json, model.onnx, tokenizer)")
     p.add_argument("output", metavar="OUT", help="rewritten model (.onnx) or, for a genai folder, a new folder; "
@@ -42,35 +45,34 @@ def add_arguments(p) -> None:
                         "only: a genai folder's layers share one cache layout, so all are rewritten or none")
     p.add_argument("--for-inplace-runner", action="store_true",
                    help="genai folders: write a folder for dot4attn's in-place runner (dot4attn generate, "
-                        "dot4attn.inplace) that og.Generator cannot run; needed for, and only taken with, "
+                        "dot4attn.runtime.inplace) that og.Generator cannot run; needed for, and only taken with, "
                         "--v-format q4_0 (genai gives V the K cache's width)")
 
 
 def run(args) -> int:
-    from . import genai
-
     if args.split_k_min_keys is not None and args.split_k_min_keys < 1:
         print(f"dot4attn rewrite: --split-k-min-keys must be >= 1, got {args.split_k_min_keys}", file=sys.stderr)
-        return 2
-    if genai.is_genai_folder(args.input) or (Path(args.input).is_dir() and not Path(args.input).suffix):
+        return EXIT_COULD_NOT_RUN
+    if is_genai_folder(args.input) or (Path(args.input).is_dir() and not Path(args.input).suffix):
         return _run_genai(args)
     folder = genai_folder_of(args.input)
     if folder is not None:
         print(f"dot4attn rewrite: {args.input} is the decoder of the onnxruntime-genai folder {folder} "
               f"(genai_config.json names it): pass the folder, `dot4attn rewrite {folder} OUT_DIR`\n"
               "(no output written)", file=sys.stderr)
-        return 2
+        return EXIT_COULD_NOT_RUN
     if args.for_inplace_runner:
         print("dot4attn rewrite: --for-inplace-runner is for genai folders; an .onnx file is not one", file=sys.stderr)
-        return 2
-    from .passes import RewriteError
+        return EXIT_COULD_NOT_RUN
+    from ..passes import RewriteError, RewriteOptions, rewrite_file
 
     try:
-        report = rewrite(args.input, args.output, args.v_format or "float", args.route or "auto",
-                         args.split_k_min_keys or 2048, args.allow_partial)
+        opts = RewriteOptions(v_format=args.v_format or "float", route=args.route or "auto",
+                              split_k_min_keys=args.split_k_min_keys or 2048)
+        report = rewrite_file(args.input, args.output, opts, allow_partial=args.allow_partial)
     except (RewriteError, OSError) as e:  # OSError: reading IN (permissions, I/O errors); writes are RewriteError
         print(f"dot4attn rewrite: {e}\n(no output written)", file=sys.stderr)
-        return 2
+        return EXIT_COULD_NOT_RUN
     for line in report.lines():
         print(line)
     if report.unmatched:
@@ -79,43 +81,29 @@ def run(args) -> int:
     return 0
 
 
-def genai_folder_of(path: str) -> Path | None:
-    """The genai folder whose genai_config.json names the file `path` as its decoder, else None."""
-    import json
-
-    p = Path(path)
-    cfg = p.parent / "genai_config.json"
-    if not p.is_file() or not cfg.is_file():
-        return None
-    try:
-        name = json.loads(cfg.read_text())["model"]["decoder"]["filename"]
-    except (ValueError, KeyError, TypeError, OSError):
-        return None
-    return p.parent if name == p.name else None
-
-
 def _run_genai(args) -> int:
-    from .genai import GenaiError, rewrite_folder
+    from ..model_io import GenaiError
+    from ..passes.genai_folder import rewrite_folder
 
     if args.v_format == "float":
         print("dot4attn rewrite: a genai folder's cache is packed: --v-format q8_0 (default) or q4_0", file=sys.stderr)
-        return 2
+        return EXIT_COULD_NOT_RUN
     # Options of the .onnx path that mean nothing here are refused, not ignored.
     if args.route not in (None, "auto"):
         print(f"dot4attn rewrite: --route {args.route} is for .onnx files (Dot4Attention's route attribute); a genai "
               "folder's Dot4GroupQueryAttention picks its route per call (prefill for prompts, decode or split_k "
               "by --split-k-min-keys)", file=sys.stderr)
-        return 2
+        return EXIT_COULD_NOT_RUN
     if args.allow_partial:
         print("dot4attn rewrite: --allow-partial is for .onnx files; genai gives every layer of a folder the same "
               "cache layout, so a folder's layers are all rewritten or the rewrite is refused", file=sys.stderr)
-        return 2
+        return EXIT_COULD_NOT_RUN
     try:
         report = rewrite_folder(args.input, args.output, args.v_format or "q8_0",
                                 inplace_runner=args.for_inplace_runner, split_k_min_keys=args.split_k_min_keys)
     except GenaiError as e:
         print(f"dot4attn rewrite: {e}\n(no output written)", file=sys.stderr)
-        return 2
+        return EXIT_COULD_NOT_RUN
     for line in report.lines():
         print(line)
     print(f"wrote {args.output}")

@@ -20,8 +20,11 @@ import json
 import os
 from pathlib import Path
 
-from ..cli_types import nonnegative_int, positive_int
+from ..argtypes import nonnegative_int, positive_int
 from .models import ROWS
+
+HELP = "end-to-end decode: genai baseline, ORT int8 KV, rewritten folders; table, JSON and plot"
+DESCRIPTION = __doc__
 
 PRESETS = {  # device -> defaults
     # Batches > 1 at 4k only on the CPU: onnxruntime-genai prefills a batch in one call, and ORT's CPU
@@ -169,7 +172,7 @@ def run(args) -> int:
 
     from rich.console import Console
 
-    from ..export import model_cache_dir
+    from ..models.export import model_cache_dir
     from . import report
     from .harness import run_rows
     from .models import ModelSpec, prepare, weight_bytes

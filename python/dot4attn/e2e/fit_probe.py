@@ -16,16 +16,16 @@ import numpy as np
 def main(argv: list[str]) -> int:
     kind, folder, device, batch, max_length = argv[0], argv[1], argv[2], int(argv[3]), int(argv[4])
     from .harness import error_line, memory_used
-    from .runners import make_runner
+    from .runners import make_runner, start
 
     runner = make_runner(kind, folder, device)
     used, total = memory_used(device)
     out = dict(fits=True, free=None if used is None else total - used, total=total, error="")
     if batch > 0:
         try:
-            runner.start(np.zeros((batch, 16), np.int64), max_length, 16)
+            start(runner, np.zeros((batch, 16), np.int64), max_length, 16)
             for _ in range(2):
-                runner.step(None)
+                runner.greedy_step()
         except Exception as e:  # noqa: BLE001 - what did not fit is the answer
             out.update(fits=False, error=error_line(e, 200))
     print(json.dumps(out), flush=True)

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..compare import logit_metrics
+from ..formats import folder_cache_bytes_per_token as cache_bytes_per_token
+from ..quality.compare import logit_metrics
 from .models import ROWS, RUNNER
-from .runners import cache_bytes_per_token, make_runner
+from .runners import make_runner, start
 
 
 
@@ -100,20 +101,21 @@ def run_case(runner, settings: Settings, context: int, batch: int, vocab: int, b
              copied: bool = False) -> dict:
     prompt, forced = _prompt(settings, context, batch, vocab)
     chunk = settings.chunk if copied else max(1, settings.chunk // batch)  # copied: one sequence's prefill
-    prefill_s = runner.start(prompt, settings.max_length(context), chunk)
+    prefill_s = start(runner, prompt, settings.max_length(context), chunk, copied)
     mem_prefill, _ = memory_used(settings.device)
     times, logits = [], []
 
     for i in range(forced.shape[1]):
         t0 = time.perf_counter()
-        lg = runner.step(forced[:, i:i + 1] if batch == 1 else None)  # runners.py: why batches > 1 are greedy
+        # runners.py: why batches > 1 are greedy
+        lg = runner.step(forced[:, i:i + 1]) if batch == 1 else runner.greedy_step()
         dt = time.perf_counter() - t0
         if i >= settings.warmup:
             times.append(dt)
             if batch == 1:
                 logits.append(np.asarray(lg, np.float32))  # untimed: runners.py says why
     mem_decode, _ = memory_used(settings.device)
-    runner.stop()
+    runner.release()
     ms = statistics.median(times) * 1e3
     peak = None if base_mem is None else max(mem_prefill, mem_decode) - base_mem
     return dict(context=context, batch=batch, prefill_s=prefill_s, ms_per_token=ms, tokens_per_s=batch * 1e3 / ms,
@@ -237,7 +239,7 @@ def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log
 def _measure(row: str, folder: Path, settings: Settings, context: int, batch: int, vocab: int,
              cuda_graph: bool, copied: bool = False) -> tuple[dict | None, str | None]:
     """(result, None) or (None, the error's line): one case with a fresh model (its memory is the case's own).
-    copied: by dot4attn.inplace, one sequence prefilled and its cache copied to the batch."""
+    copied: by dot4attn.runtime.inplace, one sequence prefilled and its cache copied to the batch."""
     gc.collect()
     base_mem, _ = memory_used(settings.device)
     runner = make_runner("inplace-copied" if copied else RUNNER[row], folder, settings.device, cuda_graph)

@@ -86,8 +86,8 @@ def prepare(cache: Path, spec: ModelSpec, calib_tokens: int = 512, log=print,
     a row whose folder cannot be built maps to the reason (a string) instead of a path. rows=["genai"] makes the
     HF model and row 1's folder only, which needs no GPU build of onnxruntime (a machine can make them while the
     rest is still being installed)."""
-    from ..genai import rewrite_folder
-    from ..genai_models import SHAPES, build_genai, make_hf_model
+    from ..models.genai_builder import SHAPES, build_genai, make_hf_model
+    from ..passes.genai_folder import rewrite_folder
 
     if spec.shape not in SHAPES:
         raise ValueError(f"unknown model shape {spec.shape!r}; known: {', '.join(SHAPES)}")
@@ -150,7 +150,7 @@ def calibrate(folder: Path, device: str, tokens: int, seed: int) -> tuple[list[n
     prompt. K is stored after the rotation, which turns channel i and i + D/2 together (the builder's rotary is
     not interleaved): a threshold from one short prompt would miss where later positions rotate a pair, so both
     channels of a pair take the pair's largest norm (as onnxruntime-genai's own calibration does). V: abs-max."""
-    from ..inplace import InPlaceDecoder
+    from ..runtime.inplace import InPlaceDecoder
 
     dec = InPlaceDecoder(folder, device=device)
     vocab = _vocab_size(folder)

@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .model_io import EXTERNAL_DATA_THRESHOLD, folders_removed_on_failure
+from ..model_io import EXTERNAL_DATA_THRESHOLD, folders_removed_on_failure
 
 EXPORTERS = ("dynamo", "dynamo23", "dynamo23gqa", "torchscript", "optimum", "transformers", "dynamo_ort")
 

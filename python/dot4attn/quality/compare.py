@@ -1,9 +1,6 @@
-"""Run a decoder ONNX model step by step with its KV cache (float or packed), and compare two models.
-
-`DecoderSession` finds the cache I/O by name: per layer N, inputs `past_key_values.N.<part>` and outputs
-`present.N.<part>`, where <part> is key/value (float) or key_payload/key_scales/value_payload/value_scales
-(dot4attn packed). It works for the original and the rewritten model alike.
-"""
+"""Compare a rewritten decoder with its original: the same seeded prompt and teacher-forced decode steps through
+both, top-1 agreement of the next-token choice, mean / max KL, max |logit difference| (`dot4attn compare`), and
+the project's bars for each V format (quality_failures)."""
 from __future__ import annotations
 
 import os
@@ -13,11 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .model_io import PAST_RE, check_model_file
-
-_NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)": np.int8,
-       "tensor(uint8)": np.uint8, "tensor(int64)": np.int64, "tensor(bool)": np.bool_, "tensor(int32)": np.int32}
-
+from ..runtime.session import DecoderSession, positions
 
 # Agreement bars of a rewritten model vs its original over compare()'s prompt + decode steps
 # (tests/passes/test_passes.py on the CPU EP, tests/gpu/test_models_cuda.py on CUDA). q4_0 V is held to KL only: random
@@ -32,7 +25,7 @@ def rewritten_v_format(path: str | os.PathLike) -> str:
     A model or folder dot4attn did not write counts as float."""
     path = Path(path)
     if path.is_dir():
-        from .genai import folder_facts
+        from ..model_io import folder_facts
 
         facts = folder_facts(path)
         return facts.get("v_format", "q8_0") if facts else "float"
@@ -53,83 +46,6 @@ def quality_failures(c: "Comparison", v_format: str) -> list[str]:
     if c.mean_kl > MAX_MEAN_KL[v_format]:
         bad.append(f"mean KL {c.mean_kl:.3e} > {MAX_MEAN_KL[v_format]:.0e}")
     return bad
-
-
-def make_session(path: str, providers=None, threads: int | None = None, session_options=None):
-    """An InferenceSession of `path` with the dot4attn ops registered when the model uses them. `session_options`
-    lets a caller add its own settings (e.g. profiling); it is modified here."""
-    import onnxruntime as ort
-
-    so = session_options or ort.SessionOptions()
-    if threads:
-        so.intra_op_num_threads = threads
-    so.log_severity_level = 3
-    # A bad file (truncated, not ONNX, short external data, ...) gets an error naming it and what was expected,
-    # before ONNX Runtime sees it.
-    m = check_model_file(path)
-    needs_ops = any(o.domain == "dot4attn" for o in m.opset_import)
-    if needs_ops:
-        from . import register
-
-        register(so)
-    return ort.InferenceSession(str(path), so, providers=providers or ["CPUExecutionProvider"])
-
-
-class DecoderSession:
-    def __init__(self, path: str, providers=None, threads: int | None = None, session_options=None):
-        self.path = str(path)
-        self.sess = make_session(path, providers, threads, session_options)
-        self.inputs = {i.name: i for i in self.sess.get_inputs()}
-        self.output_names = [o.name for o in self.sess.get_outputs()]
-        self.cache_specs = {}
-        for name, i in self.inputs.items():
-            if PAST_RE.match(name):
-                shape = [_int(x) for x in i.shape]
-                self.cache_specs[name] = (_NP[i.type], shape)
-        self.packed = any(n.endswith("key_payload") for n in self.cache_specs)
-        self.cache: dict[str, np.ndarray] = {}
-        self.has_position_ids = "position_ids" in self.inputs
-
-    def reset(self, batch: int) -> None:
-        self.cache = {}
-        for name, (dt, shape) in self.cache_specs.items():
-            h, d = shape[1], shape[3]
-            if not isinstance(h, int) or not isinstance(d, int):
-                raise ValueError(f"{self.path}: cache input {name} needs static heads and last dim, got {shape}")
-            self.cache[name] = np.zeros((batch, h, 0, d), dt)
-
-    def step(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
-        feeds = {"input_ids": input_ids.astype(np.int64), "attention_mask": attention_mask.astype(np.int64)}
-        if self.has_position_ids:
-            feeds["position_ids"] = position_ids.astype(np.int64)
-        feeds.update(self.cache)
-        outs = self.sess.run(None, feeds)
-        res = dict(zip(self.output_names, outs))
-        for name in self.cache_specs:
-            self.cache[name] = res["present." + name[len("past_key_values."):]]
-        return res["logits"]
-
-    def cache_bytes(self) -> int:
-        return int(sum(a.nbytes for a in self.cache.values()))
-
-    def cache_bytes_per_token(self) -> int:
-        """Bytes one token adds to the cache, batch 1 (from the input layouts)."""
-        tot = 0
-        for dt, shape in self.cache_specs.values():
-            tot += shape[1] * shape[3] * np.dtype(dt).itemsize
-        return int(tot)
-
-
-def _int(x):
-    try:
-        return int(x)
-    except (TypeError, ValueError):
-        return x
-
-
-def positions(mask: np.ndarray) -> np.ndarray:
-    """position_ids for a (left-padded) attention mask: cumsum - 1, pads at 0."""
-    return np.clip(np.cumsum(mask, axis=1) - 1, 0, None).astype(np.int64)
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -197,9 +113,9 @@ def compare(original: str, rewritten: str, prompt_len: int = 32, steps: int = 32
     pos = positions(mask)
     for step in range(steps + 1):
         t0 = time.perf_counter()
-        la = a.step(cur_ids, cur_mask, pos)
+        la = a.run(cur_ids, cur_mask, pos)
         t1 = time.perf_counter()
-        lb = b.step(cur_ids, cur_mask, pos)
+        lb = b.run(cur_ids, cur_mask, pos)
         t2 = time.perf_counter()
         times[0] += t1 - t0
         times[1] += t2 - t1
@@ -223,12 +139,12 @@ def compare(original: str, rewritten: str, prompt_len: int = 32, steps: int = 32
 def compare_folders(original: str, rewritten: str, prompt_len: int = 32, steps: int = 32,
                     seed: int = 0) -> Comparison:
     """compare() for two onnxruntime-genai folders (the builder's and `dot4attn rewrite`'s), one sequence: each runs
-    under og.Generator (a folder written for the in-place runner under dot4attn.inplace on the CPU) through
-    e2e.runners, the prompt prefilled, then `steps` teacher-forced steps fed the original's greedy token. Metrics
+    under og.Generator (a folder written for the in-place runner under dot4attn.runtime.inplace on the CPU) through
+    runtime.open_decoder, the prompt prefilled, then `steps` teacher-forced steps fed the original's greedy token. Metrics
     over the prompt's last position and every step: a runner hands back the last position's logits only.
     Raises GenaiError (not a folder, no onnxruntime-genai, vocabularies that differ)."""
-    from .e2e.runners import cache_bytes_per_token, make_runner
-    from .genai import GenaiError, context_length, folder_facts, is_genai_folder, read_config
+    from ..model_io import GenaiError, context_length, is_genai_folder, read_config
+    from ..runtime import open_decoder
 
     folders = [Path(original), Path(rewritten)]
     # the prompt and every teacher-forced token: the last step's token is the last one the caches hold
@@ -242,14 +158,18 @@ def compare_folders(original: str, rewritten: str, prompt_len: int = 32, steps: 
                              f"its genai_config.json allows ({most})")
     vocab = read_config(folders[0])["model"].get("vocab_size") or 1000
 
-    def kind(folder: Path) -> str:
-        return "inplace" if folder_facts(folder).get("runner") == "inplace" else "og"
-
     prompt = np.random.default_rng(seed).integers(3, vocab, size=(1, prompt_len))
-    runners = [make_runner(kind(f), f, "cpu") for f in folders]
+    runners = []
     try:
-        times = [r.start(prompt, max_length, prompt_len) for r in runners]
-        la, lb = (np.asarray(r.last, np.float64) for r in runners)
+        for f in folders:  # the runner the folder was written for (dot4attn.json), og.Generator otherwise
+            runners.append(open_decoder(f, "cpu"))
+        times, last = [], []
+        for r in runners:
+            r.reset(1, max_length)
+            t0 = time.perf_counter()
+            last.append(np.asarray(r.prefill(prompt), np.float64))
+            times.append(time.perf_counter() - t0)
+        la, lb = last
         agree, kls, maxdiff = [], [], 0.0
         for step in range(steps + 1):
             if la.shape != lb.shape:
@@ -264,15 +184,14 @@ def compare_folders(original: str, rewritten: str, prompt_len: int = 32, steps: 
             token = la.argmax(-1)[:, None]  # the original's greedy token, fed to both
             for i, r in enumerate(runners):
                 t0 = time.perf_counter()
-                r.step(token)
+                last[i] = np.asarray(r.step(token), np.float64)
                 times[i] += time.perf_counter() - t0
-            la, lb = (np.asarray(r.last, np.float64) for r in runners)
+            la, lb = last
+        per_token = tuple(r.cache_bytes_per_token() for r in runners)
     finally:
         for r in runners:
-            r.stop()
             r.close()
     ag, kl = np.concatenate(agree), np.concatenate(kls)
-    per_token = tuple(cache_bytes_per_token(f) for f in folders)
     return Comparison(positions=int(ag.size), top1=float(ag.mean()), mean_kl=float(kl.mean()),
                       max_kl=float(kl.max()), max_abs_logit_diff=maxdiff,
                       cache_bytes=tuple(b * (prompt_len + steps) for b in per_token), bytes_per_token=per_token,
@@ -293,11 +212,11 @@ def padded_batch_vs_single(model: str, prompt_lens=(20, 32), steps: int = 4, see
     for p in prompts:
         s.reset(1)
         m = np.ones((1, len(p)), np.int64)
-        out = [s.step(p[None], m, positions(m))[0]]
+        out = [s.run(p[None], m, positions(m))[0]]
         for _ in range(steps):
             nxt = out[-1][-1].argmax()
             m = np.concatenate([m, [[1]]], axis=1)
-            out.append(s.step(np.array([[nxt]]), m, positions(m)[:, -1:])[0])
+            out.append(s.run(np.array([[nxt]]), m, positions(m)[:, -1:])[0])
         singles.append(out)
     B = len(prompts)
     ids = np.zeros((B, L), np.int64)
@@ -307,13 +226,13 @@ def padded_batch_vs_single(model: str, prompt_lens=(20, 32), steps: int = 4, see
         m[r, L - len(p):] = 1
     s.reset(B)
     worst = 0.0
-    lg = s.step(ids, m, positions(m))
+    lg = s.run(ids, m, positions(m))
     for r, p in enumerate(prompts):
         worst = max(worst, float(np.abs(lg[r, L - len(p):] - singles[r][0]).max()))
     for k in range(steps):
         nxt = np.array([[singles[r][k][-1].argmax()] for r in range(B)])
         m = np.concatenate([m, np.ones((B, 1), np.int64)], axis=1)
-        lg = s.step(nxt, m, positions(m)[:, -1:])
+        lg = s.run(nxt, m, positions(m)[:, -1:])
         for r in range(B):
             worst = max(worst, float(np.abs(lg[r, -1] - singles[r][k + 1][-1]).max()))
     return worst

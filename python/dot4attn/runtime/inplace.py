@@ -2,7 +2,7 @@
 
     dec = InPlaceDecoder("qwen-d4a", device="cuda")      # a genai folder (original or rewritten)
     dec.reset(batch=1, max_length=4096)
-    logits = dec.step(prompt_ids)                         # [B, S] int64 -> last-position logits [B, vocab]
+    logits = dec.prefill(prompt_ids, chunk=2048)          # [B, S] int64 -> last-position logits [B, vocab]
     logits = dec.step(next_ids)                           # [B, 1]
     logits = dec.step(None)                               # greedy: the argmax of the last step, on the device
     ids = dec.greedy_step()                               # greedy, only the next ids [B] back to the host
@@ -42,8 +42,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .genai import context_length
-from .model_io import PAST_RE
+from ..formats import cache_input_bytes
+from ..model_io import PAST_RE, context_length
+from .decoder import prefill_in_chunks
 
 _NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(uint8)": np.uint8,
        "tensor(int8)": np.int8}
@@ -145,7 +146,8 @@ class InPlaceDecoder:
         return total
 
     def cache_bytes_per_token(self) -> int:
-        return sum(h * last * np.dtype(dt).itemsize for _, dt, h, last in self.caches.values())
+        return cache_input_bytes((name, (None, h, None, last), np.dtype(dt).itemsize)
+                                 for name, (_, dt, h, last) in self.caches.items())
 
     def reset(self, batch: int, max_length: int) -> None:
         """Allocates the caches on the device: [batch, heads, max_length, last] each (contents undefined)."""
@@ -200,6 +202,20 @@ class InPlaceDecoder:
         for name, (present, _, _, _) in self.caches.items():
             self.binding.bind_ortvalue_input(name, self.values[name])
             self.binding.bind_ortvalue_output(present, self.values[name])
+
+    def prefill(self, ids: np.ndarray, mask: np.ndarray | None = None, chunk: int | None = None) -> np.ndarray:
+        """The prompt ids [B, S] in calls of at most `chunk` tokens (None: one call); the last logits as step()."""
+        return prefill_in_chunks(self, ids, mask, chunk)
+
+    def release(self) -> None:
+        """Frees the cache buffers (reset allocates them again)."""
+        self.values = {}
+        self.binding = None
+        self._head_binding = None
+
+    def close(self) -> None:
+        self.release()
+        self.sess = self._head_session = None
 
     def step(self, ids: np.ndarray | None, mask: np.ndarray | None = None) -> np.ndarray:
         """Feeds ids [B, S] (the next S tokens of every row; mask [B, length + S] defaults to all ones) and returns
@@ -454,20 +470,3 @@ def _column_writer():
             raise RuntimeError(f"cudaMemcpy2D of the attention mask's column {col} failed (CUDA error {err})")
 
     return write
-
-
-def greedy(dec: InPlaceDecoder, prompts: list[list[int]], new_tokens: int, pad: int = 0) -> list[list[int]]:
-    """Greedy generation of `new_tokens` for a batch of prompts (left-padded with `pad`, masked out)."""
-    n = max(len(p) for p in prompts)
-    ids = np.array([[pad] * (n - len(p)) + list(p) for p in prompts], np.int64)
-    mask = np.array([[0] * (n - len(p)) + [1] * len(p) for p in prompts], np.int64)
-    dec.reset(len(prompts), n + new_tokens)
-    nxt = dec.step(ids, mask).argmax(-1)
-    out = [[] for _ in prompts]
-    for i in range(new_tokens):
-        for b, t in enumerate(nxt):
-            out[b].append(int(t))
-        if i + 1 < new_tokens:  # feeds nxt; only the next ids come back (the logits stay on the device)
-            mask = np.concatenate([mask, np.ones((len(prompts), 1), np.int64)], axis=1)
-            nxt = dec.greedy_step(mask)
-    return out

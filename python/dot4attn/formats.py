@@ -1,0 +1,106 @@
+"""The cache formats, defined once: names, row bytes and bytes per token (docs/ops.md is the contract;
+custom_ops/common/formats.h and custom_ops/cache/cache_layout.h are the C++ side, and tests/ops/test_formats.py
+checks the two agree through the op library).
+
+K is always packed16 ("q8_0": int8 payload + one float16 scale per 32 values). V is "float" (as the model's
+dtype), "q8_0" or "q4_0" (two 4-bit values per byte, one float16 scale per 32 values). Two layouts hold them:
+
+  split  an exported model rewritten by `dot4attn rewrite` (Dot4Attention): per layer a payload tensor
+         [B, Hkv, S, D or D/2] and a scales tensor [B, Hkv, S, D/32] (float16), nothing padded;
+  rows   Dot4GroupQueryAttention's cache (genai folders): one uint8 tensor per K and per V, [B, Hkv, L, row_bytes],
+         each token's row its payload, then its scales, then zeros to a multiple of 16 bytes (aligned loads).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+BLOCK = 32  # values per float16 scale along the head dimension D
+K_FORMAT = "q8_0"
+V_FORMATS = ("float", "q8_0", "q4_0")
+V_FORMAT_CODES = {"float": 0, "q8_0": 1, "q4_0": 2}  # the C entries' VFormat enum (common/formats.h)
+PACKED_FORMATS = ("q8_0", "q4_0")
+FLOAT_BYTES = {"float32": 4, "float16": 2}
+ROW_ALIGN = 16
+
+
+def check_v_format(v_format: str, what: str = "v_format") -> str:
+    if v_format not in V_FORMATS:
+        raise ValueError(f"{what}: expected one of {', '.join(V_FORMATS)}, got {v_format!r}")
+    return v_format
+
+
+def payload_bytes(d: int, fmt: str = K_FORMAT) -> int:
+    """Bytes of one packed row's payload: D (q8_0) or D/2 (q4_0)."""
+    return d // 2 if fmt == "q4_0" else d
+
+
+def scale_bytes(d: int) -> int:
+    """Bytes of one packed row's float16 scales: D/32 of them."""
+    return 2 * (d // BLOCK)
+
+
+def row_bytes(d: int, fmt: str = K_FORMAT) -> int:
+    """Bytes of one Dot4GroupQueryAttention cache row (layout "rows"): payload + scales, rounded up to 16."""
+    return -(-(payload_bytes(d, fmt) + scale_bytes(d)) // ROW_ALIGN) * ROW_ALIGN
+
+
+def head_token_bytes(d: int, fmt: str, layout: str = "rows", dtype: str = "float16") -> int:
+    """Bytes one token adds to one head of one K or V cache. fmt: a packed format, or "float" (dtype's bytes)."""
+    if fmt == "float" or fmt in FLOAT_BYTES:
+        return d * FLOAT_BYTES[dtype if fmt == "float" else fmt]
+    if layout == "rows":
+        return row_bytes(d, fmt)
+    if layout == "split":
+        return payload_bytes(d, fmt) + scale_bytes(d)
+    raise ValueError(f"layout: expected rows or split, got {layout!r}")
+
+
+def bytes_per_token(layers: int, kv_heads: int, d: int, k: str = K_FORMAT, v: str = "q8_0", layout: str = "rows",
+                    dtype: str = "float16") -> int:
+    """KV-cache bytes one token adds to one sequence, all layers. k / v: a packed format, "float" (dtype) or a
+    dtype name for an unpacked cache (k="float16", v="float16": the original model's)."""
+    return layers * kv_heads * (head_token_bytes(d, k, layout, dtype) + head_token_bytes(d, v, layout, dtype))
+
+
+def cache_input_bytes(inputs: Iterable[tuple[str, tuple, int]], head_size: int | None = None) -> int:
+    """Bytes one token adds to a decoder's cache inputs, batch 1: the sum over its `past_key_values.*` inputs of
+    heads x last dim x itemsize. inputs: (name, shape [B, heads, past, last], itemsize); a symbolic last dim
+    (the builder's float caches) is `head_size`. Raises ValueError for a cache input without static sizes."""
+    total = 0
+    for name, shape, itemsize in inputs:
+        if not name.startswith("past_key_values."):
+            continue
+        shape = tuple(shape or ())
+        heads, last = (_static(shape[1]), _static(shape[3])) if len(shape) == 4 else (None, None)
+        last = last if last is not None else head_size
+        if heads is None or last is None:
+            raise ValueError(f"cache input {name} needs static heads and last dim, got shape {list(shape)}")
+        total += heads * last * int(itemsize)
+    return total
+
+
+def _static(dim) -> int | None:
+    if isinstance(dim, int):
+        return dim
+    try:
+        return int(str(getattr(dim, "value", dim)))
+    except (TypeError, ValueError):
+        return None
+
+
+def folder_cache_bytes_per_token(folder) -> int:
+    """cache_input_bytes of a genai folder's decoder (genai_config.json's head_size for symbolic dims)."""
+    from pathlib import Path
+
+    import onnx
+
+    from .model_io import read_config
+
+    folder = Path(folder)
+    decoder = read_config(folder)["model"]["decoder"]
+    proto = onnx.load(str(folder / decoder["filename"]), load_external_data=False)
+    inputs = [(i.name, [d.dim_value if d.HasField("dim_value") else d.dim_param for d in
+                        i.type.tensor_type.shape.dim],
+               onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type).itemsize)
+              for i in proto.graph.input]
+    return cache_input_bytes(inputs, head_size=decoder.get("head_size"))
