@@ -19,6 +19,7 @@
 #include "cache/cache_attention.h"
 #include "cache/cache_backends.h"
 #include "gpu/vendor.h"
+#include "pack/q4_scale_gpu.cuh"
 
 namespace dot4attn {
 namespace {
@@ -145,7 +146,8 @@ __global__ void __launch_bounds__(kThreads) prologue_kernel(Prologue a) {
   for (int j = 0; j < nb; ++j) {
     const float amax = gpu::group32_max(gpu::abs_or_inf(x[j]));  // the non-finite policy, as PackK / PackV
     float sc;
-    const uint16_t sh = gpu::block_scale_half(amax, q4 ? 7.f : 127.f, sc);
+    // q4 is uniform in the group (kind and a.q4 are), so every lane reaches q4_block_scale_half's shuffles
+    const uint16_t sh = q4 ? gpu::q4_block_scale_half(x[j], amax, sc) : gpu::block_scale_half(amax, 127.f, sc);
     float q = sc == 0.f ? 0.f : rintf(gpu::div_rn(x[j], sc));
     q = fminf(fmaxf(q, q4 ? -8.f : -127.f), q4 ? 7.f : 127.f);
     if (q4) {

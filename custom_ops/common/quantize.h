@@ -53,10 +53,37 @@ static inline uint16_t quantize_q8_block(const float* x, int8_t* q) {
   return sh;
 }
 
-// q4_0: s = fp16(max|x| / 7), u = clamp(rne(x / s), -8, 7) + 8; element 2i in the low nibble of byte i.
+// q4_0 uses all 16 levels, as ggml's q4_0: v = the block's value of largest magnitude (the positive one on a
+// tie, so that the choice does not depend on the order a reduction visits the block), s = fp16(v / -8), so v
+// itself is level -8 and the opposite end of the block reaches +8, which clamps to 7. A scale that rounds to
+// zero is stored as +0 (its payload is all 8s); one that would round to +-inf saturates at +-65504.
+static inline uint16_t block_scale_half_q4(float amax, float v, float* divisor) {
+  if (amax == INFINITY) {
+    *divisor = 0.f;
+    return kHalfNaN;
+  }
+  uint16_t sh = float_to_half(v / -8.f);
+  if ((sh & 0x7fffu) == 0x7c00u) sh = uint16_t((sh & 0x8000u) | kHalfMax);
+  if ((sh & 0x7fffu) == 0) sh = 0;
+  *divisor = half_to_float(sh);
+  return sh;
+}
+
+// The signed value of largest magnitude of a finite block, the positive one on a tie (0 for a zero block).
+static inline float block_signed_max(const float* x) {
+  float hi = 0.f, lo = 0.f;
+  for (int i = 0; i < kBlock; ++i) {
+    hi = x[i] > hi ? x[i] : hi;
+    lo = x[i] < lo ? x[i] : lo;
+  }
+  return hi >= -lo ? hi : lo;
+}
+
+// q4_0: s as above, u = clamp(rne(x / s), -8, 7) + 8; element 2i in the low nibble of byte i.
 static inline uint16_t quantize_q4_block(const float* x, uint8_t* q) {
   float s;
-  const uint16_t sh = block_scale_half(block_absmax(x), 7.f, &s);
+  const float amax = block_absmax(x);
+  const uint16_t sh = block_scale_half_q4(amax, amax == INFINITY ? 0.f : block_signed_max(x), &s);
   for (int i = 0; i < kBlock; i += 2) {
     uint8_t u[2];
     for (int k = 0; k < 2; ++k) {

@@ -3,6 +3,7 @@
 // same float32 division, round-half-even and clamp as the CPU. Grid-stride over blocks with 64-bit indices.
 #include "gpu/vendor.h"
 #include "pack/pack_params.h"
+#include "pack/q4_scale_gpu.cuh"
 
 namespace dot4attn {
 namespace {
@@ -22,7 +23,8 @@ __global__ void __launch_bounds__(256) pack_kernel(const T* __restrict__ x, int6
     }
     const float amax = gpu::group32_max(gpu::abs_or_inf(v));  // +inf for a NaN / Inf block, like block_absmax
     float s;
-    const uint16_t sh = gpu::block_scale_half(amax, Q4 ? 7.f : 127.f, s);  // NaN scale / 65504 saturation
+    // NaN scale / 65504 saturation; q4_0: 16 levels (s = fp16(v / -8), v the signed max: pack/q4_scale_gpu.cuh)
+    const uint16_t sh = Q4 ? gpu::q4_block_scale_half(v, amax, s) : gpu::block_scale_half(amax, 127.f, s);
     float q = s == 0.f ? 0.f : rintf(gpu::div_rn(v, s));
     q = fminf(fmaxf(q, Q4 ? -8.f : -127.f), Q4 ? 7.f : 127.f);
     if constexpr (Q4) {

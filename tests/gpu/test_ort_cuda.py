@@ -108,6 +108,13 @@ def _pack_inputs(dtype):
     x[0, 0, 3, 5] = 60000.0                # large values
     x[1, 1, 4, :] = -7.0
     x[2, 1, 5, 1::2] = np.float32(0.5) * np.arange(48)  # ties at q4 scale
+    # q4_0's signed max (docs/ops.md, PackV): the value of largest magnitude sets s = v / -8, the positive one on a
+    # tie, which the GPU's shuffle reduction must pick whatever the lane order
+    x[1, 0, 6, :32] = -0.0                 # signed zeros: the scale is +0
+    x[1, 0, 7, 32:64] *= 0.1
+    x[1, 0, 7, 40], x[1, 0, 7, 33] = 5.0, -5.0  # a tie between +5 (lane 8) and -5 (lane 1): s = -5 / 8
+    x[2, 0, 8, 64:96] = -np.abs(x[2, 0, 8, 64:96])  # all negative: s > 0
+    x[2, 0, 9, :32] = np.abs(x[2, 0, 9, :32])       # all positive: s < 0, the smallest values reach level 7
     return x.astype(dtype)
 
 

@@ -46,10 +46,9 @@ def _data(kind: str, shape, dtype: str, seed: int) -> np.ndarray:
     elif kind == "outliers":  # one large value per block, the rest small: exercises clamping to +-127 / -8..7
         x = x * 0.01
         x.reshape(-1, 32)[:, 5] = 50 * np.sign(x.reshape(-1, 32)[:, 5] + 1e-9)
-    elif kind == "ties":  # x / s lands exactly on .5: round half to even (s = 1 for both formats)
-        qmax = 7.0
+    elif kind == "ties":  # x / s lands exactly on .5: round half to even (q4_0's s = 1)
         x = rng.integers(-14, 14, size=shape).astype(np.float32) / 2  # -7.0 .. 6.5 in steps of 0.5
-        x.reshape(-1, 32)[:, 0] = qmax  # max|x| = 7 -> q4_0 scale 1; q8_0 scale fp16(7/127)
+        x.reshape(-1, 32)[:, 0] = -8.0  # signed max -8 -> q4_0 scale -8 / -8 = 1; q8_0 scale fp16(8/127)
     elif kind == "ties127":
         x = rng.integers(-254, 254, size=shape).astype(np.float32) / 2
         x.reshape(-1, 32)[:, 3] = -127.0  # max|x| = 127 -> q8_0 scale exactly 1, x / s = x (ties to even)
@@ -91,10 +90,10 @@ def test_pack_values(kind, variant, dtype):
 def test_pack_ties_are_round_half_even():
     """Direct check of the rounding rule on hand-made blocks whose scale is exactly 1."""
     row4 = np.zeros((1, 1, 1, 32), np.float32)
-    row4[..., :8] = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 6.5, -7.0]  # max|x| = 7 -> q4_0 scale 1
+    row4[..., :8] = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 6.5, -8.0]  # signed max -8 -> q4_0 scale -8 / -8 = 1
     p4, s4 = run_pack(row4, "PackV", "q4_0")
     assert s4.item(0) == 1.0
-    assert (nibbles(p4).reshape(-1)[:8] - 8).tolist() == [0, 2, 2, 0, -2, -2, 6, -7]
+    assert (nibbles(p4).reshape(-1)[:8] - 8).tolist() == [0, 2, 2, 0, -2, -2, 6, -8]
     assert (nibbles(p4).reshape(-1)[8:] == 8).all(), "zeros must be stored as u = 8"
     row8 = np.zeros((1, 1, 1, 32), np.float32)
     row8[..., :8] = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 126.5, -127.0]  # max|x| = 127 -> q8_0 scale 1
@@ -102,6 +101,35 @@ def test_pack_ties_are_round_half_even():
         p8, s8 = run_pack(row8, op, fmt)
         assert s8.item(0) == 1.0
         assert p8.reshape(-1)[:8].tolist() == [0, 2, 2, 0, -2, -2, 126, -127], (op, p8.reshape(-1)[:8])
+
+
+# (block values, expected q4_0 scale, expected levels q = u - 8): the signed max v maps to level -8 (s = v / -8),
+# the block's other end reaches +8 and clamps to 7, and a tie between +a and -a goes to the positive value.
+Q4_LEVEL_CASES = {
+    "negative-max": ([-8.0, 7.0, 4.0, -4.0, 1.0], 1.0, [-8, 7, 4, -4, 1]),
+    "positive-max": ([8.0, -7.0, 4.0, -4.0, 1.0], -1.0, [-8, 7, -4, 4, -1]),
+    "opposite-end-clamps": ([16.0, -16.0, -15.0, 2.0], -2.0, [-8, 7, 7, -1]),  # the tie: +16 -> level -8
+    "all-negative": ([-2.0, -1.0, -0.5], 0.25, [-8, -4, -2]),
+    "signed-zeros": ([-0.0, 0.0], 0.0, [0, 0]),  # a zero block: scale +0, every u = 8
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(Q4_LEVEL_CASES))
+def test_pack_q4_0_uses_16_levels(case, dtype):
+    """q4_0's scale (docs/ops.md, PackV): ggml's 16 levels, the block's signed max on level -8."""
+    values, scale, levels = Q4_LEVEL_CASES[case]
+    x = np.zeros((1, 1, 2, 64), np.float32)
+    x[0, 0, 1, 32:32 + len(values)] = values  # the second block of the second row (offsets are exercised too)
+    x = x.astype(dtype)
+    p, s = run_pack(x, "PackV", "q4_0")
+    check_packed(x, p, s, "q4_0", f"q4_0 {case} {dtype}")
+    got = s.reshape(-1, 2)[1, 1]
+    assert got.view(np.uint16) == np.float16(scale).view(np.uint16), f"scale {got!r}, expected {scale!r}"
+    q = nibbles(p).reshape(2, 64)[1, 32:].astype(int) - 8
+    assert q[:len(values)].tolist() == levels
+    assert not q[len(values):].any(), "zeros must be stored as u = 8"
+    assert not s.reshape(-1, 2)[0].view(np.uint16).any(), "the zero blocks' scales must be +0"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
