@@ -17,6 +17,7 @@ from onnxscript.rewriter import _ir_utils, pattern
 from onnxscript.rewriter._basics import MatchFailureError
 
 from .. import DOMAIN
+from ..formats import BLOCK, payload_bytes
 
 BIG_NEGATIVE = -1e4  # any additive mask constant at or below this removes a key
 
@@ -286,8 +287,8 @@ def _set_packed_types(lio, p, s, pres_p, pres_s, src, q4=False):
     sh = src.shape
     if sh is not None and len(sh) == 4:
         d = sh[3]
-        dp = (d // 2 if q4 else d) if isinstance(d, int) else None
-        ds = d // 32 if isinstance(d, int) else None
+        dp = payload_bytes(d, "q4_0" if q4 else "q8_0") if isinstance(d, int) else None
+        ds = d // BLOCK if isinstance(d, int) else None
         p.shape = ir.Shape([sh[0], sh[1], sh[2], dp])
         s.shape = ir.Shape([sh[0], sh[1], sh[2], ds])
         pres_p.shape = ir.Shape([sh[0], sh[1], None, dp])

@@ -25,6 +25,7 @@ from onnxscript.rewriter import pattern
 from . import _common, ms_mha, onnx_attention, unfused_dynamo, unfused_torchscript
 from ..model_io import (EXTERNAL_DATA_THRESHOLD, FLOAT_PARTS, PAST_RE, BadModelError, check_model_file,
                         folders_removed_on_failure)
+from ..formats import BLOCK, payload_bytes
 from ._common import DOMAIN, LayerIO, PassState, RewriteOptions
 
 RULE_MODULES = (unfused_dynamo, unfused_torchscript, onnx_attention, ms_mha)
@@ -141,14 +142,15 @@ def rewrite_model(model: ir.Model, options: RewriteOptions | None = None, allow_
         d = _static(k.shape[3]) if k.shape is not None and len(k.shape) == 4 else None
         if d is None:
             raise RewriteError(f"past_key_values.{idx}.key: head dim must be static, got shape {k.shape}")
-        ds = d // 32
+        ds = d // BLOCK
         lio = LayerIO(idx, k, v,
                       _new_input(graph, f"past_key_values.{idx}.key_payload", ir.DataType.INT8, k, d),
                       _new_input(graph, f"past_key_values.{idx}.key_scales", ir.DataType.FLOAT16, k, ds))
         if options.v_format != "float":
             q4 = options.v_format == "q4_0"
             lio.value_payload_in = _new_input(graph, f"past_key_values.{idx}.value_payload",
-                                              ir.DataType.UINT8 if q4 else ir.DataType.INT8, v, d // 2 if q4 else d)
+                                              ir.DataType.UINT8 if q4 else ir.DataType.INT8, v,
+                                              payload_bytes(d, options.v_format))
             lio.value_scales_in = _new_input(graph, f"past_key_values.{idx}.value_scales", ir.DataType.FLOAT16, v, ds)
         for nv in (lio.key_payload_in, lio.key_scales_in, lio.value_payload_in, lio.value_scales_in):
             if nv is not None and nv.name in existing:

@@ -13,7 +13,7 @@ Runs both decoders on the same seeded random prompt (prefill) and then teacher-f
 the ORIGINAL model's greedy token, and reports the top-1 agreement of the next-token choice, the mean KL divergence
 of the REWRITTEN model's next-token distribution from the ORIGINAL's, and the largest |logit difference|. Two .onnx
 decoders: over every prompt position and step. Two onnxruntime-genai folders (the builder's and `dot4attn
-rewrite`'s): through og.Generator (a folder written for the in-place runner: dot4attn.inplace), one sequence, over
+rewrite`'s): through og.Generator (a folder written for the in-place runner: dot4attn.runtime.inplace), one sequence, over
 the prompt's last position and every step.
 
   dot4attn compare model.onnx rewritten.onnx --prompt-len 64 --steps 32

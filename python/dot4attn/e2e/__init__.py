@@ -7,7 +7,7 @@
 
 Rows (dot4attn.e2e.models): 1. the onnxruntime-genai builder model under og.Generator; 2. the same with ORT's own
 int8 KV cache (per-channel scales this command calibrates); 3. `dot4attn rewrite` (packed K + q8_0 V) under
-og.Generator; 4. packed K + q4_0 V under dot4attn.inplace. The random-weight models are built into --cache on first
+og.Generator; 4. packed K + q4_0 V under dot4attn.runtime.inplace. The random-weight models are built into --cache on first
 use. Per case: time to first token (the prompt's prefill), decode ms/token, and the request time of the prompt plus
 --answer-tokens (TTFT + N x ms/token), each against row 1's. Writes NAME.json, NAME.md (the table and goals) and
 NAME.png (ms/token, TTFT and request time against context) into --out; NAME is the device, with the weights'
@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cpu: onnxruntime-genai + the CPU op library; cuda: onnxruntime-genai-cuda + a CUDA build")
     p.add_argument("--smoke", action="store_true", help="tiny shape (qwen2-bias, 2 layers), contexts 64,128: the "
                    "harness in seconds; judges none of the real shape's goals")
-    p.add_argument("--shape", help="a dot4attn.genai_models.SHAPES key (default: qwen2.5-0.5b cpu, qwen2.5-7b cuda)")
+    p.add_argument("--shape", help="a dot4attn.models.genai_builder.SHAPES key (default: qwen2.5-0.5b cpu, qwen2.5-7b cuda)")
     p.add_argument("--precision", help="the builder's -p (default: int4 cpu, fp16 cuda)")
     p.add_argument("--contexts", type=_ints, help="context lengths (default cpu 4096,16384; cuda 4096 .. 131072)")
     p.add_argument("--batches", type=_ints, help="batch sizes (default cpu 1,2; cuda 1,16)")
@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk", type=positive_int, help="batch-1 prefill tokens per call (default cpu 1024, cuda 16384): "
                    "bounds the CPU attention's [heads, tokens, context] score buffer")
     p.add_argument("--copied-prompt-contexts", type=_ints_or_none, metavar="N[,N...]|none",
-                   help="contexts whose batches > 1 every row decodes by dot4attn.inplace over one sequence's "
+                   help="contexts whose batches > 1 every row decodes by dot4attn.runtime.inplace over one sequence's "
                         "prefill copied to the batch, where onnxruntime-genai's one-call batch prompt does not fit "
                         "(default cuda 32768, cpu none)")
     p.add_argument("--fit-context", type=nonnegative_int, help="search the largest batch of this context that fits "
@@ -76,7 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cuda-graph", action="store_true",
                    help="cuda: launch every decode step's kernels from the host instead of replaying the step as a "
                         "CUDA graph (by default every row replays: onnxruntime-genai's enable_cuda_graph for rows "
-                        "1-3, dot4attn.inplace's for row 4)")
+                        "1-3, dot4attn.runtime.inplace's for row 4)")
     p.add_argument("--answer-tokens", type=positive_int, default=500, metavar="N",
                    help="answer length of the request time reported beside each prefilled case: time to first "
                         "token + N x ms/token (default 500)")

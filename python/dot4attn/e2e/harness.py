@@ -40,7 +40,7 @@ class Settings:
     seed: int = 0
     fit_context: int = 0        # > 0: search the largest batch of this context that fits (CUDA)
     cuda_graph: bool = False    # every row's one-token steps replay as a CUDA graph (CUDA; runners.py)
-    # batches > 1 at these contexts: every row decodes, by dot4attn.inplace, over one sequence's prefill copied to
+    # batches > 1 at these contexts: every row decodes, by dot4attn.runtime.inplace, over one sequence's prefill copied to
     # the batch. onnxruntime-genai prefills a batch in one call, whose activations grow with batch x context (the
     # 7B shape's MLP buffers: 19.9 GB each at 16 x 32k, more than an H200 holds beside the weights and the cache),
     # and the arena keeps what a failed prompt grew, so every later case of the process would fail too.
@@ -127,7 +127,7 @@ def fit_batch(folder: Path, settings: Settings, per_token: int, log) -> dict:
     """The largest batch of fit_context-token sequences whose cache allocates and decodes: starts from the free
     memory with the model loaded over the cache bytes of one sequence and steps down 5 % per failure. Each try
     runs in a process of its own (fit_probe.py): a failed allocation leaves onnxruntime's arena holding what it
-    grew, for every later model of the process. Every row is tried by dot4attn.inplace (the caches as the only
+    grew, for every later model of the process. Every row is tried by dot4attn.runtime.inplace (the caches as the only
     per-sequence memory): onnxruntime-genai-cuda 0.18 refuses a batch over 32 ("batch_size (36) must be in
     [1, 32]"), a runtime limit, not the memory this search is after."""
     max_length = settings.max_length(settings.fit_context)
@@ -197,7 +197,7 @@ def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log
             r, failed = _measure(row, folders[row], settings, context, batch, vocab, settings.cuda_graph, copied)
             graph_note = None
             if copied and r:
-                r["note"] = (f"decoded by dot4attn.inplace over one sequence's prefill ({r['prefill_s']:.3g} s) "
+                r["note"] = (f"decoded by dot4attn.runtime.inplace over one sequence's prefill ({r['prefill_s']:.3g} s) "
                              "copied to the batch (--copied-prompt-contexts)")
                 r["prefill_s"] = None
                 r["copied_prompt"] = True

@@ -2,7 +2,7 @@
 
     folders = prepare(Path("~/.cache/dot4attn/e2e"), ModelSpec("qwen2.5-0.5b", "int4", "cpu", max_positions=33000))
 
-From one random-weight Hugging Face model (dot4attn.genai_models) the builder makes the baseline folder (row 1); its
+From one random-weight Hugging Face model (dot4attn.models.genai_builder) the builder makes the baseline folder (row 1); its
 caches, read back after a calibration prompt, give the per-channel scales of ORT's own int8 KV cache, which the
 builder then bakes into a second folder (row 2); `dot4attn rewrite` turns the baseline into packed K + q8_0 V
 (row 3) and packed K + q4_0 V (row 4), whose weight files are hard links to the baseline's (the rewrite changes the
@@ -26,7 +26,7 @@ ROWS = {
     "genai": "GenAI builder model, GQA (model-dtype cache), og.Generator",
     "genai-int8kv": "same + ORT int8 KV cache (int8_per_channel, calibrated), og.Generator",
     "d4a-q8_0": "dot4attn rewrite: packed K + q8_0 V, og.Generator",
-    "d4a-q4_0": "packed K + q4_0 V, dot4attn.inplace (InPlaceDecoder)",
+    "d4a-q4_0": "packed K + q4_0 V, dot4attn.runtime.inplace (InPlaceDecoder)",
 }
 RUNNER = {"genai": "og", "genai-int8kv": "og", "d4a-q8_0": "og", "d4a-q4_0": "inplace"}
 INT8_SCHEME = "int8_per_channel"
@@ -38,7 +38,7 @@ BUILD_OPTIONS = {"prune_lm_head": "true"}
 
 @dataclass(frozen=True)
 class ModelSpec:
-    shape: str            # a dot4attn.genai_models.SHAPES key
+    shape: str            # a dot4attn.models.genai_builder.SHAPES key
     precision: str        # the builder's -p (int4, fp16, fp32)
     ep: str               # the builder's -e (cpu, cuda)
     max_positions: int    # max_position_embeddings: the builder's context length

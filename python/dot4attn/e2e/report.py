@@ -147,7 +147,7 @@ def markdown(results: list[dict], goal_list: list[dict], facts: dict) -> str:
     lines = [f"Model: {facts['model']}. Machine: {facts['machine']}.", ""]
     if facts.get("settings", {}).get("cuda_graph"):
         lines += ["Decode steps replay as CUDA graphs: rows 1-3 with onnxruntime-genai's `enable_cuda_graph=1` (a case "
-                  "where that mode fails runs launched and says so), row 4 through dot4attn.inplace.", ""]
+                  "where that mode fails runs launched and says so), row 4 through dot4attn.runtime.inplace.", ""]
     lines += [f"{ROW_NUMBER[row]}. `{row}`: {label}" + ("  " if i < len(ROWS) - 1 else "")
               for i, (row, label) in enumerate(ROWS.items())]
     lines += ["",

@@ -1,0 +1,43 @@
+"""dot4attn.formats, the one Python definition of the cache formats, against the op library's own layout: the
+row widths Dot4GroupQueryAttention asks for (its refusal of a wrong width names them) are formats.row_bytes, and
+the bytes-per-token arithmetic agrees with arrays of those rows."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from cache_cases import make_inputs, run
+from dot4attn import formats
+from dot4attn.onnx_builders import cache_attention_model, session
+
+
+@pytest.mark.parametrize("v_format", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("d", [32, 64, 96, 128, 160, 192, 224, 256])
+def test_the_op_asks_for_the_row_widths_formats_defines(d, v_format):
+    sess = session(cache_attention_model(np.float32, num_heads=2, kv_num_heads=1, v_format=v_format))
+    feeds = make_inputs(1, 1, 2, 1, d, v_format=v_format)
+    run(sess, feeds, [0], 1)  # the widths of formats.row_bytes run
+    for name, fmt in (("past_key", "q8_0"), ("past_value", v_format)):
+        bad = dict(feeds, **{name: np.zeros((1, 1, 0, formats.row_bytes(d, fmt) + 16), np.uint8)})
+        with pytest.raises(Exception) as e:
+            run(sess, bad, [0], 1)
+        widths = [int(w) for w in re.findall(r"(\d+)\] ", str(e.value))]
+        assert formats.row_bytes(d, fmt) in widths, str(e.value)
+
+
+def test_bytes_per_token_is_the_rows_of_every_layer_and_head():
+    d, layers, heads = 128, 28, 4
+    assert formats.row_bytes(d, "q8_0") == 144 and formats.row_bytes(d, "q4_0") == 80  # payload + scales, to 16
+    assert formats.bytes_per_token(layers, heads, d, v="q4_0") == layers * heads * (144 + 80)
+    assert formats.bytes_per_token(layers, heads, d, v="q4_0", layout="split") == layers * heads * (136 + 72)
+    assert formats.bytes_per_token(layers, heads, d, "float16", "float16") == layers * heads * 2 * 2 * d
+    assert formats.bytes_per_token(layers, heads, d, v="float", dtype="float32", layout="split") == \
+        layers * heads * (136 + 4 * d)
+    inputs = [(f"past_key_values.{i}.{p}", (1, heads, "past", formats.row_bytes(d, f)), 1)
+              for i in range(layers) for p, f in (("key", "q8_0"), ("value", "q4_0"))]
+    assert formats.cache_input_bytes(inputs) == formats.bytes_per_token(layers, heads, d, v="q4_0")
+    with pytest.raises(ValueError, match="needs static heads"):
+        formats.cache_input_bytes([("past_key_values.0.key", ("b", "h", "s", 64), 2)])
+    assert formats.cache_input_bytes([("past_key_values.0.key", (1, 2, "s", "d"), 2)], head_size=64) == 256
