@@ -87,7 +87,7 @@ BAD_NUMBERS = [
     ("e2e", [], "--steps", "0", "an integer >= 1"),
     ("e2e", [], "--chunk", "0", "an integer >= 1"),
     ("e2e", [], "--warmup", "-1", "an integer >= 0"),
-    ("e2e", [], "--contexts", "64,-1", "positive integers"),
+    ("e2e", [], "--contexts", "64,-1", "integers >= 1"),
     ("e2e", [], "--answer-tokens", "0", "an integer >= 1"),
 ]
 

@@ -261,7 +261,7 @@ def test_cuda_graph_needs_cuda(kind, tmp_path):
 @pytest.mark.parametrize("argv,message", [
     (["--rows", "genai,gqa"], "unknown rows"),
     (["--contexts", "64,128", "--batch-contexts", "256"], "must be among --contexts"),
-    (["--contexts", "64,-1"], "positive integers"),
+    (["--contexts", "64,-1"], "integers >= 1"),
     (["--steps", "300"], "at most 256"),
 ])
 def test_bad_options_are_refused(argv, message, capsys, tmp_path):

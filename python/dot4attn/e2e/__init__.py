@@ -20,7 +20,7 @@ import json
 import os
 from pathlib import Path
 
-from ..argtypes import nonnegative_int, positive_int
+from ..argtypes import int_list, nonnegative_int, positive_int
 from .models import ROWS
 
 HELP = "end-to-end decode: genai baseline, ORT int8 KV, rewritten folders; table, JSON and plot"
@@ -42,16 +42,6 @@ PRESETS = {  # device -> defaults
 MARGIN = 256  # positions the model holds beyond the longest context: warm-up + timed steps must fit in it
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                    help="cpu: onnxruntime-genai + the CPU op library; cuda: onnxruntime-genai-cuda + a CUDA build")
@@ -59,9 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "harness in seconds; judges none of the real shape's goals")
     p.add_argument("--shape", help="a dot4attn.models.genai_builder.SHAPES key (default: qwen2.5-0.5b cpu, qwen2.5-7b cuda)")
     p.add_argument("--precision", help="the builder's -p (default: int4 cpu, fp16 cuda)")
-    p.add_argument("--contexts", type=_ints, help="context lengths (default cpu 4096,16384; cuda 4096 .. 131072)")
-    p.add_argument("--batches", type=_ints, help="batch sizes (default cpu 1,2; cuda 1,16)")
-    p.add_argument("--batch-contexts", type=_ints, help="contexts at which batches > 1 run (a subset of --contexts)")
+    p.add_argument("--contexts", type=int_list, help="context lengths (default cpu 4096,16384; cuda 4096 .. 131072)")
+    p.add_argument("--batches", type=int_list, help="batch sizes (default cpu 1,2; cuda 1,16)")
+    p.add_argument("--batch-contexts", type=int_list, help="contexts at which batches > 1 run (a subset of --contexts)")
     p.add_argument("--steps", type=positive_int, default=None,
                    help="timed decode steps per case (default cpu 16, cuda 24)")
     p.add_argument("--warmup", type=nonnegative_int, default=2, help="untimed decode steps before them (default 2)")
@@ -95,7 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _ints_or_none(text: str) -> list[int]:
-    return [] if text.strip().lower() == "none" else _ints(text)
+    return [] if text.strip().lower() == "none" else int_list(text)
 
 
 def _rows(text: str) -> list[str]:
