@@ -28,7 +28,7 @@ VERBS = _verbs()
 
 
 def test_every_verb_is_listed():
-    assert set(VERBS) == {"info", "bench", "e2e", "export", "rewrite", "generate", "compare", "demo"}
+    assert set(VERBS) == {"info", "bench", "e2e", "export", "rewrite", "generate", "compare", "eval", "demo"}
 
 
 @pytest.mark.parametrize("verb", sorted(VERBS))

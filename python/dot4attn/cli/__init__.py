@@ -1,4 +1,5 @@
-"""The `dot4attn` command line: info, bench, e2e, and the model commands (export, rewrite, generate, compare, demo).
+"""The `dot4attn` command line: info, bench, e2e, and the model commands (export, rewrite, generate, compare, eval,
+demo).
 
 Exit status: 0 success; 1 a check failed (compare: the models disagree; bench --require-targets: a target missed);
 2 the command could not run (bad option or file, missing extra, error); 130 interrupted (Ctrl-C); 141 the reader of
@@ -26,6 +27,7 @@ VERBS = [
     ("rewrite", "dot4attn.cli.rewrite", "run"),
     ("generate", "dot4attn.cli.generate", "run"),
     ("compare", "dot4attn.cli.compare", "run"),
+    ("eval", "dot4attn.quality.eval", "run"),
     ("demo", "dot4attn.cli.demo", "run"),
 ]
 

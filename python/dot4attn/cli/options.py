@@ -12,10 +12,12 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for `yes | head -1
 # checks them against pyproject.toml).
 # genai holds the passes too: a genai folder is rewritten by them.
 EXTRAS = {"passes": ("onnxscript", "onnx_ir"), "genai": ("onnxscript", "onnx_ir", "onnxruntime_genai"),
-          "models": ("onnxscript", "onnx_ir", "torch", "transformers")}
+          "models": ("onnxscript", "onnx_ir", "torch", "transformers"),
+          "eval": ("onnxscript", "onnx_ir", "onnxruntime_genai", "torch", "transformers", "gguf", "accelerate")}
 # The extra a command is meant to run with: rewrite needs the passes; export and demo export models; generate needs
 # transformers for --tokenizer only.
-COMMAND_EXTRA = {"rewrite": "passes", "export": "models", "demo": "models", "generate": "models", "e2e": "models"}
+COMMAND_EXTRA = {"rewrite": "passes", "export": "models", "demo": "models", "generate": "models", "e2e": "models",
+                 "eval": "eval"}
 
 
 def missing_extra_message(command: str, module: str) -> str | None:

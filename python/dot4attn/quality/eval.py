@@ -384,8 +384,8 @@ def add_arguments(p) -> None:
     src.add_argument("--ids", default=None, help="token ids instead of a text: .npy or whitespace-separated integers")
     p.add_argument("--tokenizer", default=None,
                    help="a tokenizer.json or a folder holding one (default: ORIGINAL's, for a genai folder)")
-    p.add_argument("--context", type=int_list, nargs="+", default=[[512]], metavar="N",
-                   help="window lengths in tokens (several: one table each)")
+    p.add_argument("--context", type=int_list, nargs="+", default=None, metavar="N",
+                   help="window lengths in tokens, e.g. 512 2048 8192 (one table each; default 512)")
     p.add_argument("--windows", type=positive_int, default=None,
                    help="at most this many windows per context (default: as many as the text holds)")
     p.add_argument("--decode-tokens", type=nonnegative_int, default=32,
@@ -423,7 +423,7 @@ def run(args) -> int:
 
     from ..cli.options import EXIT_CHECK_FAILED, EXIT_COULD_NOT_RUN
 
-    contexts = sorted({c for group in args.context for c in group})
+    contexts = sorted({c for group in (args.context or [[512]]) for c in group})
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     formats: dict[str, str] = {}
     try:
