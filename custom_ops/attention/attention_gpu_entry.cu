@@ -44,6 +44,10 @@ struct Dot4AttnGpuCall {
   int64_t ks_stride;       // halves between K scale rows; 0: D/32
   int64_t v_stride;        // elements of T (float V) or bytes (q8_0 / q4_0) between V rows; 0: the dense row
   int64_t vs_stride;       // halves between V scale rows; 0: D/32
+  // A described AMD device ("hip,cus=304,warp=64,smem=65536", launch_plan.h): the call runs that device's plan on
+  // this GPU (the same kernel, row and key tiles, threads, stages, splits and shared-memory cap; a SIMT decode block of
+  // 64-wide waves runs as twice the 32-wide warps), so its plans are tested where no AMD GPU is. Null: this GPU's plan.
+  const char* run_as;
 };
 
 }  // extern "C"
@@ -83,6 +87,27 @@ AttentionParams params_of(const Dot4AttnGpuCall& c) {
   return p;
 }
 
+// The facts a call is planned with: the described device (`described`: only planned, never run), else the call's
+// run_as device as this GPU runs it (its warp width: DeviceFacts::run_warp), else this GPU.
+gpu::DeviceFacts facts_of(const Dot4AttnGpuCall& c, const char* described) {
+  const bool run_as = c.run_as != nullptr && *c.run_as != 0;
+  if (described != nullptr && run_as) fail(kEntry, "a described device and run_as: give one of them");
+  if (described != nullptr) return gpu::parse_device_facts(described);
+  if (!run_as) return gpu::device_facts();
+  gpu::DeviceFacts d = gpu::parse_device_facts(c.run_as);
+  const gpu::DeviceFacts here = gpu::device_facts();
+  // The portable kernels only: a CUDA description's tensor-core plans would need this GPU's own features.
+  if (!d.hip)
+    fail(kEntry, "run_as: expected a described AMD device (hip,cus=N,warp=32|64,smem=N), got '", c.run_as, "'");
+  if (d.warp_size < here.warp_size || d.max_smem > here.max_smem)
+    fail(kEntry, "run_as: this GPU (warp ", here.warp_size, ", ", here.max_smem, " bytes of shared memory) cannot ",
+         "run the plans of '", c.run_as, "'");
+  if (d.run_warp != 0 && d.run_warp != here.warp_size)
+    fail(kEntry, "run_as: run_warp=", d.run_warp, ", but this GPU's warps are ", here.warp_size, " wide");
+  d.run_warp = here.warp_size;
+  return d;
+}
+
 void copy_out(const std::string& s, char* dst, size_t len) {
   if (!dst || !len) return;
   const size_t n = std::min(s.size(), len - 1);
@@ -103,30 +128,32 @@ int guarded(char* err, size_t err_len, F&& f) {
 
 }  // namespace
 
-// The launch plan of a call as JSON (and its scratch bytes), for the current device (device_facts null) or for the
-// device the facts describe ("sm=90a,sms=132,smem=232448": launch_plan.h), so plans can be asked without a GPU.
-// Pointers in c only count for their alignment (null: aligned).
+// The launch plan of a call as JSON (and its scratch bytes), for the current device (device_facts null; with the
+// call's run_as, the plan dot4attn_gpu_attention runs) or for the device the facts describe
+// ("sm=90a,sms=132,smem=232448": launch_plan.h), so plans can be asked without a GPU. Pointers in c only count for
+// their alignment (null: aligned).
 extern "C" __attribute__((visibility("default"))) int dot4attn_gpu_plan(const Dot4AttnGpuCall* c,
                                                                      const char* device_facts, char* plan_json,
                                                                      size_t plan_len, size_t* scratch_bytes,
                                                                      char* err, size_t err_len) {
   return guarded(err, err_len, [&] {
     const AttentionParams p = params_of(*c);
-    const gpu::DeviceFacts dev = device_facts ? gpu::parse_device_facts(device_facts) : gpu::device_facts();
-    const gpu::GpuPlan plan = gpu::plan_attention(p, dev, gpu::parse_plan_overrides(c->overrides));
+    const gpu::PlanOverrides ov = gpu::parse_plan_overrides(c->overrides);
+    const gpu::GpuPlan plan = gpu::plan_attention(p, facts_of(*c, device_facts), ov);
     if (scratch_bytes) *scratch_bytes = plan.scratch_bytes;
     copy_out(gpu::plan_json(plan), plan_json, plan_len);
   });
 }
 
-// Plans the call on the current device and enqueues it on c->stream (c->scratch: the plan's scratch_bytes, from
-// dot4attn_gpu_plan). plan_json (optional) receives the plan that ran.
+// Plans the call on the current device (or as c->run_as) and enqueues it on c->stream (c->scratch: the plan's
+// scratch_bytes, from dot4attn_gpu_plan). plan_json (optional) receives the plan that ran.
 extern "C" __attribute__((visibility("default"))) int dot4attn_gpu_attention(const Dot4AttnGpuCall* c,
                                                                           char* plan_json, size_t plan_len,
                                                                           char* err, size_t err_len) {
   return guarded(err, err_len, [&] {
     const AttentionParams p = params_of(*c);
-    const gpu::GpuPlan plan = attention_gpu_plan(p, gpu::parse_plan_overrides(c->overrides));
+    const gpu::PlanOverrides ov = gpu::parse_plan_overrides(c->overrides);
+    const gpu::GpuPlan plan = c->run_as ? gpu::plan_attention(p, facts_of(*c, nullptr), ov) : attention_gpu_plan(p, ov);
     if (plan_json) copy_out(gpu::plan_json(plan), plan_json, plan_len);  // not on timed calls: host time
     attention_gpu(p, plan, c->scratch, c->stream);
   });

@@ -2,7 +2,8 @@
 // gpu/vendor.h). A block owns RB "rows" of one (batch, KV head): rows are (grouped query head, query row) pairs
 // in that order, so decode puts every grouped head and every query row (g x Sq <= RB) in one block and reads
 // each K/V row once for all of them, and prefill takes RB consecutive rows of the same row space. The block
-// walks a key range (all keys, or one split for FlashDecoding) in tiles of KT keys:
+// walks a key range (all keys, or one split for FlashDecoding) in tiles of KT keys (64; 32 where a 64-key tile does
+// not fit the device's shared memory, e.g. AMD's 64 KB LDS):
 //
 //   1. K payload / V payload tiles stream global -> shared through an ST-stage cp.async pipeline (a plain copy
 //      where cp.async does not exist); the fp16 scales of the next tile are prefetched into registers.
@@ -31,7 +32,7 @@ namespace gpu {
 enum VKind : int { kVF32 = 0, kVF16 = 1, kVQ8 = 2, kVQ4 = 3 };
 
 constexpr int kThreads = 256;
-constexpr int KT = 64;          // keys per tile
+constexpr int kTileKeys = 64;   // keys per tile (KT), the default; split lengths are multiples of it
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct TileArgs {
@@ -97,19 +98,20 @@ __host__ __device__ constexpr int v_row_bytes(int vk, int d) {
   return vk == kVF32 ? 4 * d : vk == kVF16 ? 2 * d : vk == kVQ8 ? d : d / 2;
 }
 
-// Shared-memory layout (bytes), identical on host (sizing) and device (carving).
+// Shared-memory layout (bytes) of a block with rb rows, rpt rows per P.V thread, st stages of kt-key tiles, identical
+// on host (sizing) and device (carving).
 struct SmemLayout {
   int kpad, stage_k, stage_v, stage_ks, stage_vs, stage_bytes;
   int off_q, off_qsc, off_kmax, off_mrow, off_alpha, off_rowm, off_rowl, off_s, off_p, off_stages, total;
   int nks, red_bytes;
   __host__ __device__ static int up16(int x) { return (x + 15) & ~15; }
-  __host__ __device__ SmemLayout(int vk, int d, int rb, int rpt, int st) {
+  __host__ __device__ SmemLayout(int vk, int d, int rb, int rpt, int st, int kt) {
     const int nb = d / 32;
     kpad = d + 16;
-    stage_k = up16(KT * kpad);
-    stage_v = up16(KT * v_row_bytes(vk, d));
-    stage_ks = up16(KT * nb * 2);
-    stage_vs = (vk == kVQ8 || vk == kVQ4) ? up16(KT * nb * 2) : 0;
+    stage_k = up16(kt * kpad);
+    stage_v = up16(kt * v_row_bytes(vk, d));
+    stage_ks = up16(kt * nb * 2);
+    stage_vs = (vk == kVQ8 || vk == kVQ4) ? up16(kt * nb * 2) : 0;
     stage_bytes = stage_k + stage_v + stage_ks + stage_vs;
     int o = 0;
     off_q = o; o += up16(rb * d);
@@ -119,8 +121,8 @@ struct SmemLayout {
     off_alpha = o; o += up16(rb * 4);
     off_rowm = o; o += up16(rb * 4);
     off_rowl = o; o += up16(rb * 4);
-    off_s = o; o += up16(rb * (KT + 4) * 4);
-    off_p = o; o += up16(KT * (rb + 4) * 4);
+    off_s = o; o += up16(rb * (kt + 4) * 4);
+    off_p = o; o += up16(kt * (rb + 4) * 4);
     off_stages = o;
     const int nrg = rb / rpt, ncp = d / 2;
     nks = kThreads / (nrg * ncp);
@@ -198,8 +200,9 @@ __device__ __forceinline__ uint32_t v_nonfinite_acc(uint32_t nf, const uint4 u) 
 __device__ __forceinline__ bool v_nonfinite(uint32_t nf) { return (nf & 0x7fff7fffu) != 0u; }
 
 // VK: V storage; DMAX: largest head dim of the class (D <= DMAX, D runtime); RB rows per block; RPT rows per
-// thread in P.V; ST the most pipeline stages (a.nst <= ST are used).
-template <int VK, int DMAX, int RB, int RPT, int ST>
+// thread in P.V; ST the most pipeline stages (a.nst <= ST are used); KT keys per tile (64, or 32: half the stage, logit
+// and probability buffers, for devices whose shared memory does not hold a 64-key block: launch_plan.cu, plan_tile).
+template <int VK, int DMAX, int RB, int RPT, int ST, int KT = kTileKeys>
 __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const TileArgs a) {
   constexpr int NBMAX = DMAX / 32;
   constexpr int RPL = RB / (kThreads / KT);          // logit rows per thread (row groups of kThreads/KT)
@@ -207,12 +210,13 @@ __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const TileArgs a) {
   constexpr int KPT = KT / TPR;                      // softmax keys per thread
   constexpr int NRG = RB / RPT;
   constexpr int IMAX = (NRG * (DMAX / 2) + kThreads - 1) / kThreads;  // P.V units per thread
-  static_assert(RB % (kThreads / KT) == 0 && RB % RPT == 0 && RPT % 4 == 0, "tile shape");
+  static_assert((KT == 64 || KT == 32) && RB % (kThreads / KT) == 0 && RB % RPT == 0 && RPT % 4 == 0 && KPT >= 1,
+                "tile shape");
 
   extern __shared__ __align__(16) uint8_t smem[];
   const int D = a.D, nb = a.nb;
   const int nst = a.nst;
-  const SmemLayout L(VK, D, RB, RPT, nst);
+  const SmemLayout L(VK, D, RB, RPT, nst, KT);
   int8_t* qs = reinterpret_cast<int8_t*>(smem + L.off_q);
   float* qsc = reinterpret_cast<float*>(smem + L.off_qsc);
   int64_t* kmax = reinterpret_cast<int64_t*>(smem + L.off_kmax);

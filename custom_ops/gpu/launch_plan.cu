@@ -96,25 +96,50 @@ constexpr const char* kTmaRows = "K / V rows do not fit a TMA tensor map (16-byt
 #endif
 
 // ---- the tile kernel (every route's fallback) ----------------------------------------------------------------------
+// The tile kernel's block shapes (the instances of prefill_gpu.cu and decode_tile_gpu.cu), in order of preference:
+// 64-key tiles with the route's row tile (prefill 64 rows, decode 4 / 8 / 16 as the rows need), else, where no stage
+// count of that block fits the device's shared memory (AMD's 64 KB LDS: the 64-row prefill block takes 73,984 bytes
+// at D = 64 and one stage, 120,576 at D = 256), 32-key tiles, which halve the K / V stages and the logit and
+// probability buffers: prefill 64 rows at D <= 128, 32 rows at D = 256 (its 64-row float32 accumulators alone take
+// 64 KB); decode 16 rows at D > 128 (at D <= 128 every decode row tile fits 64 KB with 64-key tiles). Each fits 64 KB
+// for every V format, float32 V included, with one stage. The most stages that fit, up to the instances' depth; one
+// on HIP (hip_stages).
+struct TileShape {
+  int rb, rpt, kt;
+};
+
+// HIP has no cp.async (vendor.h: a plain copy, which waits for its loads), so a second stage overlaps nothing there and
+// only takes LDS that more waves could use: HIP plans take one stage unless forced.
+int hip_stages(const DeviceFacts& dev, int stages) { return dev.hip ? 1 : stages; }
+
+bool fit_tile(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov, TileShape t,
+              int max_st) {
+  pl.rows_per_block = t.rb;
+  pl.rows_per_thread = t.rpt;
+  pl.key_tile = t.kt;
+  pl.stages = ov.stages > 0 ? std::min(ov.stages, max_st) : hip_stages(dev, max_st);
+  while (pl.stages > 1 && SmemLayout(pl.vk, p.D, t.rb, t.rpt, pl.stages, t.kt).total > dev.max_smem) --pl.stages;
+  pl.smem_bytes = SmemLayout(pl.vk, p.D, t.rb, t.rpt, pl.stages, t.kt).total;
+  return pl.smem_bytes <= dev.max_smem;
+}
+
 GpuPlan plan_tile(GpuPlan pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
   pl.kernel = KernelKind::kTile;
   const int64_t rows = p.group() * p.Sq;
   const bool prefill = pl.route == Route::kPrefill;
-  pl.rows_per_block = prefill ? 64 : rows <= 4 ? 4 : rows <= 8 ? 8 : 16;
-  pl.rows_per_thread = prefill ? 16 : pl.rows_per_block;
-  const int max_st = prefill ? 2 : 3;  // the instances' pipeline depth (decode_gpu.cu, prefill_gpu.cu)
+  const int max_st = prefill ? 2 : 3;  // the instances' pipeline depth (decode_tile_gpu.cu, prefill_gpu.cu)
+  const int rb = prefill ? 64 : rows <= 4 ? 4 : rows <= 8 ? 8 : 16;
+  const TileShape wide{rb, prefill ? 16 : rb, kTileKeys};
+  const TileShape narrow = prefill ? TileShape{p.D <= 128 ? 64 : 32, 16, 32} : TileShape{16, 16, 32};
+  const bool has_narrow = prefill || p.D > 128;
+  if (!fit_tile(pl, p, dev, ov, wide, max_st) && (!has_narrow || !fit_tile(pl, p, dev, ov, narrow, max_st)))
+    fail(kOp, "the tile kernel for D=", p.D, " needs ", pl.smem_bytes, " bytes of shared memory (", pl.rows_per_block,
+         " rows, ", pl.key_tile, "-key tiles, one stage), the device has ", dev.max_smem);
   pl.n_chunks = cdiv(rows, pl.rows_per_block);
   pl.reverse_chunks = prefill && p.causal ? 1 : 0;
   pl.causal_tiles = 0;
   pl.threads = kThreads;
-  pl.warps = kThreads / dev.warp_size;
-  pl.stages = ov.stages > 0 ? std::min(ov.stages, max_st) : max_st;
-  while (pl.stages > 1 && SmemLayout(pl.vk, p.D, pl.rows_per_block, pl.rows_per_thread, pl.stages).total > dev.max_smem)
-    --pl.stages;
-  pl.smem_bytes = SmemLayout(pl.vk, p.D, pl.rows_per_block, pl.rows_per_thread, pl.stages).total;
-  if (pl.smem_bytes > dev.max_smem)
-    fail(kOp, "the tile kernel for D=", p.D, " needs ", pl.smem_bytes, " bytes of shared memory, the device has ",
-         dev.max_smem);
+  pl.warps = kThreads / (dev.run_warp > 0 ? dev.run_warp : dev.warp_size);
   set_blocks(pl, p);
   return pl;
 }
@@ -128,10 +153,10 @@ bool plan_decode_simt(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& 
   const int rb = rows == 1 ? 1 : rows <= 4 ? 4 : 8;
   const bool split = pl.route == Route::kSplitK;
   const int want = decode_warps_wanted(block_keys(pl, p), split, ws, kDecodeMaxThreads / ws, ov.warps);
-  // 2 stages: a chunk in flight per warp while another is computed (3 only cost occupancy)
+  // 2 stages: a chunk in flight per warp while another is computed (3 only cost occupancy); 1 on HIP (hip_stages)
   auto bytes = [&](int w, int st) { return DecodeLayout(pl.vk, p.D, rb, ws, w, st).total; };
   int nw = 0, nst = 0;
-  if (!pick_warps_stages(want, 2, ov.stages, dev.max_smem, bytes, nw, nst))
+  if (!pick_warps_stages(want, hip_stages(dev, 2), ov.stages, dev.max_smem, bytes, nw, nst))
     return refuse(why, "SIMT decode: no block fits the shared memory");
   pl.kernel = KernelKind::kDecodeSimt;
   pl.rows_per_block = rb;
@@ -140,6 +165,14 @@ bool plan_decode_simt(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& 
   pl.stages = nst;
   pl.threads = nw * ws;
   pl.smem_bytes = bytes(nw, nst);
+  // Run by warps of another width (a CUDA GPU running a wave64 device's plan, DeviceFacts::run_warp): the same
+  // threads, rows, stages and splits; the kernel's key chunk is its warp, so the block holds threads / run_warp warps
+  // of run_warp-key chunks, and its shared memory is laid out for them.
+  const int rw = dev.run_warp > 0 ? dev.run_warp : ws;
+  if (rw != ws) {
+    pl.warps = pl.threads / rw;
+    pl.smem_bytes = DecodeLayout(pl.vk, p.D, rb, rw, pl.warps, nst).total;
+  }
   set_blocks(pl, p);
   return true;
 }
@@ -528,8 +561,8 @@ void check_layout(const AttentionParams& p) {
 
 int64_t split_len_for(int64_t sk, int64_t n_splits) {
   int64_t len = cdiv(sk, std::max<int64_t>(1, n_splits));
-  len = cdiv(len, KT) * KT;
-  return std::max<int64_t>(len, KT);
+  len = cdiv(len, kTileKeys) * kTileKeys;
+  return std::max<int64_t>(len, kTileKeys);
 }
 
 // A split count whose (batch, KV head, split) blocks spread evenly over the multiprocessors. A long decode streams
@@ -689,7 +722,8 @@ DeviceFacts parse_device_facts(const char* s) {
     else if (k == "warp") d.warp_size = to_int(k, v, 32, 64, kWhat);
     else if (k == "tma") d.tma = to_int(k, v, 0, 1, kWhat) != 0, tma_set = true;
     else if (k == "wgmma") d.wgmma = to_int(k, v, 0, 1, kWhat) != 0;
-    else fail(kWhat, "unknown key '", k, "' (expected sm, hip, sms, cus, smem, warp, tma, wgmma)");
+    else if (k == "run_warp") d.run_warp = to_int(k, v, 32, 64, kWhat);
+    else fail(kWhat, "unknown key '", k, "' (expected sm, hip, sms, cus, smem, warp, tma, wgmma, run_warp)");
   }
   if (d.hip == (d.cc_major != 0)) fail(kWhat, "give either sm=NN (CUDA) or hip, got '", s ? s : "", "'");
   if (d.sms == 0 || d.max_smem == 0) fail(kWhat, "sms (or cus) and smem are required, got '", s ? s : "", "'");
@@ -703,6 +737,7 @@ std::string plan_json(const GpuPlan& pl) {
   o << "{\"route\": \"" << route << "\", \"kernel\": \"" << kernel_name(pl.kernel) << "\", \"rows_per_block\": "
     << pl.rows_per_block << ", \"threads\": " << pl.threads << ", \"warps\": " << pl.warps
     << ", \"stages\": " << pl.stages;
+  if (pl.kernel == KernelKind::kTile) o << ", \"key_tile\": " << pl.key_tile;
   if (pl.kernel == KernelKind::kDecodeMma)
     o << ", \"staging\": \"" << staging_name(pl.staging) << "\", \"cluster\": " << pl.cluster;
   if (pl.kernel == KernelKind::kPrefillMma)

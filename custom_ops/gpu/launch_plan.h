@@ -45,6 +45,10 @@ struct DeviceFacts {
   int max_smem = 48 * 1024;  // opt-in dynamic shared memory per block
   bool wgmma = false;       // the loaded binary has the sm_90a wgmma instances
   bool tma = false;         // the driver's tensor-map encoder is available
+  // The warp width of the GPU that runs the plan when it is not the described device (0: warp_size): a CUDA GPU
+  // running the plan of a described AMD device (the C entry's run_as) lays the SIMT decode block out for its own
+  // 32-wide warps (plan_decode_simt). Every other part of the plan is the described device's.
+  int run_warp = 0;
 };
 
 // Keys per block of the prefill's V scan (v_scan.cuh): 64 KB of float16 V at D = 128, enough blocks to fill the
@@ -74,6 +78,7 @@ struct GpuPlan {
   int D = 0;
   int rows_per_block = 0;  // the kernel's row tile: tile RB, SIMT decode RB, tensor-core decode 8, prefill 16 x MT x 4
   int rows_per_thread = 0; // tile kernel only (RPT)
+  int key_tile = 0;        // tile kernel only: keys per tile (KT, 64 or 32)
   int threads = 0;
   int warps = 0, stages = 0;
   int staging = kStageCpAsync;  // tensor-core decode
@@ -110,7 +115,8 @@ GpuPlan plan_attention(const AttentionParams& p, const DeviceFacts& dev, const P
 // "kernel=simt,warps=4" -> PlanOverrides; throws OpError naming the bad key or value. Empty or null: none.
 PlanOverrides parse_plan_overrides(const char* s);
 
-// "sm=90a,sms=132,smem=232448[,warp=32][,tma=1][,wgmma=1]" or "hip,cus=304,warp=64,smem=65536" -> DeviceFacts.
+// "sm=90a,sms=132,smem=232448[,warp=32][,tma=1][,wgmma=1]" or "hip,cus=304,warp=64,smem=65536[,run_warp=32]" ->
+// DeviceFacts (run_warp: the plan as a GPU of that warp width runs it, DeviceFacts::run_warp).
 DeviceFacts parse_device_facts(const char* s);
 
 // The plan as one line of JSON (for `dot4attn info --plan`, the benchmark's records and the tests).

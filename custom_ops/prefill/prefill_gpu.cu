@@ -6,7 +6,8 @@
 //     ones on the checked instance; a long q8_0 / q4_0 V call first converts V once into float16 rows
 //     (gpu/v_dequant.cuh) and runs the float16-V instance on them;
 //   * the tile kernel (gpu/attention_tile.cuh; every other case, and HIP): a block owns 64 rows of one (batch, KV
-//     head) row space and walks the keys in 64-key tiles; with causal masking it stops at the last key its rows can
+//     head) row space and walks the keys in 64-key tiles (32-key tiles, and 32 rows at D = 256, where that block does
+//     not fit the shared memory: AMD's 64 KB LDS); with causal masking it stops at the last key its rows can
 //     see, tiles that every row sees fully run without any check, only the causal tail (and explicit masks) is
 //     masked per element, and the heaviest row chunks launch first. Q.K by 4-way int8 dot products, P.V in float32.
 #include <atomic>
@@ -22,11 +23,23 @@ namespace gpu {
 
 namespace {
 
+// 64 rows of 64-key tiles; where that block does not fit the shared memory (AMD's 64 KB LDS), 32-key tiles of 64 rows
+// (D <= 128) or 32 rows (D = 256) (launch_plan.cu, plan_tile).
 template <int VK>
 void tile_d(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {
-  if (a.D <= 64) launch_planned(attn_tile_kernel<VK, 64, 64, 16, 2>, pl, s, a);
-  else if (a.D <= 128) launch_planned(attn_tile_kernel<VK, 128, 64, 16, 2>, pl, s, a);
-  else launch_planned(attn_tile_kernel<VK, 256, 64, 16, 2>, pl, s, a);
+  const int rb = pl.rows_per_block;
+  if (pl.key_tile == kTileKeys && rb == 64) {
+    if (a.D <= 64) return launch_planned(attn_tile_kernel<VK, 64, 64, 16, 2>, pl, s, a);
+    if (a.D <= 128) return launch_planned(attn_tile_kernel<VK, 128, 64, 16, 2>, pl, s, a);
+    return launch_planned(attn_tile_kernel<VK, 256, 64, 16, 2>, pl, s, a);
+  }
+  if (pl.key_tile == 32 && rb == 64 && a.D <= 64)
+    return launch_planned(attn_tile_kernel<VK, 64, 64, 16, 2, 32>, pl, s, a);
+  if (pl.key_tile == 32 && rb == 64 && a.D <= 128)
+    return launch_planned(attn_tile_kernel<VK, 128, 64, 16, 2, 32>, pl, s, a);
+  if (pl.key_tile == 32 && rb == 32 && a.D > 128)
+    return launch_planned(attn_tile_kernel<VK, 256, 32, 16, 2, 32>, pl, s, a);
+  no_instance(pl);
 }
 
 #if defined(D4A_HAS_PREFILL_MMA)

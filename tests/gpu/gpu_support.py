@@ -33,3 +33,12 @@ def packed_layout(D, v_format, kv_rows, half=True):
         v_stride, vs_stride = v_row, v_row // 2
     return {"kv_rows": kv_rows, "k_stride": k_row, "ks_stride": k_row // 2, "v_stride": v_stride,
             "vs_stride": vs_stride}
+
+
+# The AMD GPUs the HIP build targets, as the planner takes them (docs/gpu.md, "AMD GPUs"): 64 KB of LDS per block each;
+# MI300X (gfx942, 304 CUs) and MI250X / MI250 (gfx90a, 110 / 104 CUs per die) run 64-wide waves, RDNA3 (gfx1100: the
+# Radeon RX 7900 XTX's 96 CUs, a 48-CU part) 32-wide ones.
+AMD_DEVICES = {"mi300": "hip,cus=304,warp=64,smem=65536", "mi250x": "hip,cus=110,warp=64,smem=65536",
+               "mi250": "hip,cus=104,warp=64,smem=65536", "gfx1100_96": "hip,cus=96,warp=32,smem=65536",
+               "gfx1100_48": "hip,cus=48,warp=32,smem=65536"}
+AMD_LDS = 65536

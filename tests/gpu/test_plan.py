@@ -10,7 +10,7 @@ import pytest
 
 from dot4attn import native
 
-from gpu_support import packed_layout
+from gpu_support import AMD_DEVICES, AMD_LDS, packed_layout
 
 H200 = "sm=90a,sms=132,smem=232448"
 H100_PLAIN_SM90 = "sm=90,sms=132,smem=232448"
@@ -141,11 +141,21 @@ def test_hip_takes_the_simt_and_tile_kernels():
     p = plan(1, 32, 8, 1, 4096, 128, device=MI300, v_format="q4_0")
     assert p["kernel"] == "decode_simt" and "CUDA" in p["fallback"]
     assert p["threads"] == 64 * p["warps"]
-    # The 64-row prefill tile needs more than a 64 KB LDS holds (73,984 bytes at D = 64, one stage): the plan
-    # refuses it with the numbers before anything is launched. (A smaller row tile for such devices is open work.)
-    with pytest.raises(native.NativeError, match="tile kernel for D=64 needs 73984 bytes of shared memory, the "
-                                                 "device has 65536"):
-        plan(1, 32, 8, 512, 512, 64, device=MI300)
+    # The 64-row prefill block of 64-key tiles needs more than a 64 KB LDS (73,984 bytes at D = 64, one stage): the
+    # tile kernel takes 32-key tiles there, 64 rows at D <= 128 and 32 at D = 256.
+    for D, rows in ((64, 64), (128, 64), (256, 32)):
+        p = plan(1, 32, 8, 512, 512, D, device=MI300)
+        assert (p["kernel"], p["rows_per_block"], p["key_tile"], p["threads"], p["warps"]) == ("tile", rows, 32, 256, 4)
+        assert p["smem_bytes"] <= 65536, p
+    # with room for it (the H200's 227 KB), the 64-key tile as before
+    p = plan(1, 32, 8, 512, 512, 128, device=H200, half=False)
+    assert (p["kernel"], p["rows_per_block"], p["key_tile"], p["stages"]) == ("tile", 64, 64, 2)
+
+
+def test_tile_kernel_that_fits_nowhere_says_why():
+    with pytest.raises(native.NativeError, match="the tile kernel for D=256 needs 61312 bytes of shared memory "
+                                                 r"\(32 rows, 32-key tiles, one stage\), the device has 49152"):
+        plan(1, 32, 8, 512, 512, 256, device="hip,cus=304,warp=64,smem=49152", half=False, v_format="float")
 
 
 def test_float32_keeps_float32_pv():
@@ -285,6 +295,7 @@ STRIDED_SHAPES = [  # (B, Hq, Hkv, Sq, Sk, D, v_format, device): every kernel fa
     (1, 32, 8, 2048, 2048, 64, "q4_0", H200), (1, 8, 2, 1000, 1000, 256, "q4_0", H200),
     (1, 32, 8, 1, 131072, 128, "q4_0", A100), (1, 32, 8, 1, 131072, 128, "q8_0", A100),
     (1, 32, 8, 8192, 8192, 128, "q8_0", A100), (1, 32, 8, 1, 4096, 128, "q4_0", MI300),
+    (1, 32, 8, 2048, 2048, 128, "q4_0", MI300), (1, 8, 2, 1000, 1000, 256, "float", MI300),
     (1, 8, 2, 1, 1024, 96, "q8_0", H200), (1, 8, 2, 300, 300, 96, "q4_0", H200),
 ]
 
@@ -297,8 +308,6 @@ def test_packed_cache_plans_like_dense(B, Hq, Hkv, Sq, Sk, D, v_format, device, 
     decode's staging of q8_0 / q4_0 V changes: on sm_90 bulk copies of the rows (two stages; not q4_0's long walks,
     which keep registers at D = 128 and TMA at D = 256), elsewhere TMA gives way to the staging without TMA (faster
     for those padded rows). Preallocated dense rows keep every part of the plan."""
-    if device == MI300 and Sq > 8:
-        pytest.skip("the 64-row prefill tile does not fit a 64 KB LDS")
     dense = plan(B, Hq, Hkv, Sq, Sk, D, device=device, v_format=v_format, half=half)
     packed = plan(B, Hq, Hkv, Sq, Sk, D, device=device, v_format=v_format, half=half,
                   kv_layout=packed_layout(D, v_format, Sk + 4096, half))
@@ -477,3 +486,100 @@ def test_kv_layout_of_views():
         native.kv_layout_of(kbuf[:, :, :Sk, :2 * D:2].view(torch.int8), ks, vp, vs)
     with pytest.raises(ValueError, match="kv heads of a batch row must follow each other"):
         native.kv_layout_of(kp.transpose(0, 1), ks, vp, vs)
+
+
+# ---- AMD devices (64 KB LDS, wave64 CDNA and wave32 RDNA) ------------------------------------------------------------
+
+AMD, LDS = AMD_DEVICES, AMD_LDS
+# (B, Hq, Hkv, Sq, Sk) per route: short and long prefills (causal tiles, a chunk over a longer cache), a single-row
+# and a grouped multi-row decode (rows past the SIMT kernel's 8-row tile), long split_k walks at batch 1 and 16.
+AMD_SHAPES = {"prefill": [(1, 32, 8, 2048, 2048), (1, 28, 4, 300, 4396)],
+              "decode": [(1, 32, 8, 1, 1000), (2, 32, 8, 4, 1500)],
+              "split_k": [(1, 32, 8, 1, 131072), (16, 28, 4, 1, 32768)]}
+# The kernels each route may take on AMD, forced: prefill the tile kernel only; decode and split_k the SIMT decode
+# kernel and its tile-kernel fallback (misaligned pointers, or a block that does not fit).
+AMD_KERNELS = {"prefill": ("",), "decode": ("", "kernel=simt", "kernel=tile"),
+               "split_k": ("", "kernel=simt", "kernel=tile")}
+
+
+def _amd_plan(device, shape, D, v_format, route, half, overrides="", layout=None):
+    return plan(*shape, D, device=device, v_format=v_format, route=route, half=half, overrides=overrides,
+                kv_layout=layout)
+
+
+def _check_amd_plan(p, device, route, overrides):
+    warp = 64 if "warp=64" in device else 32
+    assert p["route"] == route, p
+    assert p["kernel"] in ("tile", "decode_simt"), p  # HIP has no tensor-core kernels
+    if overrides:
+        assert p["kernel"] == {"kernel=simt": "decode_simt", "kernel=tile": "tile"}[overrides], p
+    assert p["smem_bytes"] <= LDS and p["stages"] == 1, p  # HIP's plain copies overlap nothing: one stage
+    assert p["threads"] == p["warps"] * warp and p["blocks"] >= 1, p
+    if p["kernel"] == "tile":
+        assert p["threads"] == 256 and p["key_tile"] in (32, 64), p
+
+
+@pytest.mark.parametrize("dev", list(AMD))
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("v_format", ["float", "q8_0", "q4_0"])
+@pytest.mark.parametrize("half", [True, False], ids=["f16", "f32"])
+def test_amd_devices_plan_every_route(dev, D, v_format, half):
+    """Every route, D 64 / 128 / 256, float / q8_0 / q4_0 V, float16 and float32 T, dense and packed-cache rows, on
+    wave64 and wave32 descriptions with 64 KB of LDS: a plan within the LDS for the automatic choice and for each
+    kernel the route may fall back to, with the packed cache's rows taking the dense call's plan (so its output
+    bits). The plan as a 32-wide-warp GPU runs it (run_warp=32, what run_as executes on the H200) keeps every part
+    of the described plan but, on wave64, its warps (twice as many, counted on the GPU that runs it) and the SIMT
+    decode's shared memory, laid out for them (32-key chunks) and still within the LDS."""
+    device = AMD[dev]
+    for route, shapes in AMD_SHAPES.items():
+        for shape in shapes:
+            Sk = shape[4]
+            for ov in AMD_KERNELS[route]:
+                if ov == "kernel=simt" and not half and v_format == "float" and D == 256 and "warp=64" in device:
+                    # a 64-key chunk of float32 V rows alone is 64 KB: the automatic plan takes the tile kernel
+                    with pytest.raises(native.NativeError, match="SIMT decode: no block fits the shared memory"):
+                        _amd_plan(device, shape, D, v_format, route, half, ov)
+                    continue
+                dense = _amd_plan(device, shape, D, v_format, route, half, ov)
+                _check_amd_plan(dense, device, route, ov)
+                if route == "prefill":
+                    assert dense["rows_per_block"] == (64 if D <= 128 else 32) and dense["key_tile"] == 32, dense
+                layout = packed_layout(D, v_format, Sk + 64, half)
+                packed = _amd_plan(device, shape, D, v_format, route, half, ov, layout)
+                assert packed["strided"] and math_of(packed) == math_of(dense), (dense, packed)
+                assert packed["smem_bytes"] <= LDS, packed
+                ran = _amd_plan(device + ",run_warp=32", shape, D, v_format, route, half, ov)
+                assert ran["smem_bytes"] <= LDS, ran
+                if "warp=64" in device:  # warps of the GPU that runs it; the SIMT block laid out for them
+                    assert ran["warps"] == 2 * dense["warps"] and ran["threads"] == dense["threads"], (dense, ran)
+                    ran = dict(ran, warps=dense["warps"])
+                    if dense["kernel"] == "decode_simt":
+                        ran["smem_bytes"] = dense["smem_bytes"]
+                assert ran == dense, (dense, ran)
+
+
+def test_amd_simt_decode_keeps_its_block_on_wave64():
+    """The SIMT decode on MI300 at D = 256, float16 V: one 64-wide wave of one stage (a 64-key chunk of 272-byte K
+    and 512-byte V rows is 51 KB); float32 T's 1 KB V rows do not fit a 64-key chunk at all, so the tile kernel's
+    32-key tiles take that decode."""
+    p = plan(1, 32, 8, 1, 4096, 256, device=MI300, v_format="float", route="decode")
+    assert (p["kernel"], p["warps"], p["threads"], p["stages"]) == ("decode_simt", 1, 64, 1), p
+    p = plan(1, 32, 8, 1, 4096, 256, device=MI300, v_format="float", route="decode", half=False)
+    assert (p["kernel"], p["rows_per_block"], p["key_tile"]) == ("tile", 16, 32), p
+    assert "SIMT decode: no block fits the shared memory" in p["fallback"], p
+    # wave32 (RDNA3): 32-key chunks of the same rows fit
+    p = plan(1, 32, 8, 1, 4096, 256, device=AMD["gfx1100_96"], v_format="float", route="decode", half=False)
+    assert (p["kernel"], p["threads"]) == ("decode_simt", 32 * p["warps"]), p
+
+
+def test_info_plan_on_amd_devices(capsys):
+    """`dot4attn info --plan` on the AMD descriptions: a prefill and a long decode each get their plan."""
+    from dot4attn.cli import main
+
+    for device in (AMD["mi300"], AMD["mi250"], AMD["gfx1100_48"]):
+        for shape, words in (("1,32,8,2048,2048,128,q4_0", ("prefill", "tile", "key_tile")),
+                             ("1,32,8,1,131072,256,q8_0", ("split_k", "decode_simt"))):
+            assert main(["info", "--plan", shape, "--gpu", device]) == 0
+            out = capsys.readouterr().out
+            for word in words:
+                assert word in out, (device, shape, out)
