@@ -207,3 +207,41 @@ def test_smollm2_q8_0_holds_the_bars(tmp_path):
     print(json.dumps(s, indent=1))
     assert s["all"]["positions"] == 4 * 512 and s["decode"]["positions"] == 4 * 16
     assert not E.failures(r, {"q8_0": "q8_0"}), E.failures(r, {"q8_0": "q8_0"})
+
+
+# ---- the Hadamard-rotated V experiment ----------------------------------------------------------------------------
+
+def test_hadamard_is_orthogonal_and_symmetric():
+    from dot4attn.models.smollm2 import hadamard
+
+    for d in (32, 64, 128, 256):
+        h = hadamard(d)
+        assert np.allclose(h, h.T) and np.allclose(h @ h, np.eye(d), atol=1e-12)
+        assert np.all(np.abs(np.abs(h) - 1 / np.sqrt(d)) < 1e-15)  # a spread of every channel over all D
+    with pytest.raises(ValueError):
+        hadamard(96)
+
+
+@pytest.mark.parametrize("shape", ["llama", "qwen2-bias"])
+def test_hadamard_v_keeps_the_model_and_rotates_its_v(shape, tmp_path):
+    """Folding the rotation into v_proj (rows, bias) and o_proj (columns) leaves the logits as they were, GQA and
+    a V bias included, while the V the attention caches is the original's times H."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from transformers import AutoModelForCausalLM
+
+    from dot4attn.models.genai_builder import make_hf_model
+    from dot4attn.models.smollm2 import hadamard, hadamard_v
+
+    src = make_hf_model(shape, tmp_path / "hf")
+    rot = hadamard_v(src, tmp_path / "rot", log=lambda m: None)
+    a = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32).eval()
+    b = AutoModelForCausalLM.from_pretrained(str(rot), dtype=torch.float32).eval()
+    ids = torch.tensor(np.random.default_rng(0).integers(0, 256, (1, 40)))
+    with torch.no_grad():
+        ra, rb = a(ids, use_cache=True), b(ids, use_cache=True)
+    assert torch.allclose(ra.logits, rb.logits, atol=1e-4, rtol=1e-4)
+    va = ra.past_key_values.layers[0].values.double()  # [B, Hkv, S, D]
+    vb = rb.past_key_values.layers[0].values.double()
+    h = torch.tensor(hadamard(va.shape[-1]))
+    assert torch.allclose(va @ h, vb, atol=1e-5)
