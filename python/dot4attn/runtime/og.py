@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..model_io import GenaiError, read_config
+from ..model_io import GenaiError, context_length, read_config
 from .decoder import prefill_in_chunks
 
 
@@ -89,12 +89,18 @@ class OgDecoder:
         self.gen = None
         self.batch = self.length = 0
         self._appended = False
+        self._last = self._pending = None
 
     def reset(self, batch: int, max_length: int) -> None:
         params = self.og.GeneratorParams(self.model)
-        params.set_search_options(max_length=int(max_length), do_sample=False, batch_size=int(batch))
+        # one position more where the model has it: greedy_step keeps one token appended ahead of `length`
+        most = context_length(read_config(self.folder))
+        room = int(max_length) + 1 if most is None or int(max_length) < most else int(max_length)
+        params.set_search_options(max_length=room, do_sample=False, batch_size=int(batch))
         self.gen = self.og.Generator(self.model, params)
         self.batch, self.length, self._appended = batch, 0, False
+        self._last = None      # the last step's host logits (step(None) feeds their argmax)
+        self._pending = None   # the ids greedy_step returned: og has appended them, the model has not run on them
 
     def _ones_only(self, mask) -> None:
         if mask is not None and not np.all(np.asarray(mask) == 1):
@@ -103,33 +109,44 @@ class OgDecoder:
     def step(self, ids: np.ndarray | None, mask: np.ndarray | None = None) -> np.ndarray:
         self._ones_only(mask)
         if ids is None:
-            self.gen.generate_next_token()
-            self.length += 1
-            return self._logits()
+            if self._pending is not None:
+                ids = self._pending[:, None]
+            elif self._last is not None:
+                ids = self._last.argmax(-1)[:, None]
+            else:
+                raise ValueError("step(None) feeds the argmax of the previous step's logits: run a prompt first")
         ids = np.ascontiguousarray(ids, np.int32)
         if self.batch > 1 and self._appended:
             raise ValueError("onnxruntime-genai takes append_tokens once for a batch > 1: prefill the whole prompt "
                              "in one call, then greedy_step")
+        if self._pending is not None:  # appended by generate_next_token but not fed yet in this interface's terms
+            self.gen.rewind_to(self.length)
+            self._pending = None
         self.gen.append_tokens(ids)
         self._appended = True
         self.length += ids.shape[1]
-        return self._logits()
-
-    def _logits(self) -> np.ndarray:
         logits = np.asarray(self.gen.get_output("logits"))  # waits for the device
         last = logits[:, -1] if logits.ndim == 3 else logits  # [B, S, vocab] or the builder's [B, vocab]
-        return last.astype(np.float32) if self.host_logits == "float32" else last
+        self._last = last.astype(np.float32) if self.host_logits == "float32" else last
+        return self._last
 
     def prefill(self, ids: np.ndarray, mask: np.ndarray | None = None, chunk: int | None = None) -> np.ndarray:
         self._ones_only(mask)
         return prefill_in_chunks(self, ids, None, None if self.batch > 1 else chunk)
 
     def greedy_step(self, mask: np.ndarray | None = None) -> np.ndarray:
-        """One greedy step as a generation loop runs it: only the next tokens reach the host."""
+        """One greedy step as a generation loop runs it (only the next tokens reach the host): feeds the argmax of
+        the last logits and returns this step's. og's generate_next_token picks a token from the logits it holds,
+        appends it, and runs the model on it at its next call; so the first greedy step after a prompt or step()
+        calls it twice (the first only picks), and each later one once."""
         self._ones_only(mask)
+        if self._pending is None:
+            self.gen.generate_next_token()
         self.gen.generate_next_token()
+        self._pending = np.asarray(self.gen.get_next_tokens()).astype(np.int64)
+        self._last = None
         self.length += 1
-        return np.asarray(self.gen.get_next_tokens()).astype(np.int64)
+        return self._pending.copy()
 
     def cache_bytes_per_token(self) -> int:
         from ..formats import folder_cache_bytes_per_token
