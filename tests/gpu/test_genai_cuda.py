@@ -215,7 +215,7 @@ def test_og_runner_replays_with_enable_cuda_graph(folders, which):
     teacher-forced steps give the launched runner's logits to float16 rounding, for the builder's folder and the
     rewritten one; and a batch of 2 replays for the rewritten one only (ORT's GroupQueryAttention refuses genai's
     graph-mode prompt at batch > 1)."""
-    from dot4attn.e2e.runners import make_runner
+    from dot4attn.e2e.runners import make_runner, start
 
     src, out = folders("qwen3-d128")
     folder = src if which == "original" else out
@@ -224,7 +224,7 @@ def test_og_runner_replays_with_enable_cuda_graph(folders, which):
     got = {}
     for graph in (False, True):
         r = make_runner("og", folder, "cuda", cuda_graph=graph)
-        r.start(prompt, 64, 12)
+        start(r, prompt, 64, 12)
         got[graph] = np.stack([np.asarray(r.step(t), np.float32) for t in forced])
         r.close()
     scale, diff = np.abs(got[False]).max(), np.abs(got[True] - got[False]).max()
@@ -233,9 +233,9 @@ def test_og_runner_replays_with_enable_cuda_graph(folders, which):
     batch = np.concatenate([prompt, prompt])
     if which == "original":
         with pytest.raises(Exception, match="batch_size must be 1"):
-            r.start(batch, 64, 12)
+            start(r, batch, 64, 12)
     else:
-        r.start(batch, 64, 12)
-        steps = np.stack([np.asarray(r.step(None), np.float32) for _ in range(4)])
+        start(r, batch, 64, 12)
+        steps = np.stack([np.asarray(r.greedy_step(), np.float32) for _ in range(4)])
         np.testing.assert_array_equal(steps[:, 0], steps[:, 1])  # two copies of one prompt stay alike
     r.close()
