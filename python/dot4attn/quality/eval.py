@@ -119,7 +119,7 @@ class _InPlace:
         return self.dec.cache_bytes_per_token()
 
     def close(self) -> None:
-        self.dec.close() if hasattr(self.dec, "close") else None
+        self.dec.close()
 
 
 class _Session:
