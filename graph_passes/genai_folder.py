@@ -64,12 +64,15 @@ INPLACE_RUNNER_HINT = ("run it with `dot4attn generate OUT_DIR --token-ids ...` 
 
 
 def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str = "q8_0", *,
-                   inplace_runner: bool = False, split_k_min_keys: int | None = None) -> GenaiRewriteReport:
+                   inplace_runner: bool = False, split_k_min_keys: int | None = None,
+                   rotate_v: bool = False) -> GenaiRewriteReport:
     """Rewrites the genai folder `src` into the new folder `dst` (which must not exist, or be empty).
 
     inplace_runner: write a folder for dot4attn's in-place runner only; required for v_format "q4_0" (genai gives V
     the K tensor's width, so og.Generator cannot run a q4_0 V folder). split_k_min_keys: the op's rule for decode
-    steps (split_k from this many keys on; None keeps the op's default, 2048)."""
+    steps (split_k from this many keys on; None keeps the op's default, 2048). rotate_v: fold a per-head Hadamard
+    rotation of V into the V projection and o_proj weights (passes.rotate_v: the same model, a cache whose V
+    quantizes better; float weights and a power-of-2 head size only)."""
     from . import RewriteError, load_checked, save_atomic
     from ..formats import row_bytes
     from .genai_gqa import GenaiRewriteError, float_mask_sum, rewrite_gqa
@@ -125,6 +128,13 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
         before = _kv_bytes(model, decoder.get("head_size"))
         layers = rewrite_gqa(model, v_format, decoder.get("head_size"))
         _check_config_against_graph(src / CONFIG, decoder, layers)
+        if rotate_v:
+            from .rotate_v import RotateVError, rotate_v as fold_rotation
+
+            try:
+                fold_rotation(model)
+            except RotateVError as e:
+                raise GenaiRewriteError(f"--rotate-v: {e}") from None
         if split_k_min_keys is not None:
             for n in model.graph:
                 if n.op_type == "Dot4GroupQueryAttention":
@@ -186,6 +196,8 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
                  "model_type": model_type}
         if split_k_min_keys is not None:
             facts["split_k_min_keys"] = split_k_min_keys
+        if rotate_v:
+            facts["v_rotation"] = "hadamard"  # folded into the weights: the runners need nothing
         (tmp / FACTS).write_text(json.dumps(facts, indent=2) + "\n")
         # mkdtemp made the folder 0700; OUT gets the mode a new folder gets (0777 less the umask), as mkdir gives
         os.chmod(tmp, 0o777 & ~_umask())

@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from dot4attn.models import smollm2
+from dot4attn.passes.rotate_v import hadamard
 from dot4attn.quality.eval import DEFAULT_TEXT, Tally, tokenize
 
 
@@ -54,7 +55,7 @@ def q8_0(x):
 
 
 def schemes(d: int) -> dict:
-    h = torch.tensor(smollm2.hadamard(d), dtype=torch.float32)
+    h = torch.tensor(hadamard(d), dtype=torch.float32)
     rot = lambda f: (lambda v: f(v @ h) @ h)  # noqa: E731 - H is symmetric and orthogonal
     return {
         "q8_0": q8_0,

@@ -209,39 +209,85 @@ def test_smollm2_q8_0_holds_the_bars(tmp_path):
     assert not E.failures(r, {"q8_0": "q8_0"}), E.failures(r, {"q8_0": "q8_0"})
 
 
-# ---- the Hadamard-rotated V experiment ----------------------------------------------------------------------------
+# ---- V rotated per head, folded into the weights (passes.rotate_v, `dot4attn rewrite --rotate-v`) ----------------
 
 def test_hadamard_is_orthogonal_and_symmetric():
-    from dot4attn.models.smollm2 import hadamard
+    from dot4attn.passes.rotate_v import RotateVError, hadamard
 
     for d in (32, 64, 128, 256):
         h = hadamard(d)
         assert np.allclose(h, h.T) and np.allclose(h @ h, np.eye(d), atol=1e-12)
-        assert np.all(np.abs(np.abs(h) - 1 / np.sqrt(d)) < 1e-15)  # a spread of every channel over all D
-    with pytest.raises(ValueError):
+        assert np.all(np.abs(np.abs(h) - 1 / np.sqrt(d)) < 1e-15)  # every channel spread over all D
+    with pytest.raises(RotateVError, match="power-of-2"):
         hadamard(96)
 
 
-@pytest.mark.parametrize("shape", ["llama", "qwen2-bias"])
-def test_hadamard_v_keeps_the_model_and_rotates_its_v(shape, tmp_path):
-    """Folding the rotation into v_proj (rows, bias) and o_proj (columns) leaves the logits as they were, GQA and
-    a V bias included, while the V the attention caches is the original's times H."""
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from transformers import AutoModelForCausalLM
+def _og_logits(folder, tokens):
+    import onnxruntime_genai as og
 
-    from dot4attn.models.genai_builder import make_hf_model
-    from dot4attn.models.smollm2 import hadamard, hadamard_v
+    model = og.Model(str(folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(tokens) + 4, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens([list(map(int, tokens))])
+    return np.asarray(gen.get_output("logits"))[0]
 
-    src = make_hf_model(shape, tmp_path / "hf")
-    rot = hadamard_v(src, tmp_path / "rot", log=lambda m: None)
-    a = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32).eval()
-    b = AutoModelForCausalLM.from_pretrained(str(rot), dtype=torch.float32).eval()
-    ids = torch.tensor(np.random.default_rng(0).integers(0, 256, (1, 40)))
-    with torch.no_grad():
-        ra, rb = a(ids, use_cache=True), b(ids, use_cache=True)
-    assert torch.allclose(ra.logits, rb.logits, atol=1e-4, rtol=1e-4)
-    va = ra.past_key_values.layers[0].values.double()  # [B, Hkv, S, D]
-    vb = rb.past_key_values.layers[0].values.double()
-    h = torch.tensor(hadamard(va.shape[-1]))
-    assert torch.allclose(va @ h, vb, atol=1e-5)
+
+@pytest.mark.parametrize("shape", ["llama", "qwen2-bias", "qwen3-d128"])
+def test_rotate_v_keeps_the_builders_model(shape, tmp_path):
+    """The fold on the builder's own graph (GroupQueryAttention, packed QKV; Qwen2's QKV bias, Qwen3's q/k norms):
+    the model's logits stay as they were, while every layer's V columns and o_proj rows are rotated."""
+    import shutil
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "genai"))
+    from genai_support import genai_model
+
+    from dot4attn.passes.driver import load_checked, save_atomic
+    from dot4attn.passes.rotate_v import _data, rotate_v
+
+    src = shutil.copytree(genai_model(shape), tmp_path / "src")  # a private copy: other tests link its data
+    dst = tmp_path / "rot"
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("model.onnx*"))
+    model = load_checked(src / "model.onnx")
+    before = {n: _data(v.const_value).copy() for n, v in model.graph.initializers.items()}
+    assert rotate_v(model) == 2
+    changed = [n for n, v in model.graph.initializers.items() if not np.array_equal(_data(v.const_value), before[n])]
+    assert changed and all(("qkv_proj" in n or "o_proj" in n or "v_proj" in n) for n in changed), changed
+    save_atomic(model, dst / "model.onnx", check=False)  # the builder's com.microsoft ops are not the checker's
+    a, b = _og_logits(src, TOKENS[:50]), _og_logits(dst, TOKENS[:50])
+    assert np.abs(a - b).max() < 1e-4 * max(1.0, np.abs(a).max())
+
+
+def test_rewrite_with_rotate_v_runs_and_agrees(llama_folders, tmp_path):
+    """`rewrite --rotate-v` writes a folder og.Generator runs (q8_0 V) that agrees with the original as an unrotated
+    rewrite does, and says so in dot4attn.json; q4_0 V runs in place."""
+    from dot4attn.model_io import folder_facts
+    from dot4attn.passes.genai_folder import rewrite_folder
+
+    rewrite_folder(llama_folders["fp32"], tmp_path / "q8r", "q8_0", rotate_v=True)
+    rewrite_folder(llama_folders["fp32"], tmp_path / "q4r", "q4_0", inplace_runner=True, rotate_v=True)
+    assert folder_facts(tmp_path / "q8r")["v_rotation"] == "hadamard"
+    assert "v_rotation" not in folder_facts(llama_folders["q8_0"])
+    r = E.evaluate(llama_folders["fp32"], {"q8r": tmp_path / "q8r", "q4r": tmp_path / "q4r"}, TOKENS, [96],
+                   decode_tokens=16)
+    c = r["contexts"]["96"]["candidates"]
+    assert c["q8r"]["all"]["top1"] >= 0.95 and c["q8r"]["all"]["mean_kl"] <= 1e-3
+    assert c["q4r"]["all"]["mean_kl"] < 0.1  # compare's q4_0 bar (random weights)
+
+
+def test_rotate_v_refuses_quantized_weights(tmp_path):
+    """An int4 builder folder's projections are MatMulNBits: rotating them would mean quantizing them again."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "genai"))
+    from genai_support import genai_model
+
+    from conftest_models import need_ops
+    from dot4attn.model_io import GenaiError
+    from dot4attn.passes.genai_folder import rewrite_folder
+
+    need_ops()
+    with pytest.raises(GenaiError, match="rotate-v: .*not a float MatMul"):
+        rewrite_folder(genai_model("qwen2-bias", "int4"), tmp_path / "out", "q8_0", rotate_v=True)
+    assert not (tmp_path / "out").exists()

@@ -47,6 +47,10 @@ def add_arguments(p) -> None:
                    help="genai folders: write a folder for dot4attn's in-place runner (dot4attn generate, "
                         "dot4attn.runtime.inplace) that og.Generator cannot run; needed for, and only taken with, "
                         "--v-format q4_0 (genai gives V the K cache's width)")
+    p.add_argument("--rotate-v", action="store_true",
+                   help="genai folders: rotate V per head by a Hadamard matrix folded into the V projection and "
+                        "o_proj weights (the same model; its cached V quantizes better: on SmolLM2 a third off "
+                        "q4_0 V's KL, docs/quality.md). Float weights and a power-of-2 head size only")
 
 
 def run(args) -> int:
@@ -61,8 +65,9 @@ def run(args) -> int:
               f"(genai_config.json names it): pass the folder, `dot4attn rewrite {folder} OUT_DIR`\n"
               "(no output written)", file=sys.stderr)
         return EXIT_COULD_NOT_RUN
-    if args.for_inplace_runner:
-        print("dot4attn rewrite: --for-inplace-runner is for genai folders; an .onnx file is not one", file=sys.stderr)
+    if args.for_inplace_runner or args.rotate_v:
+        flag = "--for-inplace-runner" if args.for_inplace_runner else "--rotate-v"
+        print(f"dot4attn rewrite: {flag} is for genai folders; an .onnx file is not one", file=sys.stderr)
         return EXIT_COULD_NOT_RUN
     from ..passes import RewriteError, RewriteOptions, rewrite_file
 
@@ -100,7 +105,8 @@ def _run_genai(args) -> int:
         return EXIT_COULD_NOT_RUN
     try:
         report = rewrite_folder(args.input, args.output, args.v_format or "q8_0",
-                                inplace_runner=args.for_inplace_runner, split_k_min_keys=args.split_k_min_keys)
+                                inplace_runner=args.for_inplace_runner, split_k_min_keys=args.split_k_min_keys,
+                                rotate_v=args.rotate_v)
     except GenaiError as e:
         print(f"dot4attn rewrite: {e}\n(no output written)", file=sys.stderr)
         return EXIT_COULD_NOT_RUN

