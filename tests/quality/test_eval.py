@@ -72,6 +72,14 @@ def test_failures_name_the_missed_bars():
     assert [f for f in fails if f.startswith("c ")] == [  # q4_0: the PPL ratio bar only
         "c context 512 decode: PPL ratio 1.01000 > 1.005", "c context 512 all: PPL ratio 1.01000 > 1.005"]
     assert not [f for f in fails if f.startswith("a ")]
+    int8 = dict(positions=10, ppl_ratio=1.002, mean_kl=2.5e-3, top1=0.97)
+    q4 = dict(positions=10, ppl_ratio=1.004, mean_kl=8e-3, top1=0.94)
+    result = {"contexts": {"512": {"candidates": {"int8": {"decode": int8, "all": int8},
+                                                  "q4": {"decode": q4, "all": q4}}}}}
+    assert E.failures(result, {"int8": "int8kv", "q4": "q4_0"}) == [  # the issue's target: ORT int8's KL
+        "q4 context 512 decode: mean KL 8.000e-03 > ORT int8 KV's 2.500e-03",
+        "q4 context 512 all: mean KL 8.000e-03 > ORT int8 KV's 2.500e-03"]
+    assert E.failures(result, {"q4": "q4_0"}) == []  # no int8 cache evaluated: the PPL ratio bar alone
 
 
 # ---- runners on random-weight models ----------------------------------------------------------------------------
