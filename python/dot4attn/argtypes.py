@@ -1,5 +1,6 @@
-"""argparse pieces shared by the `dot4attn` verbs (dot4attn.cli) and the benchmark commands (bench, e2e): number
-types that refuse what no command can run, and the help formatter that shows every option's default.
+"""Command-line pieces shared by the `dot4attn` verbs (dot4attn.cli), the benchmark commands (bench, e2e) and eval:
+exit codes, argparse number types that refuse what no command can run, and the help formatter that shows every
+option's default.
 
 The types are named functions that raise argparse.ArgumentTypeError, so a bad value reads
 `argument --batch: expected an integer >= 1, got '0'` (argparse prints a lambda's or int's own name otherwise).
@@ -7,6 +8,13 @@ The types are named functions that raise argparse.ArgumentTypeError, so a bad va
 from __future__ import annotations
 
 import argparse
+
+# Exit status (the README's table): a check that failed (compare's disagreement, bench's missed target) is an
+# answer, a command that could not run is not one (scripts and CI tell them apart). 2 is also argparse's own.
+EXIT_CHECK_FAILED = 1
+EXIT_COULD_NOT_RUN = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process Ctrl-C ended
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for `yes | head -1`'s yes
 
 def _int(text: str, low: int, what: str) -> int:
     try:

@@ -81,7 +81,7 @@ def test_cpu_only_switch_is_a_cmake_option():
 
 def test_readme_documents_the_exit_codes():
     from dot4attn.cli import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED
-    from dot4attn.cli.options import EXIT_CHECK_FAILED as EXIT_DISAGREE, EXIT_COULD_NOT_RUN
+    from dot4attn.argtypes import EXIT_CHECK_FAILED as EXIT_DISAGREE, EXIT_COULD_NOT_RUN
 
     text = " ".join((ROOT / "README.md").read_text().split())  # line breaks as spaces
     for code, meaning in [(EXIT_DISAGREE, "a check failed (`compare`: the models disagree"),

@@ -12,7 +12,8 @@ PASSES = ROOT / "graph_passes"
 
 # Higher floors may import lower ones, never the other way; rooms on one floor do not import each other unless listed.
 FLOORS = {"cli": 4, "bench": 3, "e2e": 3, "quality": 2, "models": 2, "runtime": 1, "passes": 1, "core": 0}
-SIDEWAYS = {("quality", "runtime"), ("e2e", "bench"), ("passes", "passes")}
+# quality judges runtime decoders; eval --smollm2 builds its real-weight models (models); e2e reuses bench's report.
+SIDEWAYS = {("quality", "runtime"), ("quality", "models"), ("e2e", "bench"), ("passes", "passes")}
 CORE = {"__init__", "__main__", "_version", "native", "reference", "formats", "onnx_builders", "model_io", "argtypes"}
 
 

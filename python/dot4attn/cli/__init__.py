@@ -14,7 +14,8 @@ import os
 import sys
 
 from ..argtypes import HelpFormatter
-from .options import EXIT_BROKEN_PIPE, EXIT_COULD_NOT_RUN, EXIT_INTERRUPTED, missing_extra_message
+from ..argtypes import EXIT_BROKEN_PIPE, EXIT_COULD_NOT_RUN, EXIT_INTERRUPTED
+from .options import missing_extra_message
 
 # The verbs in --help's order: (name, module, its runner). Each module holds HELP (the one-line summary), DESCRIPTION
 # (the verb's --help text), add_arguments(parser) and the runner; heavy imports (torch, transformers, onnxscript,

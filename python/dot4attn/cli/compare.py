@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from ..argtypes import fraction, nonnegative_float, nonnegative_int, positive_int
-from .options import EXIT_CHECK_FAILED, EXIT_COULD_NOT_RUN
+from ..argtypes import EXIT_CHECK_FAILED, EXIT_COULD_NOT_RUN
 
 HELP = "prefill + teacher-forced decode on two models: top-1, KL, logits"
 DESCRIPTION = """\

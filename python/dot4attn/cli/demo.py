@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..formats import bytes_per_token
 from ..argtypes import positive_int
-from .options import EXIT_COULD_NOT_RUN
+from ..argtypes import EXIT_COULD_NOT_RUN
 
 HELP = "export a tiny Qwen, rewrite it, generate, compare, memory and speed"
 

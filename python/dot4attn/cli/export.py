@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from ..argtypes import nonnegative_int
-from .options import EXIT_COULD_NOT_RUN
+from ..argtypes import EXIT_COULD_NOT_RUN
 
 HELP = "export a Qwen2/Qwen3 decoder with KV cache to ONNX"
 DESCRIPTION = """\

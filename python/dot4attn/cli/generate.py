@@ -6,7 +6,7 @@ import time
 
 from ..model_io import folder_facts, genai_folder_of, is_genai_folder
 from ..argtypes import nonnegative_int, positive_int, token_ids
-from .options import EXIT_COULD_NOT_RUN
+from ..argtypes import EXIT_COULD_NOT_RUN
 
 HELP = "greedy generation with the (packed) KV cache fed back"
 DESCRIPTION = """\

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from .options import EXIT_COULD_NOT_RUN
+from ..argtypes import EXIT_COULD_NOT_RUN
 
 HELP = "library path and version, ONNX Runtime version and EPs, CPU ISA; --plan: the GPU launch plan of a call"
 DESCRIPTION = """\

@@ -1,12 +1,5 @@
-"""Shared pieces of the `dot4attn` CLI's verbs: exit codes, and which pip extra a command needs."""
+"""Which pip extra a `dot4attn` verb needs, to say so when one of its packages is missing."""
 from __future__ import annotations
-
-# Exit status (the README's table): a check that failed (compare's disagreement, bench's missed target) is an
-# answer, a command that could not run is not one (scripts and CI tell them apart). 2 is also argparse's own.
-EXIT_CHECK_FAILED = 1
-EXIT_COULD_NOT_RUN = 2
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process Ctrl-C ended
-EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for `yes | head -1`'s yes
 
 # pyproject.toml's [project.optional-dependencies] by import name, smallest extra first (tests/cli/test_cli.py
 # checks them against pyproject.toml).

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..model_io import genai_folder_of, is_genai_folder
 from ..argtypes import positive_int
-from .options import EXIT_COULD_NOT_RUN
+from ..argtypes import EXIT_COULD_NOT_RUN
 
 HELP = "rewrite an exported decoder or a genai folder onto dot4attn ops (packed KV cache)"
 DESCRIPTION = """\

@@ -434,7 +434,7 @@ def _named(items: list[str]) -> dict[str, str]:
 def run(args) -> int:
     import tempfile
 
-    from ..cli.options import EXIT_CHECK_FAILED, EXIT_COULD_NOT_RUN
+    from ..argtypes import EXIT_CHECK_FAILED, EXIT_COULD_NOT_RUN
 
     contexts = sorted({c for group in (args.context or [[512]]) for c in group})
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
