@@ -25,7 +25,7 @@ from onnxscript.rewriter import pattern
 from . import _common, ms_mha, onnx_attention, unfused_dynamo, unfused_torchscript
 from ..model_io import (EXTERNAL_DATA_THRESHOLD, FLOAT_PARTS, PAST_RE, BadModelError, check_model_file,
                         folders_removed_on_failure)
-from ..formats import BLOCK, payload_bytes
+from ..formats import BLOCK, V_FORMATS, payload_bytes
 from ._common import DOMAIN, LayerIO, PassState, RewriteOptions
 
 RULE_MODULES = (unfused_dynamo, unfused_torchscript, onnx_attention, ms_mha)
@@ -114,7 +114,7 @@ def _count_attention_candidates(graph: ir.Graph) -> int:
 def rewrite_model(model: ir.Model, options: RewriteOptions | None = None, allow_partial: bool = False) -> RewriteReport:
     """Rewrite `model` in place. Raises RewriteError (the model is then in an undefined state: discard it)."""
     options = options or RewriteOptions()
-    if options.v_format not in ("float", "q8_0", "q4_0"):
+    if options.v_format not in V_FORMATS:
         raise RewriteError(f"--v-format must be float, q8_0 or q4_0, got {options.v_format!r}")
     if options.route not in ("auto", "prefill", "decode", "split_k"):
         raise RewriteError(f"--route must be auto, prefill, decode or split_k, got {options.route!r}")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from .. import DOMAIN
-from ..formats import row_bytes
+from ..formats import PACKED_FORMATS, row_bytes
 from ..model_io import PAST_RE
 
 GQA = ("com.microsoft", "GroupQueryAttention")
@@ -170,7 +170,7 @@ def _take_over(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
 def rewrite_gqa(model: ir.Model, v_format: str = "q8_0", head_size: int | None = None) -> list[GqaLayer]:
     """Rewrites every GroupQueryAttention in place; returns the layers. Raises GenaiRewriteError, leaving the model
     in an undefined state (discard it)."""
-    if v_format not in ("q8_0", "q4_0"):
+    if v_format not in PACKED_FORMATS:
         raise GenaiRewriteError(f"v_format must be q8_0 or q4_0 for a genai model, got {v_format!r}")
     graph = model.graph
     if any(n.domain == DOMAIN for n in graph):

@@ -17,9 +17,9 @@ import functools
 import json
 
 from . import get_library_path
+from .formats import V_FORMAT_CODES
 
 ROUTES = {"auto": 0, "prefill": 1, "decode": 2, "split_k": 3}
-V_FORMATS = {"float": 0, "q8_0": 1, "q4_0": 2}
 MASK_KINDS = {None: 0, "bool": 1, "additive": 2}
 # The K / V row layout of a call (struct Dot4AttnGpuCall, AttentionParams): rows per (b, kv head) in storage (>= Sk),
 # then the distance between consecutive rows of K (bytes), K scales (halves), V (elements of T for float V, bytes
@@ -93,7 +93,7 @@ def make_call(B: int, Hq: int, Hkv: int, Sq: int, Sk: int, D: int, *, half: bool
     described AMD device ("hip,cus=304,warp=64,smem=65536") whose plan the call runs on this CUDA GPU (docs/gpu.md,
     "AMD GPUs"); gpu_plan(call) then gives that plan."""
     c = GpuCall(B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, split_k_min_keys=split_k_min_keys, D=D, half=int(half),
-                v_format=V_FORMATS[v_format], causal=int(causal), route=ROUTES[route],
+                v_format=V_FORMAT_CODES[v_format], causal=int(causal), route=ROUTES[route],
                 mask_kind=MASK_KINDS[mask_kind], scale=scale, run_as=run_as.encode() if run_as else None)
     c.mask_strides[:] = list(mask_strides)
     c.overrides = overrides.encode()

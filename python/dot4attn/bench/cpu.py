@@ -45,6 +45,7 @@ from typing import Callable
 import numpy as np
 
 from .. import reference as ref
+from ..formats import PACKED_FORMATS
 from ..onnx_builders import gqa_model
 from . import report
 
@@ -334,7 +335,7 @@ class HeadData:
     def pack(self, need: set[str]) -> None:
         if any(c.startswith("d4a_") for c in need) and "k" not in self.packed:
             self.packed["k"] = ref.pack_k(self.k)
-        for fmt in ("q8_0", "q4_0"):
+        for fmt in PACKED_FORMATS:
             if f"d4a_{fmt}" in need and fmt not in self.packed:
                 self.packed[fmt] = ref.pack_v(self.v, fmt)
         if "d4a_f16" in need or "gqa_f16" in need:

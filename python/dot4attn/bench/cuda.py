@@ -29,6 +29,7 @@ import numpy as np
 
 from .. import native
 from .. import reference as ref
+from ..formats import PACKED_FORMATS, V_FORMATS
 from ..argtypes import positive_int
 from . import report
 
@@ -305,7 +306,7 @@ def _decode_case(run, hq, hkv, d, sk):
     ref = _time_sdpa(run, case, q, k, v, False, kv_bytes=2 * k.numel() * 2)
     if run.ort is not None:
         _time_ort_gqa(run, case, q, k, v, ref)
-    for fmt in ("float", "q8_0", "q4_0"):
+    for fmt in V_FORMATS:
         vp, vs = (v, None) if fmt == "float" else _pack(run.torch, v, fmt)
         r = _time_d4a(run, case, q, kp, ks, vp, vs, fmt, ref)
         caches = None if fmt == "float" else _cache_buffers(run.torch, kp, ks, vp, vs, fmt)
@@ -324,7 +325,7 @@ def _prefill_case(run, hq, hkv, d, s):
     q, k, v, kp, ks = _inputs(run, hq, hkv, d, s, s)
     flops = 4.0 * run.B * hq * s * s * d / 2  # causal: half the square
     ref = _time_sdpa(run, case, q, k, v, True, flops=flops, ref_max_sk=8192)
-    for fmt in ("float", "q8_0", "q4_0"):
+    for fmt in V_FORMATS:
         vp, vs = (v, None) if fmt == "float" else _pack(run.torch, v, fmt)
         _time_d4a(run, case, q, kp, ks, vp, vs, fmt, ref, flops=flops)
     del q, k, v, kp, ks, ref
@@ -502,7 +503,7 @@ def _targets(results):
                     "met": a <= GOAL_DECODE_512_US})
     ratio("prefill", 8192, "d4a_f16", "sdpa_flash", GOAL_PREFILL_8K_VS_FA2, "prefill 8k causal speed vs FA2 (f16 V)",
           True)
-    for fmt in ("q8_0", "q4_0"):
+    for fmt in PACKED_FORMATS:
         ratio("decode", 131072, f"d4a_cache_{fmt}", f"d4a_{fmt}", GOAL_CACHE_128K,
               f"decode 128k {fmt}: packed-cache rows / dense, kernel time")
     ratio("decode", 131072, "ort_cache_q4_0_session", "ort_d4a_q4_0_session", GOAL_CACHE_128K,

@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..formats import bytes_per_token
+from ..formats import V_FORMATS, bytes_per_token
 from ..argtypes import positive_int
 from ..argtypes import EXIT_COULD_NOT_RUN
 
@@ -28,7 +28,7 @@ def add_arguments(p) -> None:
                    help="seeded random-weight preset: tiny (head_dim 64), hd128, hd256, small")
     p.add_argument("--exporter", choices=EXPORTERS, default="dynamo",
                    help="how the decoder is traced to ONNX (docs/passes.md)")
-    p.add_argument("--v-format", choices=["float", "q8_0", "q4_0"], default="q8_0",
+    p.add_argument("--v-format", choices=V_FORMATS, default="q8_0",
                    help="V cache format of the rewritten model (K is always packed q8_0)")
     p.add_argument("--new-tokens", type=positive_int, default=32, help="tokens each model generates")
     p.add_argument("--workdir", default=None, help="where the models go (default: $DOT4ATTN_MODEL_CACHE/demo, "

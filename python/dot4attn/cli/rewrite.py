@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ..formats import V_FORMATS
 from ..model_io import genai_folder_of, is_genai_folder
 from ..argtypes import positive_int
 from ..argtypes import EXIT_COULD_NOT_RUN
@@ -27,7 +28,7 @@ def add_arguments(p) -> None:
                    "onnxruntime-genai model folder (genai_config.json, model.onnx, tokenizer)")
     p.add_argument("output", metavar="OUT", help="rewritten model (.onnx) or, for a genai folder, a new folder; "
                    "written atomically, IN is never changed")
-    p.add_argument("--v-format", choices=["float", "q8_0", "q4_0"], default=None,
+    p.add_argument("--v-format", choices=V_FORMATS, default=None,
                    help="V cache format: float (as exported), q8_0 (int8 + fp16 scale / 32) or q4_0 (default: float "
                         "for .onnx files, where dot4attn's runners size each cache from the graph; q8_0 for genai "
                         "folders: onnxruntime-genai allocates the V cache with the K cache's dtype and last "

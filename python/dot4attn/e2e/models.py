@@ -22,6 +22,8 @@ from typing import Callable
 
 import numpy as np
 
+from ..formats import PACKED_FORMATS
+
 ROWS = {
     "genai": "GenAI builder model, GQA (model-dtype cache), og.Generator",
     "genai-int8kv": "same + ORT int8 KV cache (int8_per_channel, calibrated), og.Generator",
@@ -116,7 +118,7 @@ def prepare(cache: Path, spec: ModelSpec, calib_tokens: int = 512, log=print,
     folders: dict[str, Path | str] = {"genai": _atomic_dir(root / "genai", builder())}
     if "genai-int8kv" in rows:
         folders["genai-int8kv"] = _int8kv_folder(root, spec, folders["genai"], builder, calib_tokens, log)
-    for fmt in ("q8_0", "q4_0"):
+    for fmt in PACKED_FORMATS:
         if f"d4a-{fmt}" not in rows:
             continue
 
