@@ -44,8 +44,8 @@ def examples(n: int) -> int:
 # How a tensor is filled. "nonfinite" puts NaN / +-Inf into a few rows of an otherwise normal tensor.
 FILLS = ("normal", "normal", "normal", "zeros", "denormal", "fp16max", "outlier", "nonfinite")
 # One huge value per 32-block: float32 reaches past the float16 scale range (8.3e6 = 65504 * 127 saturates q8_0,
-# 4.6e5 = 65504 * 7 saturates q4_0); float16 tops out at 65504.
-OUTLIERS_F32 = (50.0, 3e5, 5e5, 8.4e6, 1e9)
+# 5.2e5 = 65504 * 8 saturates q4_0, whose scale is the signed max / -8); float16 tops out at 65504.
+OUTLIERS_F32 = (50.0, 3e5, 5.3e5, 8.4e6, 1e9)
 
 
 def fill(draw, shape, dtype: str, kind: str, *, max_outlier: float | None = None) -> np.ndarray:
@@ -121,8 +121,8 @@ def check_pack_policy(x: np.ndarray, payload: np.ndarray, scales: np.ndarray, fm
     pb = payload.reshape(*bad.shape, payload.shape[-1] // bad.shape[-1])
     assert (pb[bad] == (0 if fmt == "q8_0" else 0x88)).all(), f"{what}: non-finite blocks need a zero payload"
     ok = ~bad
-    step = np.where(ok, s, 0)[..., None]
-    qmax = 127 if fmt == "q8_0" else 7
+    step = np.abs(np.where(ok, s, 0))[..., None]  # q4_0's scale is negative where the block's signed max is positive
+    qmax = 127 if fmt == "q8_0" else 7  # q4_0: the end opposite the signed max reaches 8 steps and clamps to 7
     err = np.abs(deq - blocks)[ok]
     lim = np.broadcast_to(np.maximum(step * 0.5001, np.abs(blocks) - step * qmax), blocks.shape)[ok]
     assert (err <= lim + 1e-30).all(), f"{what}: a finite block does not round-trip within half a step"
