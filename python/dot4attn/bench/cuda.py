@@ -92,8 +92,14 @@ def _quantize(torch, x, qmax):
 
 
 def _pack(torch, x, fmt):
-    if fmt == "q4_0":
-        q, s = _quantize(torch, x, 7.0)
+    if fmt == "q4_0":  # 16 levels: s = v / -8 with v the block's signed value of largest magnitude (docs/ops.md)
+        B, H, S, D = x.shape
+        xb = x.float().reshape(B, H, S, D // 32, 32)
+        hi, lo = xb.amax(-1), xb.amin(-1)
+        s = (torch.where(hi >= -lo, hi, lo) / -8).half()
+        s = torch.where(s == 0, torch.zeros_like(s), s)  # -0 -> +0
+        sf = s.float().unsqueeze(-1)
+        q = torch.where(sf == 0, torch.zeros_like(xb), torch.round(xb / torch.where(sf == 0, torch.ones_like(sf), sf)))
         u = (q.clamp(-8, 7) + 8).to(torch.uint8).reshape(*x.shape)
         return (u[..., 0::2] | (u[..., 1::2] << 4)).contiguous(), s.contiguous()
     q, s = _quantize(torch, x, 127.0)
