@@ -184,7 +184,10 @@ def _child(code: str, **kw) -> subprocess.Popen:
 
 def test_ctrl_c_exits_130_with_one_line():
     # `info` made to wait, so that the signal arrives while a verb runs
-    code = ("import sys, time\n"
+    # A shell's background job starts with SIGINT ignored, and Python then installs no handler: restore the one an
+    # interactive start gets, so the test does not depend on how its runner was launched.
+    code = ("import signal, sys, time\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             "import dot4attn.cli as c, dot4attn.cli.info as info\n"
             "def slow(args):\n"
             "    print('ready', file=sys.stderr, flush=True)\n"
