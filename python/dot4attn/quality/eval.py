@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .compare import log_softmax
+
 HELP = "perplexity, KL and top-1 of rewritten models vs their original over a text (prompt / decode apart)"
 DESCRIPTION = """\
 Feeds a text through the ORIGINAL model and every REWRITTEN one in windows of CONTEXT tokens: each window's
@@ -172,12 +174,6 @@ def open_runner(path: str | os.PathLike, runner: str = "auto", device: str = "cp
 
 
 # ---- the measures ------------------------------------------------------------------------------------------------
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    m = x.max(axis=-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
-
 
 @dataclass
 class Tally:
