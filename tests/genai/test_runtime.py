@@ -41,6 +41,11 @@ def test_every_runner_is_a_decoder_and_chunks_change_nothing(folders, runner):
     np.testing.assert_allclose(dec.step(np.array([[7]])), steps[0], atol=1e-5, rtol=0)
     nxt = dec.greedy_step()
     assert nxt.shape == (1,) and dec.length == prompt.shape[1] + 2
+    dec.reset(1, 64)  # every position's logits: the last is what prefill gives, and a step is one position
+    every = dec.step_all(prompt)
+    assert every.shape[:2] == prompt.shape and every.dtype == np.float32
+    np.testing.assert_allclose(every[:, -1], whole, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(dec.step_all(np.array([[7]]))[:, 0], steps[0], atol=1e-5, rtol=0)
     # the rewritten folder's cache rows: packed K and q8_0 V, as formats says
     facts = __import__("json").loads((folder / "dot4attn.json").read_text())
     layers, heads, d = facts["layers"], facts["kv_heads"], facts["head_size"]

@@ -60,117 +60,20 @@ SMOLLM2_VARIANTS = ("q8_0", "q4_0", "int8kv", "q8_0-hadamard", "q4_0-hadamard")
 BARS = {"q8_0": dict(max_ppl_ratio=1.001, max_kl=1e-3, min_top1=0.95), "q4_0": dict(max_ppl_ratio=1.005)}
 
 
-# ---- runners: every position's logits of a call -----------------------------------------------------------------
-
-class _Og:
-    """og.Generator over a genai folder: append_tokens, then the logits output of that call ([1, S, vocab])."""
-
-    def __init__(self, folder: Path, device: str, threads: int | None):
-        import onnxruntime_genai as og
-
-        self.og, self.folder = og, folder
-        config = og.Config(str(folder))
-        if threads:
-            config.overlay(json.dumps({"model": {"decoder": {"session_options": {
-                "intra_op_num_threads": int(threads)}}}}))
-        if device != "cpu":
-            config.clear_providers()
-            config.append_provider(device)
-        self.model = og.Model(config)
-        self.gen = None
-
-    def reset(self, max_length: int) -> None:
-        params = self.og.GeneratorParams(self.model)
-        params.set_search_options(max_length=int(max_length), do_sample=False, batch_size=1)
-        self.gen = self.og.Generator(self.model, params)
-
-    def feed(self, ids: np.ndarray) -> np.ndarray:
-        self.gen.append_tokens(np.ascontiguousarray(ids[None], np.int32))
-        return np.asarray(self.gen.get_output("logits"))[0]
-
-    def bytes_per_token(self) -> int | None:
-        from ..formats import folder_cache_bytes_per_token
-
-        return folder_cache_bytes_per_token(self.folder)
-
-    def close(self) -> None:
-        self.gen = self.model = None
-
-
-class _InPlace:
-    """dot4attn's in-place runner over a genai folder. A call of S > 1 tokens leaves every position's logits in the
-    runner's binding (its step returns the last one); a one-token call returns its only position."""
-
-    def __init__(self, folder: Path, device: str, threads: int | None):
-        from ..runtime.inplace import InPlaceDecoder
-
-        self.dec = InPlaceDecoder(folder, device=device, threads=threads)
-        self.folder = folder
-
-    def reset(self, max_length: int) -> None:
-        self.dec.reset(1, int(max_length))
-
-    def feed(self, ids: np.ndarray) -> np.ndarray:
-        last = self.dec.step(np.asarray(ids, np.int64)[None])
-        if ids.size == 1:
-            return np.asarray(last, np.float32)
-        return self.dec.binding.get_outputs()[0].numpy()[0].astype(np.float32, copy=False)
-
-    def bytes_per_token(self) -> int | None:
-        return self.dec.cache_bytes_per_token()
-
-    def close(self) -> None:
-        self.dec.close()
-
-
-class _Session:
-    """An exported .onnx decoder (DecoderSession): one run per call, the cache fed back as numpy arrays."""
-
-    def __init__(self, path: Path, device: str, threads: int | None):
-        from ..runtime.decoder import providers_for
-        from ..runtime.session import DecoderSession
-
-        self.dec = DecoderSession(str(path), providers=providers_for(device), threads=threads)
-        self.length = 0
-
-    def reset(self, max_length: int) -> None:
-        self.dec.reset(1)
-        self.length = 0
-
-    def feed(self, ids: np.ndarray) -> np.ndarray:
-        n = ids.size
-        mask = np.ones((1, self.length + n), np.int64)
-        pos = np.arange(self.length, self.length + n, dtype=np.int64)[None]
-        logits = self.dec.run(np.asarray(ids, np.int64)[None], mask, pos)
-        self.length += n
-        return logits[0].astype(np.float32, copy=False)
-
-    def bytes_per_token(self) -> int | None:
-        return self.dec.cache_bytes_per_token()
-
-    def close(self) -> None:
-        self.dec = None
-
+# ---- runners: the runtime's decoders (dot4attn.runtime), every position's logits of a call (step_all) ---------
 
 def open_runner(path: str | os.PathLike, runner: str = "auto", device: str = "cpu", threads: int | None = None):
-    """A runner for a genai folder (runner og / inplace; auto: the folder's own choice, dot4attn.json's runner, else
-    og) or an exported .onnx decoder (runner auto or session)."""
-    from ..model_io import folder_facts, is_genai_folder
+    """The runtime decoder for a genai folder (runner og / inplace; auto: the folder's own choice, dot4attn.json's
+    runner, else og) or an exported .onnx decoder (runner auto or session)."""
+    from ..model_io import is_genai_folder
+    from ..runtime import open_decoder
 
     path = Path(path)
-    if not is_genai_folder(path):
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: neither an onnxruntime-genai folder nor an .onnx file")
-        if runner not in ("auto", "session"):
-            raise ValueError(f"{path}: runner {runner!r} runs genai folders; an .onnx file runs in DecoderSession")
-        return _Session(path, device, threads)
-    if runner == "auto":
-        runner = folder_facts(path).get("runner", "og")
-    if runner == "og":
-        return _Og(path, device, threads)
-    if runner == "inplace":
-        return _InPlace(path, device, threads)
-    raise ValueError(f"runner: expected auto, og or inplace for a genai folder, got {runner!r}")
+    if not is_genai_folder(path) and not path.is_file():
+        raise FileNotFoundError(f"{path}: neither an onnxruntime-genai folder nor an .onnx file")
+    if runner == "auto" or (runner == "session" and not is_genai_folder(path)):
+        runner = None  # open_decoder's own choice: the folder's runner, DecoderSession for a file
+    return open_decoder(path, device, runner, threads=threads)
 
 
 # ---- the measures ------------------------------------------------------------------------------------------------
@@ -258,7 +161,7 @@ def evaluate(reference, candidates: dict, tokens: np.ndarray, contexts=(512,), *
     opened = []
 
     def runner_of(x, name):
-        if hasattr(x, "feed"):
+        if hasattr(x, "step_all"):  # a decoder the caller opened
             return x
         r = open_runner(x, runner, device, threads)
         opened.append(r)
@@ -287,11 +190,11 @@ def evaluate(reference, candidates: dict, tokens: np.ndarray, contexts=(512,), *
                 calls += [("prompt", s, min(s + step, n_prompt)) for s in range(0, n_prompt, step)]
                 calls += [("decode", s, s + 1) for s in range(n_prompt, context)]
                 for r in (ref, *cands.values()):
-                    r.reset(context)
+                    r.reset(1, context)
                 for phase, a, b in calls:
-                    ref_logits = ref.feed(feed[a:b])
+                    ref_logits = ref.step_all(feed[None, a:b])[0]
                     for name, r in cands.items():
-                        tallies[name][phase].add(ref_logits, r.feed(feed[a:b]), targets[a:b])
+                        tallies[name][phase].add(ref_logits, r.step_all(feed[None, a:b])[0], targets[a:b])
                 if progress:
                     progress(context, w_i + 1, len(ws), time.perf_counter() - t0)
             entry = {"windows": len(ws), "tokens": len(ws) * (context + 1), "seconds": time.perf_counter() - t0,
@@ -313,7 +216,7 @@ def evaluate(reference, candidates: dict, tokens: np.ndarray, contexts=(512,), *
 
 def _bytes(r) -> int | None:
     try:
-        return r.bytes_per_token()
+        return r.cache_bytes_per_token()
     except Exception:  # noqa: BLE001 - a layout the byte count does not know (reported as unknown, not fatal)
         return None
 

@@ -5,6 +5,7 @@ A decoder owns its KV cache between calls (numpy arrays, device buffers appended
     dec.reset(batch, max_length)          # an empty cache for `batch` sequences of at most max_length tokens
     logits = dec.prefill(ids, chunk=n)     # the prompt [B, S] in calls of at most n tokens -> last logits [B, vocab]
     logits = dec.step(ids)                 # the next tokens [B, S] (teacher-forced) -> last logits [B, vocab]
+    logits = dec.step_all(ids)             # the same, every fed position's logits [B, S, vocab] (float32)
     ids = dec.greedy_step()                # feeds each row the argmax of the last logits -> this step's argmax [B]
     dec.cache_bytes_per_token()            # cache bytes one token adds, batch 1, all layers
     dec.release(); dec.close()             # free the cache; free everything
@@ -31,6 +32,8 @@ class Decoder(Protocol):
     def prefill(self, ids: np.ndarray, mask: np.ndarray | None = None, chunk: int | None = None) -> np.ndarray: ...
 
     def step(self, ids: np.ndarray | None, mask: np.ndarray | None = None) -> np.ndarray: ...
+
+    def step_all(self, ids: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray: ...
 
     def greedy_step(self, mask: np.ndarray | None = None) -> np.ndarray: ...
 

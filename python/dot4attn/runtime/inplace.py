@@ -224,6 +224,14 @@ class InPlaceDecoder:
         token the argmax of the previous step's logits (after a one-token step it never leaves the device)."""
         return self._step(ids, mask, fetch=True)
 
+    def step_all(self, ids: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+        """step() returning every fed position's logits [B, S, vocab] as float32 on the host (a model whose builder
+        pruned its LM head to the last position gives that one alone, [B, 1, vocab])."""
+        last = self.step(ids, mask)
+        if np.shape(ids)[1] == 1:
+            return np.asarray(last, np.float32)[:, None]
+        return self.binding.get_outputs()[0].numpy().astype(np.float32)
+
     def greedy_step(self, mask: np.ndarray | None = None) -> np.ndarray:
         """One greedy step that hands the host only token ids, as og.Generator's generate_next_token +
         get_next_tokens: feeds each row the argmax of the previous step's logits (as step(None)), leaves this step's

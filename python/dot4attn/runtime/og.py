@@ -82,6 +82,10 @@ class OgDecoder:
         if threads:
             config.overlay(json.dumps({"model": {"decoder": {"session_options": {
                 "intra_op_num_threads": int(threads)}}}}))
+        options = read_config(self.folder)["model"]["decoder"].get("session_options", {}).get("provider_options", [])
+        if device != "cpu" and not any(device in o for o in options):  # a folder built for another device
+            config.clear_providers()
+            config.append_provider(device)
         if cuda_graph:
             config.set_provider_option("cuda", "enable_cuda_graph", "1")
         self.model = self.og.Model(config)
@@ -125,10 +129,20 @@ class OgDecoder:
         self.gen.append_tokens(ids)
         self._appended = True
         self.length += ids.shape[1]
-        logits = np.asarray(self.gen.get_output("logits"))  # waits for the device
-        last = logits[:, -1] if logits.ndim == 3 else logits  # [B, S, vocab] or the builder's [B, vocab]
-        self._last = last.astype(np.float32) if self.host_logits == "float32" else last
+        self._fetch()
         return self._last
+
+    def step_all(self, ids: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+        """step() returning every fed position's logits [B, S, vocab] (a pruned LM head: [B, 1, vocab])."""
+        self.step(ids, mask)
+        return np.asarray(self._all, np.float32)
+
+    def _fetch(self) -> np.ndarray:
+        """The last call's logits as [B, S, vocab] (the builder's pruned head gives [B, vocab]: one position)."""
+        logits = np.asarray(self.gen.get_output("logits"))  # waits for the device
+        self._all = logits if logits.ndim == 3 else logits[:, None]
+        self._last = (self._all[:, -1].astype(np.float32) if self.host_logits == "float32" else self._all[:, -1])
+        return self._all
 
     def prefill(self, ids: np.ndarray, mask: np.ndarray | None = None, chunk: int | None = None) -> np.ndarray:
         self._ones_only(mask)

@@ -75,6 +75,10 @@ class DecoderSession:
             if self._last_logits is None:
                 raise ValueError("step(None) feeds the argmax of the previous step's logits: run a prompt first")
             ids = self._last_logits.argmax(-1)[:, None]
+        return self.step_all(ids, mask)[:, -1]
+
+    def step_all(self, ids: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+        """step() returning every fed position's logits [B, S, vocab] (float32)."""
         ids = np.asarray(ids, np.int64)
         if ids.ndim != 2 or ids.shape[0] != self.batch:
             raise ValueError(f"ids: expected [batch={self.batch}, S], got shape {ids.shape}")
@@ -84,10 +88,13 @@ class DecoderSession:
         mask = np.asarray(mask, np.int64)
         if mask.shape != (self.batch, total):
             raise ValueError(f"mask: expected shape [batch={self.batch}, {total}], got {mask.shape}")
-        logits = self.run(ids, mask, positions(mask)[:, self.length:])
-        self._mask, self.length = mask, total
-        self._last_logits = logits[:, -1].astype(np.float32)
-        return self._last_logits
+        return self._feed(ids, mask)
+
+    def _feed(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        logits = self.run(ids, mask, positions(mask)[:, self.length:]).astype(np.float32)
+        self._mask, self.length = mask, self.length + ids.shape[1]
+        self._last_logits = logits[:, -1]
+        return logits
 
     def prefill(self, ids: np.ndarray, mask: np.ndarray | None = None, chunk: int | None = None) -> np.ndarray:
         """The prompt ids [B, S] in calls of at most `chunk` tokens (None: one call); the last logits [B, vocab]."""
