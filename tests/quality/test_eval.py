@@ -198,7 +198,7 @@ def _need_smollm2():
 
 
 def test_smollm2_q8_0_holds_the_bars(tmp_path):
-    """Real weights (the point of issue 40: random weights cannot judge quality). SmolLM2-135M, 4 windows of 512
+    """Real weights (random weights cannot judge quality). SmolLM2-135M, 4 windows of 512
     tokens of the shipped text, 16 decode positions each: packed K + q8_0 V keeps the perplexity within 0.1 %, the
     mean KL under 1e-3 and the top-1 agreement above 95 %, on the decode positions and all of them. The numbers at
     longer contexts, beside q4_0 V and ORT's int8 cache, are docs/quality.md's."""
