@@ -13,8 +13,10 @@ folder next to OUT and renamed into place at the end: on any error nothing is le
 Every folder written runs under plain `og.Generator`, or the rewrite refuses with the reason: genai_config.json
 must describe the graph (head size, heads, KV heads, layers), and a config that makes genai size the cache to a
 sliding window is refused, or, where no node attends through a window (the builder's Mistral), rewritten without
-the window and with the context capped to it (_sliding_window says why). The one exception is asked for by name:
-`inplace_runner=True` (`--for-inplace-runner`) writes q4_0 V folders, which only dot4attn's in-place runner
+the window and with the context capped to it (_sliding_window says why). A q4_0 V folder holds its cache in the
+op's "pair" layout (K and V both head_size bytes wide, as genai allocates them). The one exception is asked for by
+name: `inplace_runner=True` (`--for-inplace-runner`) writes q4_0 V in the "rows" layout (V narrower than K, 224
+instead of 256 bytes per token and head at head size 128), which only dot4attn's in-place runner
 (dot4attn.runtime.inplace, `dot4attn generate`) can run."""
 from __future__ import annotations
 
@@ -68,13 +70,14 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
                    rotate_v: bool = False) -> GenaiRewriteReport:
     """Rewrites the genai folder `src` into the new folder `dst` (which must not exist, or be empty).
 
-    inplace_runner: write a folder for dot4attn's in-place runner only; required for v_format "q4_0" (genai gives V
-    the K tensor's width, so og.Generator cannot run a q4_0 V folder). split_k_min_keys: the op's rule for decode
+    inplace_runner: q4_0 V only: a folder for dot4attn's in-place runner only, its V rows narrower than K's (genai
+    gives V the K tensor's width, so og.Generator cannot run it); without it a q4_0 folder takes the "pair" layout,
+    which runs under og.Generator and the in-place runner. split_k_min_keys: the op's rule for decode
     steps (split_k from this many keys on; None keeps the op's default, 2048). rotate_v: fold a per-head Hadamard
     rotation of V into the V projection and o_proj weights (passes.rotate_v: the same model, a cache whose V
     quantizes better; float weights and a power-of-2 head size only)."""
     from . import RewriteError, load_checked, save_atomic
-    from ..formats import row_bytes
+    from ..formats import cache_row_widths
     from .genai_gqa import GenaiRewriteError, float_mask_sum, rewrite_gqa
 
     src, dst = Path(src).resolve(), Path(dst).resolve()
@@ -88,15 +91,7 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
     if (src / FACTS).exists():
         raise GenaiError(f"{src}: already rewritten by dot4attn ({FACTS} is there)")
     decoder = cfg["model"]["decoder"]
-    if v_format == "q4_0" and not inplace_runner:
-        d = decoder.get("head_size")
-        widths = (f" (K rows {row_bytes(d, 'q8_0')} bytes, q4_0 V rows {row_bytes(d, 'q4_0')})"
-                  if isinstance(d, int) and d > 0 and d % 32 == 0 else "")
-        raise GenaiError(f"--v-format q4_0: onnxruntime-genai allocates the V cache with the K cache's last "
-                         f"dimension{widths}, so og.Generator cannot run such a folder ('invalid dimensions'). "
-                         "Use --v-format q8_0 (the default) for a folder that runs under og.Generator, or pass "
-                         "--for-inplace-runner (Python: inplace_runner=True) to write a folder for dot4attn's "
-                         f"in-place runner only: {INPLACE_RUNNER_HINT}")
+    cache_layout = "pair" if v_format == "q4_0" and not inplace_runner else "rows"
     if inplace_runner and v_format != "q4_0":
         # the folder would be barred from og.Generator (its model type says so) for nothing: K and V rows of one
         # width run under og.Generator and under the in-place runner alike
@@ -126,7 +121,7 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
         _refuse_multi_head_attention(model, model_path)
         _check_head_size_against_graph(src / CONFIG, decoder, model)
         before = _kv_bytes(model, decoder.get("head_size"))
-        layers = rewrite_gqa(model, v_format, decoder.get("head_size"))
+        layers = rewrite_gqa(model, v_format, decoder.get("head_size"), cache_layout)
         _check_config_against_graph(src / CONFIG, decoder, layers)
         if rotate_v:
             from .rotate_v import RotateVError, rotate_v as fold_rotation
@@ -187,10 +182,12 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
             cfg["model"]["type"] = (f"{model_type} rewritten by dot4attn for its in-place runner only (V {v_format}, "
                                     "narrower than K: og.Generator cannot allocate it); " + INPLACE_RUNNER_HINT)
         (tmp / CONFIG).write_text(json.dumps(cfg, indent=4) + "\n")
+        widths = cache_row_widths(report.head_size, v_format, cache_layout)
         facts = {"dot4attn_version": __version__, "op": "Dot4GroupQueryAttention", "source": src.name,
                  "layers": report.layers, "kv_heads": report.kv_heads, "head_size": report.head_size,
                  "k_format": "q8_0", "v_format": v_format,
-                 "k_row_bytes": row_bytes(report.head_size, "q8_0"), "v_row_bytes": row_bytes(report.head_size, v_format),
+                 "cache_layout": cache_layout,
+                 "k_row_bytes": widths[0], "v_row_bytes": widths[1],
                  "kv_bytes_per_token_before": before, "kv_bytes_per_token_after": after,
                  "mask_sum_float32": bool(float_sums), "runner": "inplace" if inplace_runner else "og",
                  "model_type": model_type}

@@ -6,7 +6,8 @@ present buffers. The rewrite keeps every input of the node at its position (quer
 seqlens_k, total_sequence_length, cos/sin caches, the q/k norm weights at 14 / 15: the op's inputs are
 GroupQueryAttention's) and turns the two cache tensors of each layer into packed uint8 rows
 [batch, kv_heads, seq, row_bytes] (docs/ops.md, "Packed cache"): K q8_0, V q8_0 (genai gives K and V one dtype and
-one last dim) or q4_0 for runtimes that allow V its own width. The names stay, so genai still finds them.
+one last dim) or q4_0, either in the "pair" layout (K and V both head_size bytes wide, which genai allocates) or
+in the "rows" layout for runtimes that allow V its own width. The names stay, so genai still finds them.
 
 What the op does not implement is refused with the reason, by the rules the op itself applies when its session is
 created (docs/ops.md): sliding windows, softcap, smooth softmax, causal = 0, ORT's quantized caches, window-sized
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from .. import DOMAIN
-from ..formats import PACKED_FORMATS, row_bytes
+from ..formats import PACKED_FORMATS, cache_row_widths, check_cache_layout
 from ..model_io import PAST_RE
 
 GQA = ("com.microsoft", "GroupQueryAttention")
@@ -167,11 +168,16 @@ def _take_over(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
     new.name = name
 
 
-def rewrite_gqa(model: ir.Model, v_format: str = "q8_0", head_size: int | None = None) -> list[GqaLayer]:
-    """Rewrites every GroupQueryAttention in place; returns the layers. Raises GenaiRewriteError, leaving the model
-    in an undefined state (discard it)."""
+def rewrite_gqa(model: ir.Model, v_format: str = "q8_0", head_size: int | None = None,
+                cache_layout: str = "rows") -> list[GqaLayer]:
+    """Rewrites every GroupQueryAttention in place; returns the layers. cache_layout: the op's "rows" or "pair" (q4_0
+    V only). Raises GenaiRewriteError, leaving the model in an undefined state (discard it)."""
     if v_format not in PACKED_FORMATS:
         raise GenaiRewriteError(f"v_format must be q8_0 or q4_0 for a genai model, got {v_format!r}")
+    try:
+        check_cache_layout(cache_layout, v_format)
+    except ValueError as e:
+        raise GenaiRewriteError(str(e)) from None
     graph = model.graph
     if any(n.domain == DOMAIN for n in graph):
         raise GenaiRewriteError("the model is already rewritten (it has dot4attn ops)")
@@ -188,6 +194,8 @@ def rewrite_gqa(model: ir.Model, v_format: str = "q8_0", head_size: int | None =
         attrs = {"num_heads": _attr(node, "num_heads", 0), "kv_num_heads": _attr(node, "kv_num_heads", 0),
                  "scale": float(_attr(node, "scale", 0.0)), "do_rotary": _attr(node, "do_rotary", 0),
                  "rotary_interleaved": _attr(node, "rotary_interleaved", 0), "v_format": v_format}
+        if cache_layout != "rows":  # rows: the op's default, left implicit
+            attrs["cache_layout"] = cache_layout
         # The op's inputs are GroupQueryAttention's, position for position: the implemented ones stay where they
         # are (check_node refused the others), trailing omitted ones are dropped.
         inputs = [v if i in IMPLEMENTED_INPUTS else None for i, v in enumerate(node.inputs)]
@@ -203,9 +211,10 @@ def rewrite_gqa(model: ir.Model, v_format: str = "q8_0", head_size: int | None =
         for old, nv in zip(node.outputs[:3], new.outputs):
             _take_over(graph, old, nv)
         graph.remove(node, safe=True)
-        for i, fmt in ((1, "q8_0"), (2, v_format)):  # present and past caches: packed rows
+        widths = cache_row_widths(L.head_size, v_format, cache_layout)
+        for i, width in ((1, widths[0]), (2, widths[1])):  # present and past caches: packed rows
             for cache in (new.outputs[i], new.inputs[2 + i]):
-                _packed_value(cache, L.kv_heads, row_bytes(L.head_size, fmt))
+                _packed_value(cache, L.kv_heads, width)
     model.opset_imports[DOMAIN] = 1
     return layers
 

@@ -6,35 +6,43 @@ import numpy as np
 import onnxruntime as ort
 
 from dot4attn import reference as ref
+from dot4attn.formats import cache_row_widths
 
 CASES = [
-    # (B, hq, hkv, d, dtype, packed, rotary, interleaved, qk_norm, v_format)
-    (1, 4, 2, 32, np.float32, True, True, False, False, "q8_0"),
-    (2, 7, 1, 64, np.float32, True, True, False, False, "q8_0"),
-    (2, 4, 2, 128, np.float32, False, True, False, True, "q8_0"),
-    (1, 8, 8, 64, np.float16, False, True, True, False, "q4_0"),
-    (2, 6, 2, 256, np.float16, True, False, False, False, "q8_0"),
-    (3, 4, 1, 96, np.float32, False, True, False, True, "q4_0"),
-    (2, 28, 4, 128, np.float16, True, True, False, False, "q8_0"),
-    (2, 8, 2, 128, np.float16, False, True, False, True, "q8_0"),
+    # (B, hq, hkv, d, dtype, packed, rotary, interleaved, qk_norm, v_format, cache_layout)
+    (1, 4, 2, 32, np.float32, True, True, False, False, "q8_0", "rows"),
+    (2, 7, 1, 64, np.float32, True, True, False, False, "q8_0", "rows"),
+    (2, 4, 2, 128, np.float32, False, True, False, True, "q8_0", "rows"),
+    (1, 8, 8, 64, np.float16, False, True, True, False, "q4_0", "rows"),
+    (2, 6, 2, 256, np.float16, True, False, False, False, "q8_0", "rows"),
+    (3, 4, 1, 96, np.float32, False, True, False, True, "q4_0", "rows"),
+    (2, 28, 4, 128, np.float16, True, True, False, False, "q8_0", "rows"),
+    (2, 8, 2, 128, np.float16, False, True, False, True, "q8_0", "rows"),
+    # q4_0 V with K and V in two rows of D bytes (what onnxruntime-genai allocates)
+    (1, 4, 2, 32, np.float32, True, True, False, False, "q4_0", "pair"),
+    (1, 8, 8, 64, np.float16, False, True, True, False, "q4_0", "pair"),
+    (3, 4, 1, 96, np.float32, False, True, False, True, "q4_0", "pair"),
+    (2, 28, 4, 128, np.float16, True, True, False, False, "q4_0", "pair"),
+    (2, 6, 2, 256, np.float16, True, False, False, False, "q4_0", "pair"),
 ]
 
 
 def case_id(c) -> str:
     return (f"B{c[0]}-{c[1]}x{c[2]}-d{c[3]}-{np.dtype(c[4]).name}-{'qkv' if c[5] else 'sep'}-"
-            f"{'rot' if c[6] else 'norot'}{'i' if c[7] else ''}-{'norm' if c[8] else ''}-{c[9]}")
+            f"{'rot' if c[6] else 'norot'}{'i' if c[7] else ''}-{'norm' if c[8] else ''}-{c[9]}-{c[10]}")
 
 
 def make_inputs(B, S, hq, hkv, d, *, dtype=np.float32, packed=False, rotary=False, rot_half=None, qk_norm=False,
-            past_rows=0, v_format="q8_0", seed=0, max_pos=4096):
+            past_rows=0, v_format="q8_0", seed=0, max_pos=4096, cache_layout="rows"):
     rng = np.random.default_rng(seed)
     hidden = (hq + 2 * hkv) * d if packed else hq * d
     f = {"query": rng.standard_normal((B, S, hidden)).astype(dtype)}
     if not packed:
         f["key"] = rng.standard_normal((B, S, hkv * d)).astype(dtype)
         f["value"] = rng.standard_normal((B, S, hkv * d)).astype(dtype)
-    f["past_key"] = np.zeros((B, hkv, past_rows, ref.cache_row_bytes(d)), np.uint8)
-    f["past_value"] = np.zeros((B, hkv, past_rows, ref.cache_row_bytes(d, v_format)), np.uint8)
+    k_row, v_row = cache_row_widths(d, v_format, cache_layout)
+    f["past_key"] = np.zeros((B, hkv, past_rows, k_row), np.uint8)
+    f["past_value"] = np.zeros((B, hkv, past_rows, v_row), np.uint8)
     if rotary:
         r = rot_half or d // 2
         ang = rng.uniform(0, 6.3, (max_pos, r))
@@ -90,11 +98,19 @@ def bound_run(sess, feeds, seqlens, total, rows_k, rows_v, device: str = "cpu"):
 
 
 
-def cache_with_garbage(rng, B, hkv, rows, d, valid):
-    """Packed K and V caches [B, hkv, rows, row] of random rows, every row from valid[b] on replaced by a row of
-    huge values (which would dominate any output that read it)."""
-    ck = ref.pack_cache_rows(rng.standard_normal((B, hkv, rows, d)).astype(np.float32))
-    cv = ref.pack_cache_rows(rng.standard_normal((B, hkv, rows, d)).astype(np.float32))
+def cache_with_garbage(rng, B, hkv, rows, d, valid, cache_layout="rows"):
+    """Packed K and V caches [B, hkv, rows, row] of random rows (q8_0 V, or q4_0 V in the pair layout), every row
+    from valid[b] on replaced by a row of huge values (which would dominate any output that read it)."""
+    k = rng.standard_normal((B, hkv, rows, d)).astype(np.float32)
+    v = rng.standard_normal((B, hkv, rows, d)).astype(np.float32)
+    if cache_layout == "pair":
+        ck, cv = ref.pack_cache_pair(k, v)
+        gk, gv = ref.pack_cache_pair(np.full((d,), 6e4, np.float32), np.full((d,), 6e4, np.float32))
+        for b, n in enumerate(valid):
+            ck[b, :, n:] = gk
+            cv[b, :, n:] = gv
+        return ck, cv
+    ck, cv = ref.pack_cache_rows(k), ref.pack_cache_rows(v)
     garbage = ref.pack_cache_rows(np.full((d,), 6e4, np.float32))
     for b, n in enumerate(valid):
         ck[b, :, n:] = garbage

@@ -50,13 +50,14 @@ inline AttentionParams cache_attention_params(const CacheParams& c, BatchRun r, 
   p.out = static_cast<char*>(out_rows) + q_off * elem;
   const uint8_t* kb = c.present_k + b * c.Hkv * c.L * c.k_row;
   const uint8_t* vb = c.present_v + b * c.Hkv * c.L * c.v_row;
+  const CacheRowMap& m = c.map;
   p.k = reinterpret_cast<const int8_t*>(kb);
-  p.k_scales = reinterpret_cast<const uint16_t*>(kb + c.D);
+  p.k_scales = reinterpret_cast<const uint16_t*>((m.k_scales_in_v ? vb : kb) + m.k_scales_off);
   p.v = vb;
-  p.v_scales = reinterpret_cast<const uint16_t*>(vb + cache_payload_bytes(c.D, c.v_format));
+  p.v_scales = reinterpret_cast<const uint16_t*>(vb + m.v_scales_off);
   p.kv_rows = c.L;
   p.k_stride = c.k_row;
-  p.ks_stride = c.k_row / 2;
+  p.ks_stride = (m.k_scales_in_v ? c.v_row : c.k_row) / 2;
   p.v_stride = c.v_row;
   p.vs_stride = c.v_row / 2;
   p.dev_seqlens = c.dev_seqlens ? c.dev_seqlens + b : nullptr;

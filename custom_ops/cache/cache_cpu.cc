@@ -58,15 +58,22 @@ void rotate(const CacheParams& c, int64_t pos, float* x) {
   }
 }
 
-// One cache row: payload, then the float16 scales, then zeros up to row_bytes.
-void pack_row(const float* x, int D, VFormat f, int64_t row_bytes, uint8_t* row) {
-  const int64_t payload = cache_payload_bytes(D, f);
-  uint16_t scales[kMaxHeadDim / kBlock];
+// One token's K or V: its payload at the start of `row`, its float16 scales at `scales`.
+void pack_part(const float* x, int D, VFormat f, uint8_t* row, uint8_t* scales) {
+  uint16_t s[kMaxHeadDim / kBlock];
   for (int blk = 0; blk < D / kBlock; ++blk)
-    scales[blk] = f == VFormat::kQ4_0 ? quantize_q4_block(x + blk * kBlock, row + blk * kBlock / 2)
-                                      : quantize_q8_block(x + blk * kBlock, reinterpret_cast<int8_t*>(row) + blk * kBlock);
-  std::memcpy(row + payload, scales, 2 * (D / kBlock));
-  std::memset(row + payload + 2 * (D / kBlock), 0, size_t(row_bytes - payload - 2 * (D / kBlock)));
+    s[blk] = f == VFormat::kQ4_0 ? quantize_q4_block(x + blk * kBlock, row + blk * kBlock / 2)
+                                 : quantize_q8_block(x + blk * kBlock, reinterpret_cast<int8_t*>(row) + blk * kBlock);
+  std::memcpy(scales, s, 2 * (D / kBlock));
+}
+
+// A token's K and V rows of one head (cache_layout.h's map): payloads, scales where the layout puts them, zeros.
+void pack_token(const float* k, const float* v, const CacheParams& c, uint8_t* k_row, uint8_t* v_row) {
+  const CacheRowMap& m = c.map;
+  pack_part(k, c.D, VFormat::kQ8_0, k_row, (m.k_scales_in_v ? v_row : k_row) + m.k_scales_off);
+  pack_part(v, c.D, c.v_format, v_row, v_row + m.v_scales_off);
+  std::memset(k_row + m.k_zero_from, 0, size_t(m.k_row - m.k_zero_from));
+  std::memset(v_row + m.v_zero_from, 0, size_t(m.v_row - m.v_zero_from));
 }
 
 void store_floats(const float* src, bool half, void* dst, int64_t off, int n) {
@@ -98,14 +105,14 @@ void cache_attention_cpu(const CacheParams& c, OrtKernelContext* ctx) {
   parallel_for(ctx, size_t(c.B * c.S), [&](size_t item) {
     const int64_t b = int64_t(item) / c.S, s = int64_t(item) % c.S;
     const int64_t pos = c.past[b] + s;
-    float x[kMaxHeadDim];
+    float x[kMaxHeadDim], xv[kMaxHeadDim];
     for (int64_t h = 0; h < c.Hkv; ++h) {
       load_floats(c.packed_qkv ? c.q : c.k, c.half, head_offset(c, 1, b, s, h), D, x);
       rms_norm(c, c.k_norm, c.k_norm_eps, x);
       rotate(c, pos, x);
-      pack_row(x, D, VFormat::kQ8_0, c.k_row, c.present_k + ((b * c.Hkv + h) * c.L + pos) * c.k_row);
-      load_floats(c.packed_qkv ? c.q : c.v, c.half, head_offset(c, 2, b, s, h), D, x);
-      pack_row(x, D, c.v_format, c.v_row, c.present_v + ((b * c.Hkv + h) * c.L + pos) * c.v_row);
+      load_floats(c.packed_qkv ? c.q : c.v, c.half, head_offset(c, 2, b, s, h), D, xv);
+      const int64_t row = (b * c.Hkv + h) * c.L + pos;
+      pack_token(x, xv, c, c.present_k + row * c.k_row, c.present_v + row * c.v_row);
     }
     if (s >= c.q_rows(b)) return;  // right padding of a first prompt: no query row
     for (int64_t h = 0; h < c.Hq; ++h) {

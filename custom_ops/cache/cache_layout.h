@@ -1,7 +1,17 @@
 // The packed KV cache of Dot4GroupQueryAttention (docs/ops.md, "Packed cache"): one uint8 tensor per K and one
-// per V per layer, [B, Hkv, L, row_bytes]. Every token row is self-contained -- its int8 / q4_0 payload, then its
-// float16 block scales, then zero padding -- so a runtime that owns the cache (onnxruntime-genai: rewind, beam
-// reorder) may copy whole rows, and row strides stay multiples of 16 bytes for 16-byte / TMA loads.
+// per V per layer, [B, Hkv, L, row bytes]. Two layouts (attribute `cache_layout`) place a token's packed K and V:
+//
+//  rows  every token row is self-contained -- its int8 / q4_0 payload, then its float16 block scales, then zero
+//        padding to a multiple of 16 bytes (K 144 and q4_0 V 80 bytes at D = 128). The default.
+//  pair  q4_0 V only: both tensors D bytes wide, as a runtime that gives K and V one width allocates them
+//        (onnxruntime-genai sizes the V cache by the K cache's last dimension). The K tensor holds K's int8
+//        payload alone; the V tensor holds V's q4_0 payload, V's scales, K's scales, then zeros:
+//        [v payload D/2 | v scales D/16 | k scales D/16 | 0 ...]. 2 D bytes per token and head (K + q4_0 V
+//        need 13 D / 8): 256 at D = 128 where rows take 224 and q8_0 V under genai 288.
+//
+// In both a token's bytes stay within its two rows, so a runtime that owns the cache (onnxruntime-genai: rewind,
+// beam reorder) may copy whole rows; row strides are multiples of 16 bytes (16-byte / TMA loads) and every part
+// starts aligned to its own size (the pair layout's K scales at D/2 + D/16: 8-byte aligned at D = 128).
 #pragma once
 #include <cstdint>
 
@@ -9,12 +19,44 @@
 
 namespace dot4attn {
 
+enum class CacheLayout { kRows, kPair };
+
 // Bytes of a row's payload: D (q8_0, K) or D/2 (q4_0); the scales start there.
 inline int64_t cache_payload_bytes(int64_t D, VFormat f) { return f == VFormat::kQ4_0 ? D / 2 : D; }
 
 // Payload + D/32 float16 scales, rounded up to 16 bytes (D = 128: 136 -> 144 for q8_0, 72 -> 80 for q4_0).
 inline int64_t cache_row_bytes(int64_t D, VFormat f) {
   return (cache_payload_bytes(D, f) + 2 * (D / kBlock) + 15) / 16 * 16;
+}
+
+// Where each part of a token's packed K and V lies in its K row and V row (byte offsets), and the rows' widths.
+struct CacheRowMap {
+  int64_t k_row = 0, v_row = 0;  // row bytes of the K and the V tensor
+  bool k_scales_in_v = false;    // K's scales lie in the V row (pair), else in the K row after K's payload
+  int64_t k_scales_off = 0;      // K's scales, in the row k_scales_in_v names
+  int64_t v_scales_off = 0;      // V's scales in the V row (V's payload starts the V row, K's the K row)
+  int64_t k_zero_from = 0;       // K row bytes from here on are zero
+  int64_t v_zero_from = 0;       // V row bytes from here on are zero
+};
+
+inline CacheRowMap cache_row_map(int64_t D, VFormat v, CacheLayout layout) {
+  CacheRowMap m;
+  const int64_t scales = 2 * (D / kBlock), vp = cache_payload_bytes(D, v);
+  m.v_scales_off = vp;
+  if (layout == CacheLayout::kPair) {  // q4_0 V (cache_op.cc refuses the rest): 5 D / 8 <= D
+    m.k_row = m.v_row = D;
+    m.k_scales_in_v = true;
+    m.k_scales_off = vp + scales;
+    m.k_zero_from = D;
+    m.v_zero_from = vp + 2 * scales;
+  } else {
+    m.k_row = cache_row_bytes(D, VFormat::kQ8_0);
+    m.v_row = cache_row_bytes(D, v);
+    m.k_scales_off = D;
+    m.k_zero_from = D + scales;
+    m.v_zero_from = vp + scales;
+  }
+  return m;
 }
 
 }  // namespace dot4attn

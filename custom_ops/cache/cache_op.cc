@@ -58,9 +58,14 @@ struct Attrs {
   float scale = 0.f;  // 0: 1/sqrt(D), as GroupQueryAttention
   bool rotary = false, interleaved = false;
   VFormat v_format = VFormat::kQ8_0;
+  CacheLayout layout = CacheLayout::kRows;
   float q_norm_eps = 1e-6f, k_norm_eps = 1e-6f;
   int64_t split_k_min_keys = 2048;
 };
+
+const char* layout_note(CacheLayout l) {
+  return l == CacheLayout::kPair ? ", cache_layout 'pair': both caches D bytes wide" : "";
+}
 
 template <class... A>
 [[noreturn]] void bad_input(int i, const A&... a) {
@@ -139,19 +144,22 @@ class CacheKernel : public Kernel {
     c->q = q.data;
     c->k = k.present ? k.data : nullptr;
     c->v = v.present ? v.data : nullptr;
-    c->k_row = cache_row_bytes(D, VFormat::kQ8_0);
-    c->v_row = cache_row_bytes(D, a_.v_format);
+    c->layout = a_.layout;
+    c->map = cache_row_map(D, a_.v_format, a_.layout);
+    c->k_row = c->map.k_row;
+    c->v_row = c->map.v_row;
+    const char* what_k = a_.layout == CacheLayout::kPair ? "K payloads of D = " : "packed K rows of D = ";
 
     const TensorIn &pk = in[kPastK], &pv = in[kPastV];
     expect_dtype(kPastK, pk, U8);
     expect_dtype(kPastV, pv, U8);
     if (pk.shape.size() != 4 || pk.shape[0] != B || pk.shape[1] != Hkv || pk.shape[3] != c->k_row)
       bad_input(kPastK, "expected shape [B, kv_num_heads, rows, ", c->k_row, "] with B = ", B, ", kv_num_heads = ",
-                Hkv, " (packed K rows of D = ", D, "), got ", shape_str(pk.shape));
+                Hkv, " (", what_k, D, layout_note(a_.layout), "), got ", shape_str(pk.shape));
     if (pv.shape != std::vector<int64_t>{B, Hkv, pk.shape[2], c->v_row})
       bad_input(kPastV, "expected shape ", shape_str({B, Hkv, pk.shape[2], c->v_row}), " (packed ",
-                a_.v_format == VFormat::kQ4_0 ? "q4_0" : "q8_0", " V rows of D = ", D, "), got ",
-                shape_str(pv.shape));
+                a_.v_format == VFormat::kQ4_0 ? "q4_0" : "q8_0", " V rows of D = ", D, layout_note(a_.layout),
+                "), got ", shape_str(pv.shape));
     c->past_k = static_cast<const uint8_t*>(pk.data);
     c->past_v = static_cast<const uint8_t*>(pv.data);
     c->past_rows = pk.shape[2];
@@ -317,6 +325,13 @@ Kernel* create_cache_kernel(const OrtKernelInfo* info, Ep ep) {
   if (vf == "q8_0") a.v_format = VFormat::kQ8_0;
   else if (vf == "q4_0") a.v_format = VFormat::kQ4_0;
   else fail(kOp, "attribute 'v_format': expected 'q8_0' or 'q4_0', got '", vf, "'");
+  const std::string lay = attr_string(info, kOp, "cache_layout", "rows");
+  if (lay == "rows") a.layout = CacheLayout::kRows;
+  else if (lay == "pair") a.layout = CacheLayout::kPair;
+  else fail(kOp, "attribute 'cache_layout': expected 'rows' or 'pair', got '", lay, "'");
+  if (a.layout == CacheLayout::kPair && a.v_format != VFormat::kQ4_0)
+    fail(kOp, "attribute 'cache_layout' = 'pair' needs v_format 'q4_0' (K and q4_0 V in two rows of D bytes), got "
+              "v_format '", vf, "': a q8_0 V cache has K's row width in the 'rows' layout already");
   // qk_norm_epsilon for both norms; q_norm_epsilon / k_norm_epsilon, where given, override it for Q / K (as in
   // ONNX Runtime 1.32's GroupQueryAttention).
   const float qk_eps = attr_float(info, kOp, "qk_norm_epsilon", 1e-6f);

@@ -9,6 +9,9 @@ dtype), "q8_0" or "q4_0" (two 4-bit values per byte, one float16 scale per 32 va
          [B, Hkv, S, D or D/2] and a scales tensor [B, Hkv, S, D/32] (float16), nothing padded;
   rows   Dot4GroupQueryAttention's cache (genai folders): one uint8 tensor per K and per V, [B, Hkv, L, row_bytes],
          each token's row its payload, then its scales, then zeros to a multiple of 16 bytes (aligned loads).
+  pair   Dot4GroupQueryAttention's cache with q4_0 V (attribute cache_layout="pair"): K and V tensors both D bytes
+         wide, as onnxruntime-genai allocates them (V as wide as K): the K row is K's int8 payload, the V row
+         V's payload, V's scales, K's scales, then zeros ([D/2 | D/16 | D/16 | 0...]).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ K_FORMAT = "q8_0"
 V_FORMATS = ("float", "q8_0", "q4_0")
 V_FORMAT_CODES = {"float": 0, "q8_0": 1, "q4_0": 2}  # the C entries' VFormat enum (common/formats.h)
 PACKED_FORMATS = ("q8_0", "q4_0")
+CACHE_LAYOUTS = ("rows", "pair")  # Dot4GroupQueryAttention's attribute cache_layout
 FLOAT_BYTES = {"float32": 4, "float16": 2}
 ROW_ALIGN = 16
 
@@ -44,6 +48,22 @@ def row_bytes(d: int, fmt: str = K_FORMAT) -> int:
     return -(-(payload_bytes(d, fmt) + scale_bytes(d)) // ROW_ALIGN) * ROW_ALIGN
 
 
+def check_cache_layout(cache_layout: str, v_format: str) -> str:
+    """Raises ValueError unless Dot4GroupQueryAttention takes this cache_layout with this V format."""
+    if cache_layout not in CACHE_LAYOUTS:
+        raise ValueError(f"cache_layout: expected one of {', '.join(CACHE_LAYOUTS)}, got {cache_layout!r}")
+    if cache_layout == "pair" and v_format != "q4_0":
+        raise ValueError(f"cache_layout 'pair' needs v_format q4_0, got {v_format!r}")
+    return cache_layout
+
+
+def cache_row_widths(d: int, v_format: str, cache_layout: str = "rows") -> tuple[int, int]:
+    """(K row bytes, V row bytes) of Dot4GroupQueryAttention's cache tensors: the last dims of past/present."""
+    if check_cache_layout(cache_layout, v_format) == "pair":
+        return d, d
+    return row_bytes(d, K_FORMAT), row_bytes(d, v_format)
+
+
 def head_token_bytes(d: int, fmt: str, layout: str = "rows", dtype: str = "float16") -> int:
     """Bytes one token adds to one head of one K or V cache. fmt: a packed format, or "float" (dtype's bytes)."""
     if fmt == "float" or fmt in FLOAT_BYTES:
@@ -52,7 +72,9 @@ def head_token_bytes(d: int, fmt: str, layout: str = "rows", dtype: str = "float
         return row_bytes(d, fmt)
     if layout == "split":
         return payload_bytes(d, fmt) + scale_bytes(d)
-    raise ValueError(f"layout: expected rows or split, got {layout!r}")
+    if layout == "pair":  # K and q4_0 V in two rows of D bytes each
+        return d
+    raise ValueError(f"layout: expected rows, split or pair, got {layout!r}")
 
 
 def bytes_per_token(layers: int, kv_heads: int, d: int, k: str = K_FORMAT, v: str = "q8_0", layout: str = "rows",

@@ -116,10 +116,10 @@ def cache_attention_model(dtype, *, num_heads: int, kv_num_heads: int, packed_qk
                           rotary: bool = False, interleaved: bool = False, qk_norm: bool = False,
                           v_format: str = "q8_0", scale: float | None = None, qk_norm_epsilon: float | None = None,
                           q_norm_epsilon: float | None = None,
-                          k_norm_epsilon: float | None = None) -> onnx.ModelProto:
+                          k_norm_epsilon: float | None = None, cache_layout: str | None = None) -> onnx.ModelProto:
     """One Dot4GroupQueryAttention node: graph inputs named as the op's inputs (key/value absent for packed QKV,
     cos/sin with rotary, the norm weights with qk_norm), outputs output, present_key, present_value. The norm
-    epsilons are written only when given (the op's defaults: GroupQueryAttention's)."""
+    epsilons and cache_layout are written only when given (the op's defaults: GroupQueryAttention's, "rows")."""
     present = {"query", "past_key", "past_value", "seqlens_k", "total_sequence_length"}
     if not packed_qkv:
         present |= {"key", "value"}
@@ -142,6 +142,8 @@ def cache_attention_model(dtype, *, num_heads: int, kv_num_heads: int, packed_qk
                  rotary_interleaved=int(interleaved), v_format=v_format)
     if scale is not None:
         attrs["scale"] = float(scale)
+    if cache_layout is not None:
+        attrs["cache_layout"] = cache_layout
     for name, eps in (("qk_norm_epsilon", qk_norm_epsilon), ("q_norm_epsilon", q_norm_epsilon),
                       ("k_norm_epsilon", k_norm_epsilon)):
         if eps is not None:

@@ -239,6 +239,31 @@ def unpack_cache_rows(rows: np.ndarray, d: int, fmt: str = "q8_0") -> tuple[np.n
     return (payload.view(np.int8) if fmt == "q8_0" else payload), scales
 
 
+def pack_cache_pair(k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(K rows, V rows) [..., D] uint8 of the "pair" layout (K q8_0, V q4_0): the K row is K's int8 payload; the V
+    row is V's q4_0 payload, V's float16 scales, K's float16 scales, then zeros."""
+    d = k.shape[-1]
+    kp, ks = pack_k(k)
+    vp, vs = pack_v(v, "q4_0")
+    sb = formats.scale_bytes(d)
+    k_rows = np.ascontiguousarray(kp).view(np.uint8)
+    v_rows = np.zeros((*v.shape[:-1], d), np.uint8)
+    v_rows[..., :d // 2] = vp
+    v_rows[..., d // 2:d // 2 + sb] = np.ascontiguousarray(vs.astype(np.float16)).view(np.uint8)
+    v_rows[..., d // 2 + sb:d // 2 + 2 * sb] = np.ascontiguousarray(ks.astype(np.float16)).view(np.uint8)
+    return k_rows, v_rows
+
+
+def unpack_cache_pair(k_rows: np.ndarray, v_rows: np.ndarray, d: int):
+    """(K payload int8, K scales, V payload uint8, V scales) of "pair" layout rows."""
+    sb = formats.scale_bytes(d)
+    kp = np.ascontiguousarray(k_rows[..., :d]).view(np.int8)
+    vp = np.ascontiguousarray(v_rows[..., :d // 2])
+    vs = np.ascontiguousarray(v_rows[..., d // 2:d // 2 + sb]).view(np.float16)
+    ks = np.ascontiguousarray(v_rows[..., d // 2 + sb:d // 2 + 2 * sb]).view(np.float16)
+    return kp, ks, vp, vs
+
+
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """x * w / sqrt(mean(x^2) + eps) over the last axis, float32 (Qwen3's q_norm / k_norm)."""
     x = x.astype(np.float32)
@@ -263,14 +288,17 @@ def rotary(x: np.ndarray, pos: np.ndarray, cos: np.ndarray, sin: np.ndarray, int
 def group_query_attention_packed(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
                                  cos_cache=None, sin_cache=None, q_norm=None, k_norm=None, *, num_heads,
                                  kv_num_heads, scale=0.0, do_rotary=0, rotary_interleaved=0, v_format="q8_0",
-                                 qk_norm_epsilon=1e-6, q_norm_epsilon=None, k_norm_epsilon=None):
+                                 qk_norm_epsilon=1e-6, q_norm_epsilon=None, k_norm_epsilon=None,
+                                 cache_layout="rows"):
     """Dot4GroupQueryAttention: (output [B, S, Hq*D], present_key, present_value).
 
     GroupQueryAttention's semantics (com.microsoft) over packed caches: batch row b holds seqlens_k[b] + 1 valid
     keys after the call; a first prompt (S == total_sequence_length) starts at position 0 and may be right-padded
     (its padding rows output zeros), otherwise the S new tokens take positions total - S .. total - 1. The new
     rows are packed into present (past copied when present is a new buffer). q_norm / k_norm use q_norm_epsilon /
-    k_norm_epsilon where given, else qk_norm_epsilon (GroupQueryAttention's rule)."""
+    k_norm_epsilon where given, else qk_norm_epsilon (GroupQueryAttention's rule). cache_layout: "rows" or "pair"
+    (q4_0 V only; dot4attn.formats)."""
+    formats.check_cache_layout(cache_layout, v_format)
     B, S = query.shape[:2]
     hq, hkv = num_heads, kv_num_heads
     packed = key is None
@@ -301,8 +329,11 @@ def group_query_attention_packed(query, key, value, past_key, past_value, seqlen
         qf = rotary(qf, p3, cos_cache, sin_cache, bool(rotary_interleaved))
         kf = rotary(kf, np.broadcast_to(pos[:, :, None], kf.shape[:3]), cos_cache, sin_cache,
                     bool(rotary_interleaved))
-    k_rows = pack_cache_rows(kf.transpose(0, 2, 1, 3), "q8_0")  # [B, Hkv, S, row]
-    v_rows = pack_cache_rows(v.astype(np.float32).transpose(0, 2, 1, 3), v_format)
+    if cache_layout == "pair":
+        k_rows, v_rows = pack_cache_pair(kf.transpose(0, 2, 1, 3), v.astype(np.float32).transpose(0, 2, 1, 3))
+    else:
+        k_rows = pack_cache_rows(kf.transpose(0, 2, 1, 3), "q8_0")  # [B, Hkv, S, row]
+        v_rows = pack_cache_rows(v.astype(np.float32).transpose(0, 2, 1, 3), v_format)
     for b in range(B):
         present_k[b, :, past[b]:past[b] + S] = k_rows[b]
         present_v[b, :, past[b]:past[b] + S] = v_rows[b]
@@ -311,8 +342,11 @@ def group_query_attention_packed(query, key, value, past_key, past_value, seqlen
     for b in range(B):
         sq = min(S, int(total[b])) if first else S
         sk = int(total[b])
-        kp, ks = unpack_cache_rows(present_k[b:b + 1, :, :sk], d, "q8_0")
-        vp, vs = unpack_cache_rows(present_v[b:b + 1, :, :sk], d, v_format)
+        if cache_layout == "pair":
+            kp, ks, vp, vs = unpack_cache_pair(present_k[b:b + 1, :, :sk], present_v[b:b + 1, :, :sk], d)
+        else:
+            kp, ks = unpack_cache_rows(present_k[b:b + 1, :, :sk], d, "q8_0")
+            vp, vs = unpack_cache_rows(present_v[b:b + 1, :, :sk], d, v_format)
         qb = qf[b:b + 1, :sq].transpose(0, 2, 1, 3).astype(dtype)
         o = attention(qb, kp, ks, vp, vs, scale=sc, causal=1, v_format=v_format)
         out[b, :sq] = o[0].transpose(1, 0, 2)

@@ -360,15 +360,63 @@ def test_out_must_be_new(rewritten, tmp_path, capsys):
     assert (out / "keep.txt").read_text() == "mine"
 
 
-def test_q4_0_folder_needs_the_in_place_runner_asked_for(tmp_path, capsys):
-    """og.Generator cannot run a q4_0 V folder (genai gives V the K cache's width): refused unless asked for."""
+def test_q4_0_folder_runs_under_og_generator_in_the_pair_layout(rewritten, tmp_path):
+    """--v-format q4_0 without --for-inplace-runner: K and V caches of one width (head_size bytes: K's int8 payload;
+    V's q4_0 payload and scales with K's scales), which genai allocates. og.Generator runs it, and its logits are
+    the in-place runner's over the narrower rows layout of the same model (the same packed values, placed apart),
+    prompt and decode steps alike; greedy generation runs; 256 cache bytes per token and KV head at D = 128."""
+    from dot4attn import formats
+    from dot4attn.runtime import open_decoder
+
     src = genai_model("qwen3-d128", "fp32")
-    _rewrite_fails(src, tmp_path / "out", capsys, "--for-inplace-runner", args=["--v-format", "q4_0"])
-    capsys.readouterr()
-    assert cli(["rewrite", str(src), str(tmp_path / "out"), "--v-format", "q4_0"]) == 2
-    err = capsys.readouterr().err
-    assert "K rows 144 bytes, q4_0 V rows 80" in err and "dot4attn generate OUT_DIR" in err
-    assert "InPlaceDecoder" in err and not (tmp_path / "out").exists()
+    pair = tmp_path / "q4_0-pair"
+    assert cli(["rewrite", str(src), str(pair), "--v-format", "q4_0"]) == 0
+    facts = json.loads((pair / "dot4attn.json").read_text())
+    d = facts["head_size"]
+    assert facts["cache_layout"] == "pair" and facts["runner"] == "og"
+    assert facts["k_row_bytes"] == facts["v_row_bytes"] == d
+    assert json.loads((pair / "genai_config.json").read_text())["model"]["type"] == "qwen3"
+    rows = rewritten("qwen3-d128", "fp32", "q4_0")[1]
+    assert json.loads((rows / "dot4attn.json").read_text())["cache_layout"] == "rows"
+    prompt = np.random.default_rng(3).integers(3, 256, size=(1, 20)).astype(np.int64)
+    logits = {}
+    for name, folder, runner in (("og", pair, "og"), ("inplace", pair, "inplace"), ("rows", rows, "inplace")):
+        dec = open_decoder(folder, runner=runner)
+        dec.reset(1, 48)
+        out = [dec.prefill(prompt, chunk=8)] + [dec.step(np.array([[t]])) for t in (17, 18, 19, 20)]
+        logits[name] = np.concatenate(out)
+        if name == "og":
+            L, h = facts["layers"], facts["kv_heads"]
+            assert dec.cache_bytes_per_token() == formats.bytes_per_token(L, h, d, v="q4_0", layout="pair")
+            assert dec.cache_bytes_per_token() == L * h * 2 * d  # 256 B per token and KV head at D = 128
+            assert dec.cache_bytes_per_token() < formats.bytes_per_token(L, h, d, v="q8_0")
+        dec.close()
+    np.testing.assert_allclose(logits["og"], logits["inplace"], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(logits["inplace"], logits["rows"], atol=1e-5, rtol=0)
+    og = pytest.importorskip("onnxruntime_genai")
+    model = og.Model(str(pair))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=40, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(prompt)
+    while not gen.is_done():
+        gen.generate_next_token()
+    seq = list(gen.get_sequence(0))
+    assert len(seq) == 40 and seq[:20] == list(prompt[0])
+    want = [int(t) for t in prompt[0]]
+    dec = open_decoder(rows, runner="inplace")  # greedy on the rows folder picks the same 20 tokens
+    dec.reset(1, 40)
+    nxt = np.argmax(dec.prefill(prompt), axis=-1)
+    for _ in range(20):
+        want.append(int(nxt[0]))
+        if len(want) == 40:
+            break
+        nxt = np.argmax(dec.step(nxt.reshape(1, 1)), axis=-1)
+    assert seq == want
+
+
+def test_for_inplace_runner_is_for_q4_0(tmp_path, capsys):
+    src = genai_model("qwen3-d128", "fp32")
     # asked for without q4_0, it would bar og.Generator from a folder it runs
     _rewrite_fails(src, tmp_path / "out", capsys, "--for-inplace-runner (inplace_runner=True) is for --v-format "
                    "q4_0; a q8_0 V folder runs under og.Generator", args=["--for-inplace-runner"])

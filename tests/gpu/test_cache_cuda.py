@@ -23,20 +23,23 @@ def _atol(dtype):
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_prompt_then_decode_matches_reference(case):
-    B, hq, hkv, d, dtype, packed, rotary, inter, norm, vf = case
-    attrs = dict(num_heads=hq, kv_num_heads=hkv, do_rotary=int(rotary), rotary_interleaved=int(inter), v_format=vf)
+    B, hq, hkv, d, dtype, packed, rotary, inter, norm, vf, layout = case
+    attrs = dict(num_heads=hq, kv_num_heads=hkv, do_rotary=int(rotary), rotary_interleaved=int(inter), v_format=vf,
+                 cache_layout=layout)
     sess = _session_uncached(cache_attention_model(dtype, num_heads=hq, kv_num_heads=hkv, packed_qkv=packed,
-                                                   rotary=rotary, interleaved=inter, qk_norm=norm, v_format=vf))
+                                                   rotary=rotary, interleaved=inter, qk_norm=norm, v_format=vf,
+                                                   cache_layout=layout))
     S = 9
     lens = [S - 3 * b for b in range(B)]
-    feeds = make_inputs(B, S, hq, hkv, d, dtype=dtype, packed=packed, rotary=rotary, qk_norm=norm, v_format=vf)
+    feeds = make_inputs(B, S, hq, hkv, d, dtype=dtype, packed=packed, rotary=rotary, qk_norm=norm, v_format=vf,
+                        cache_layout=layout)
     out, f = run(sess, feeds, [n - 1 for n in lens], S)
     expect(f, attrs, out, _atol(dtype))
     past_k, past_v = out[1], out[2]
     for step in range(3):
         total = [n + 1 + step for n in lens]
         sf = make_inputs(B, 1, hq, hkv, d, dtype=dtype, packed=packed, rotary=rotary, qk_norm=norm, v_format=vf,
-                         seed=step + 1)
+                         seed=step + 1, cache_layout=layout)
         sf.update(past_key=past_k, past_value=past_v)
         for name in ("cos_cache", "sin_cache", "q_norm_weight", "k_norm_weight"):
             if name in feeds:

@@ -14,14 +14,16 @@ from dot4attn.onnx_builders import cache_attention_model, session
 def test_prompt_then_decode_matches_reference(case):
     """A right-padded batch prompt, then decode steps with past != present (the buffers grow), every step against
     the reference fed the op's own previous caches."""
-    B, hq, hkv, d, dtype, packed, rotary, inter, norm, vf = case
-    attrs = dict(num_heads=hq, kv_num_heads=hkv, do_rotary=int(rotary), rotary_interleaved=int(inter), v_format=vf)
+    B, hq, hkv, d, dtype, packed, rotary, inter, norm, vf, layout = case
+    attrs = dict(num_heads=hq, kv_num_heads=hkv, do_rotary=int(rotary), rotary_interleaved=int(inter), v_format=vf,
+                 cache_layout=layout)
     sess = session(cache_attention_model(dtype, num_heads=hq, kv_num_heads=hkv, packed_qkv=packed, rotary=rotary,
-                                         interleaved=inter, qk_norm=norm, v_format=vf))
+                                         interleaved=inter, qk_norm=norm, v_format=vf, cache_layout=layout))
     atol = 2e-3 if dtype == np.float16 else 1e-4
     S = 9
     lens = [S - 3 * b for b in range(B)]  # right padding: row b holds lens[b] real tokens
-    feeds = _inputs(B, S, hq, hkv, d, dtype=dtype, packed=packed, rotary=rotary, qk_norm=norm, v_format=vf)
+    feeds = _inputs(B, S, hq, hkv, d, dtype=dtype, packed=packed, rotary=rotary, qk_norm=norm, v_format=vf,
+                    cache_layout=layout)
     out, f = _run(sess, feeds, [n - 1 for n in lens], S)
     _expect(f, attrs, out, atol)
     assert not np.any(out[0].reshape(B, S, -1)[1, lens[1]:]) if B > 1 else True  # padding rows are zeros
@@ -29,7 +31,7 @@ def test_prompt_then_decode_matches_reference(case):
     for step in range(3):
         total = [n + 1 + step for n in lens]
         step_feeds = _inputs(B, 1, hq, hkv, d, dtype=dtype, packed=packed, rotary=rotary, qk_norm=norm,
-                             v_format=vf, seed=step + 1)
+                             v_format=vf, seed=step + 1, cache_layout=layout)
         step_feeds.update(past_key=past_k, past_value=past_v)
         if rotary:
             step_feeds.update(cos_cache=feeds["cos_cache"], sin_cache=feeds["sin_cache"])
@@ -113,6 +115,56 @@ def test_bad_inputs_are_clear_errors(bad, message):
         _run(sess, feeds, seqlens, total)
 
 
+@pytest.mark.parametrize("layout, v_format, past, message", [
+    ("pair", "q8_0", None, "attribute 'cache_layout' = 'pair' needs v_format 'q4_0'"),
+    ("columns", "q4_0", None, "attribute 'cache_layout': expected 'rows' or 'pair', got 'columns'"),
+    ("pair", "q4_0", "rows", "input 'past_key' (3): expected shape [B, kv_num_heads, rows, 64] with B = 1, "
+                             "kv_num_heads = 2 (K payloads of D = 64, cache_layout 'pair': both caches D bytes wide)"),
+])
+def test_bad_cache_layouts_are_clear_errors(layout, v_format, past, message):
+    """cache_layout 'pair' is for q4_0 V only, names outside rows / pair are refused, and a pair-layout node fed
+    rows-layout caches says which widths it expects."""
+    B, hq, hkv, d = 1, 4, 2, 64
+    model = cache_attention_model(np.float32, num_heads=hq, kv_num_heads=hkv, v_format=v_format,
+                                  cache_layout=layout)
+    with pytest.raises(Exception, match=r"Dot4GroupQueryAttention: " + _re(message)):
+        sess = session(model)
+        feeds = _inputs(B, 1, hq, hkv, d, past_rows=16, v_format=v_format, cache_layout=past or layout)
+        _run(sess, feeds, [8], 9)
+
+
+def test_pair_layout_appends_in_place_and_holds_the_rows_layouts_values():
+    """The pair layout on a shared buffer: only the new rows change, rows past each batch row's valid length
+    (huge values) are never read, and the output is the rows layout's to the last bit (same values, other places)."""
+    valid = [20, 33, 7]
+    B, hq, hkv, d, L = len(valid), 8, 2, 128, 48
+    rng = np.random.default_rng(11)
+    k = rng.standard_normal((B, hkv, L, d)).astype(np.float32)
+    v = rng.standard_normal((B, hkv, L, d)).astype(np.float32)
+    pk, pv = ref.pack_cache_pair(k, v)
+    rk, rv = ref.pack_cache_rows(k), ref.pack_cache_rows(v, "q4_0")
+    gk, gv = ref.pack_cache_pair(np.full((d,), 6e4, np.float32), np.full((d,), 6e4, np.float32))
+    for b, n in enumerate(valid):
+        pk[b, :, n:], pv[b, :, n:] = gk, gv
+    feeds = _inputs(B, 1, hq, hkv, d, rotary=True, past_rows=L, seed=12, v_format="q4_0", cache_layout="pair")
+    outs = {}
+    for layout, ck, cv in (("pair", pk, pv), ("rows", rk, rv)):
+        sess = session(cache_attention_model(np.float32, num_heads=hq, kv_num_heads=hkv, rotary=True,
+                                             v_format="q4_0", cache_layout=layout))
+        f = dict(feeds, past_key=ck, past_value=cv)
+        before_k, before_v = ck.copy(), cv.copy()
+        out, nk, nv = _bound_run(sess, f, valid, max(valid) + 1, ck, cv)
+        assert_only_new_rows_changed(before_k, before_v, nk, nv, valid)
+        outs[layout] = out
+        if layout == "pair":
+            ff = dict(f, past_key=before_k, past_value=before_v, seqlens_k=np.asarray(valid, np.int32),
+                      total_sequence_length=np.asarray(max(valid) + 1, np.int32))
+            want = _expect(ff, dict(num_heads=hq, kv_num_heads=hkv, do_rotary=1, v_format="q4_0",
+                                    cache_layout="pair"), (out, nk, nv), 1e-4)
+            assert np.mean(nk != want[1]) < 1e-3 and np.mean(nv != want[2]) < 1e-3
+    assert np.array_equal(outs["pair"], outs["rows"])
+
+
 def _re(s):
     import re
     return re.escape(s)
@@ -126,15 +178,16 @@ def _with_rotary_attr_but_no_cos(hq, hkv):
     return session(m)
 
 
-@pytest.mark.parametrize("vf", ["q8_0", "q4_0"])
-def test_nonfinite_tokens_follow_the_policy(vf):
+@pytest.mark.parametrize("vf, layout", [("q8_0", "rows"), ("q4_0", "rows"), ("q4_0", "pair")])
+def test_nonfinite_tokens_follow_the_policy(vf, layout):
     """docs/ops.md's non-finite policy through the in-place pack: a NaN in one token's key and an inf in a later
     token's value pack to NaN scales (that block only) and make exactly the query rows that see them NaN; a token
     too large for the float16 scale saturates instead of packing an inf."""
     B, S, hq, hkv, d = 1, 9, 4, 2, 64
-    attrs = dict(num_heads=hq, kv_num_heads=hkv, v_format=vf)
-    sess = session(cache_attention_model(np.float32, num_heads=hq, kv_num_heads=hkv, v_format=vf))
-    feeds = _inputs(B, S, hq, hkv, d, v_format=vf, seed=5)
+    attrs = dict(num_heads=hq, kv_num_heads=hkv, v_format=vf, cache_layout=layout)
+    sess = session(cache_attention_model(np.float32, num_heads=hq, kv_num_heads=hkv, v_format=vf,
+                                         cache_layout=layout))
+    feeds = _inputs(B, S, hq, hkv, d, v_format=vf, seed=5, cache_layout=layout)
     key = feeds["key"].reshape(B, S, hkv, d)
     value = feeds["value"].reshape(B, S, hkv, d)
     key[0, 3, 0, 5] = np.nan     # kv head 0 from token 3 on
@@ -149,8 +202,11 @@ def test_nonfinite_tokens_follow_the_policy(vf):
     want[3:, :2] = True  # query heads 0, 1 read kv head 0
     want[6:, 2:] = True
     assert np.array_equal(nan_rows[0], want)
-    _, ks = ref.unpack_cache_rows(out[1], d, "q8_0")
-    _, vs = ref.unpack_cache_rows(out[2], d, vf)
+    if layout == "pair":
+        _, ks, _, vs = ref.unpack_cache_pair(out[1], out[2], d)
+    else:
+        _, ks = ref.unpack_cache_rows(out[1], d, "q8_0")
+        _, vs = ref.unpack_cache_rows(out[2], d, vf)
     assert np.isnan(ks[0, 0, 3]).tolist() == [True, False] and not np.isnan(ks[0, 0, :3]).any()
     assert np.isnan(vs[0, 1, 6]).tolist() == [False, True]
     assert ks[0, 1, 1, 0] == np.float16(65504) and np.isfinite(ks).sum() == ks.size - 1

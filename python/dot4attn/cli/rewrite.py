@@ -45,9 +45,11 @@ def add_arguments(p) -> None:
                    help="rewrite the layers that match and keep the others float (default: refuse). .onnx files "
                         "only: a genai folder's layers share one cache layout, so all are rewritten or none")
     p.add_argument("--for-inplace-runner", action="store_true",
-                   help="genai folders: write a folder for dot4attn's in-place runner (dot4attn generate, "
-                        "dot4attn.runtime.inplace) that og.Generator cannot run; needed for, and only taken with, "
-                        "--v-format q4_0 (genai gives V the K cache's width)")
+                   help="genai folders, --v-format q4_0 only: V rows narrower than K's (224 instead of 256 bytes "
+                        "per token and KV head at head size 128) for dot4attn's in-place runner (dot4attn generate, "
+                        "dot4attn.runtime.inplace), which og.Generator cannot run (genai gives V the K cache's "
+                        "width). Without it a q4_0 folder keeps K and V in two rows of head-size bytes (the op's "
+                        "'pair' cache layout), which og.Generator runs")
     p.add_argument("--rotate-v", action="store_true",
                    help="genai folders: rotate V per head by a Hadamard matrix folded into the V projection and "
                         "o_proj weights (the same model; its cached V quantizes better: on SmolLM2 a third off "
