@@ -239,3 +239,27 @@ def test_og_runner_replays_with_enable_cuda_graph(folders, which):
         steps = np.stack([np.asarray(r.greedy_step(), np.float32) for _ in range(4)])
         np.testing.assert_array_equal(steps[:, 0], steps[:, 1])  # two copies of one prompt stay alike
     r.close()
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["launched", "enable_cuda_graph"])
+def test_q4_0_pair_folder_runs_under_og_on_cuda(folders, tmp_path, graph):
+    """A q4_0 V folder in the pair layout (K and V caches of one width) under og.Generator on the CUDA EP, launched
+    and replayed as a CUDA graph: a batch-1 prompt and 24 teacher-forced steps give the logits of the in-place
+    runner over the rows layout of the same model (the same packed values, in other places) to float16 rounding."""
+    from dot4attn.e2e.runners import make_runner, start
+
+    src, _ = folders("qwen3-d128")
+    pair, rows = tmp_path / "pair", tmp_path / "rows"
+    assert cli(["rewrite", str(src), str(pair), "--v-format", "q4_0"]) == 0
+    assert cli(["rewrite", str(src), str(rows), "--v-format", "q4_0", "--for-inplace-runner"]) == 0
+    assert json.loads((pair / "dot4attn.json").read_text())["cache_layout"] == "pair"
+    rng = np.random.default_rng(8)
+    prompt, forced = rng.integers(1, 256, (1, 40)), rng.integers(1, 256, (24, 1, 1))
+    got = {}
+    for name, folder, kind in (("og", pair, "og"), ("inplace", rows, "inplace")):
+        r = make_runner(kind, folder, "cuda", cuda_graph=graph)
+        start(r, prompt, 96, 40)
+        got[name] = np.stack([np.asarray(r.step(t), np.float32) for t in forced])
+        r.close()
+    scale, diff = np.abs(got["inplace"]).max(), np.abs(got["og"] - got["inplace"]).max()
+    assert diff <= 1e-2 * scale, f"max |og pair - in-place rows| {diff:.2e} (logits up to {scale:.2e})"
