@@ -17,8 +17,9 @@
 //                               instance runs)
 //   v_dequant=0|1               a q8_0 / q4_0 V dequantized once into float16 rows for the float16-V wgmma prefill
 //                               (GpuPlan::v_dequant; 1: wherever that instance runs, short calls too)
-//   qk_wgmma=0|1                the wgmma prefill's Q.K by f16 wgmma too (GpuPlan::qk_wgmma; auto and 1: wherever
-//                               the 3-blocks-per-SM wgmma instance runs; 0: int8 mma.sync Q.K)
+//   qk_wgmma=0|1                the wgmma prefill's Q.K by f16 wgmma too (GpuPlan::qk_wgmma; auto: where the
+//                               3-blocks-per-SM wgmma instance runs and scale <= 2 / sqrt(D); 1: there at any
+//                               scale; 0: int8 mma.sync Q.K)
 // Host code only; no GPU runtime call here (device facts come in as a value).
 #pragma once
 
@@ -106,7 +107,8 @@ struct GpuPlan {
   int v_source = 0;
   // Tensor-core prefill on the wgmma path (wgmma, 3 blocks per SM, D = 64 / 128): Q.K by f16 wgmma too, Q as f16
   // (q * sq) in registers and each K tile dequantized to f16 (k * sk) in shared memory (prefill_mma.cuh), instead of
-  // int8 mma.sync with two FFMAs per logit and 32-block.
+  // int8 mma.sync with two FFMAs per logit and 32-block. Automatically only for scale <= 2 / sqrt(D) (f16 Q / K
+  // errors grow with the logits).
   bool qk_wgmma = false;
   size_t v_dequant_bytes = 0;
   bool strided = false;      // K / V rows strided (AttentionParams' row layout is not the dense one)

@@ -354,8 +354,9 @@ def test_v_dequant_prefill_matches_the_kernels_own_conversion(torch_cuda, v_form
 
 # ---- the prefill's Q.K: f16 wgmma (qk_wgmma, sm_90a) and int8 mma.sync (qk_wgmma=0) -----------------------------
 
-# Chunked causal prefills (Sq < Sk), masks, both head sizes and every V format, a scale past the Q fold (scale 2:
-# |scale * log2 e| > 1 takes the FMUL per logit), Sq a multiple of 64 (the causal position-major order) or not.
+# Chunked causal prefills (Sq < Sk), masks, both head sizes and every V format, Sq a multiple of 64 (the causal
+# position-major order) or not, and a scale past the Q fold (scale 2: |scale * log2 e| > 1 takes the FMUL per logit;
+# past the automatic plan's 2 / sqrt(D), so only qk_wgmma=1 runs it there, on Q 16x smaller: the logits of scale 1/8).
 QK_CASES = [
     AC.Case("qk_f16_d128_chunk", 1, 8, 2, 200, 1000, 128, "float16", "float", 1),
     AC.Case("qk_q8_d128_chunk_bool", 1, 8, 2, 130, 700, 128, "float16", "q8_0", 1, "bool_k"),
@@ -374,6 +375,8 @@ def _qk_case_data(i: int):
     c = QK_CASES[i]
     rng = np.random.default_rng(1000 + i)
     q, k, v = gaussian_qkv(rng, c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D, c.dtype)
+    if c.scale:
+        q = (q / 16).astype(q.dtype)
     kp, ks = R.pack_k(k)
     value, v_scales = pack_value(v, c.v_format)
     mask = AC.make_mask(c.mask, rng, c.B, c.Hq, c.Sq, c.Sk, c.dtype)
@@ -388,7 +391,7 @@ def _wgmma_device(torch) -> bool:
         native.make_call(1, 8, 2, 1000, 1000, 128, v_format="float", route="prefill"))["wgmma"]
 
 
-@pytest.mark.parametrize("overrides", ["", "qk_wgmma=0", "qk_wgmma=0,v_dequant=1", "v_dequant=1"])
+@pytest.mark.parametrize("overrides", ["", "qk_wgmma=0", "qk_wgmma=1", "qk_wgmma=0,v_dequant=1", "v_dequant=1"])
 @pytest.mark.parametrize("i", range(len(QK_CASES)), ids=[c.name for c in QK_CASES])
 def test_prefill_qk_paths(torch_cuda, i, overrides):
     """Both Q.K paths of the tensor-core prefill against the reference at the shared tolerance."""
@@ -405,7 +408,8 @@ def test_prefill_qk_paths(torch_cuda, i, overrides):
     assert np.all(o[dead] == 0), f"{what}: rows that see no key are not exact zeros"
     assert plan["kernel"] == "prefill_mma", what
     if _wgmma_device(torch):
-        assert plan["qk_wgmma"] == ("qk_wgmma=0" not in overrides), what
+        auto = not c.scale or c.scale * c.D ** 0.5 <= 2
+        assert plan["qk_wgmma"] == ("qk_wgmma=0" not in overrides and (auto or "qk_wgmma=1" in overrides)), what
 
 
 @pytest.mark.parametrize("overrides", ["", "qk_wgmma=0"])

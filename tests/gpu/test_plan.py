@@ -140,6 +140,16 @@ def test_h200_wgmma_prefill_takes_qk_wgmma(D, v_format, sq, sk):
     assert plan(1, 32, 8, sq, sk, D, v_format=v_format, causal=True, overrides="qk_wgmma=1") == p
 
 
+@pytest.mark.parametrize("D,scale,overrides,qk", [
+    (128, 0.0, "", True), (128, 2 / 128 ** 0.5, "", True), (128, 0.2, "", False), (128, 2.0, "qk_wgmma=1", True),
+    (64, 0.25, "", True), (64, 0.5, "", False), (64, 0.5, "qk_wgmma=1", True), (64, 0.125, "qk_wgmma=0", False)])
+def test_qk_wgmma_up_to_twice_the_default_scale(D, scale, overrides, qk):
+    """f16 Q and K put an error on each logit that grows with its size: the plan takes Q.K by wgmma for scales up to
+    2 / sqrt(D) (0: the default 1 / sqrt(D)); qk_wgmma=1 at any scale."""
+    p = plan(1, 8, 2, 1000, 1000, D, v_format="float", scale=scale, overrides=overrides)
+    assert (p["wgmma"], p["qk_wgmma"]) == (True, qk), p
+
+
 def test_qk_wgmma_shared_memory():
     """The float16-V layout with one f16 K buffer: 68,624 bytes at D = 128 (3 blocks per SM fit the H200's 228 KB);
     q8_0 at D = 128 needs 77,840 (2 blocks per SM)."""
