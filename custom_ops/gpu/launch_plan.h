@@ -17,9 +17,9 @@
 //                               instance runs)
 //   v_dequant=0|1               a q8_0 / q4_0 V dequantized once into float16 rows for the float16-V wgmma prefill
 //                               (GpuPlan::v_dequant; 1: wherever that instance runs, short calls too)
-//   qk_wgmma=0|1                the wgmma prefill's Q.K by f16 wgmma too (GpuPlan::qk_wgmma; auto: where the
-//                               3-blocks-per-SM wgmma instance runs and scale <= 2 / sqrt(D); 1: there at any
-//                               scale; 0: int8 mma.sync Q.K)
+//   qk_wgmma=0|1                the wgmma prefill's Q.K by f16 wgmma too (GpuPlan::qk_wgmma; an experiment,
+//                               never automatic; 1: where the 3-blocks-per-SM wgmma instance runs; 0 and auto:
+//                               int8 mma.sync Q.K)
 // Host code only; no GPU runtime call here (device facts come in as a value).
 #pragma once
 

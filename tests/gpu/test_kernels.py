@@ -30,7 +30,7 @@ FALLBACKS = {"prefill": ["kernel=tile"], "decode": ["kernel=simt", "kernel=tile"
 MMA_DECODE = ["staging=cp_async", "staging=tma", "staging=regs", "staging=bulk", "cluster=1", "warps=2,stages=1",
               "warps=8"]
 MMA_PREFILL = ["tma=0", "wgmma=0", "min_blocks=2", "m_tiles=2", "tma=0,stages=1", "v_scan=0", "v_scan=1",
-               "v_dequant=0", "v_dequant=1", "qk_wgmma=0", "qk_wgmma=0,v_scan=1", "qk_wgmma=0,v_dequant=0"]
+               "v_dequant=0", "v_dequant=1"]
 KERNEL_OF = {"kernel=simt": "decode_simt", "kernel=tile": "tile"}
 
 
@@ -89,8 +89,7 @@ def test_long_cases(torch_cuda, name, route, overrides):
         assert plan["kernel"] == KERNEL_OF[overrides]
     elif _mma_ok(c):  # every tensor-core variant must have run on the tensor-core kernel
         assert plan["kernel"] == ("prefill_mma" if route == "prefill" else "decode_mma"), plan
-    if "qk_wgmma=0" in overrides:
-        assert not plan.get("qk_wgmma"), plan
+    assert not plan.get("qk_wgmma"), plan  # the f16 Q.K is an experiment, asked for by override only
 
 
 def test_long_cases_cover_every_instance(torch_cuda):
@@ -101,16 +100,10 @@ def test_long_cases_cover_every_instance(torch_cuda):
             p = native.gpu_plan(native.make_call(c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D, half=c.dtype == "float16",
                                                  v_format=c.v_format, causal=bool(c.causal), route=r))
             seen.add((p["kernel"], p.get("staging"), p.get("cluster", 0) > 0, p.get("wgmma")))
-            if p.get("qk_wgmma"):
-                seen.add(("prefill_mma", "qk_wgmma", c.v_format, c.D))
     major = torch_cuda.cuda.get_device_capability()[0]
     if major >= 9:
         assert {("decode_mma", "tma", False, None), ("decode_mma", "cp_async", True, None),
                 ("decode_mma", "regs", False, None), ("prefill_mma", None, False, True)} <= seen, seen
-    if torch_cuda.cuda.get_device_capability() == (9, 0) and native.gpu_plan(
-            native.make_call(1, 8, 2, 1000, 1000, 128, v_format="float", route="prefill"))["wgmma"]:
-        assert {("prefill_mma", "qk_wgmma", f, D) for f, D in (("float", 128), ("q8_0", 128), ("q4_0", 128),
-                                                                ("q8_0", 64), ("float", 64))} <= seen, seen
 
 
 def test_strided_long_cases_reach_bulk_staging(torch_cuda):

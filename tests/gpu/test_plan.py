@@ -126,36 +126,34 @@ def test_long_quantized_v_prefill_dequantizes_v_once(v_format):
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("v_format,sq,sk", [("float", 8192, 8192), ("float", 300, 1000), ("q8_0", 512, 512),
                                             ("q4_0", 700, 2000), ("q8_0", 8192, 8192)])
-def test_h200_wgmma_prefill_takes_qk_wgmma(D, v_format, sq, sk):
-    """On sm_90a the 3-blocks-per-SM wgmma prefill (D = 64 / 128) runs Q.K by f16 wgmma too, for every V format
-    (the long q8_0 call through its float16 copy), chunked (Sq < Sk) or not, in the larger shared-memory layout
-    (one f16 K buffer); qk_wgmma=0 keeps the int8 mma.sync Q.K in the plain wgmma layout."""
-    p = plan(1, 32, 8, sq, sk, D, v_format=v_format, causal=True)
-    assert (p["kernel"], p["tma"], p["wgmma"], p["min_blocks"], p["m_tiles"], p["qk_wgmma"]) == \
-        ("prefill_mma", True, True, 3, 1, True), p
-    off = plan(1, 32, 8, sq, sk, D, v_format=v_format, causal=True, overrides="qk_wgmma=0")
-    assert (off["kernel"], off["wgmma"], off["min_blocks"], off["qk_wgmma"]) == ("prefill_mma", True, 3, False), off
-    assert off["smem_bytes"] < p["smem_bytes"] <= 232448
-    assert {**p, "qk_wgmma": False, "smem_bytes": 0} == {**off, "smem_bytes": 0}  # nothing else changes
-    assert plan(1, 32, 8, sq, sk, D, v_format=v_format, causal=True, overrides="qk_wgmma=1") == p
+def test_h200_wgmma_prefill_takes_qk_wgmma_when_asked(D, v_format, sq, sk):
+    """The automatic plan keeps the int8 mma.sync Q.K (exact dots: the contract's accuracy); qk_wgmma=1 asks the
+    sm_90a 3-blocks-per-SM wgmma prefill (D = 64 / 128) for Q.K by f16 wgmma, for every V format (the long q8_0 call
+    through its float16 copy), chunked (Sq < Sk) or not, in the larger shared-memory layout (one f16 K buffer)."""
+    auto = plan(1, 32, 8, sq, sk, D, v_format=v_format, causal=True)
+    assert (auto["kernel"], auto["tma"], auto["wgmma"], auto["min_blocks"], auto["m_tiles"], auto["qk_wgmma"]) == \
+        ("prefill_mma", True, True, 3, 1, False), auto
+    assert plan(1, 32, 8, sq, sk, D, v_format=v_format, causal=True, overrides="qk_wgmma=0") == auto
+    p = plan(1, 32, 8, sq, sk, D, v_format=v_format, causal=True, overrides="qk_wgmma=1")
+    assert p["qk_wgmma"] is True and auto["smem_bytes"] < p["smem_bytes"] <= 232448, p
+    assert {**p, "qk_wgmma": False, "smem_bytes": 0} == {**auto, "smem_bytes": 0}  # nothing else changes
 
 
-@pytest.mark.parametrize("D,scale,overrides,qk", [
-    (128, 0.0, "", True), (128, 2 / 128 ** 0.5, "", True), (128, 0.2, "", False), (128, 2.0, "qk_wgmma=1", True),
-    (64, 0.25, "", True), (64, 0.5, "", False), (64, 0.5, "qk_wgmma=1", True), (64, 0.125, "qk_wgmma=0", False)])
-def test_qk_wgmma_up_to_twice_the_default_scale(D, scale, overrides, qk):
-    """f16 Q and K put an error on each logit that grows with its size: the plan takes Q.K by wgmma for scales up to
-    2 / sqrt(D) (0: the default 1 / sqrt(D)); qk_wgmma=1 at any scale."""
-    p = plan(1, 8, 2, 1000, 1000, D, v_format="float", scale=scale, overrides=overrides)
-    assert (p["wgmma"], p["qk_wgmma"]) == (True, qk), p
+@pytest.mark.parametrize("D,scale", [(128, 0.0), (128, 2.0), (64, 0.5)])
+def test_qk_wgmma_is_never_automatic(D, scale):
+    """Any scale: the automatic plan keeps the int8 Q.K; qk_wgmma=1 takes the f16 one at any scale."""
+    p = plan(1, 8, 2, 1000, 1000, D, v_format="float", scale=scale)
+    assert (p["wgmma"], p["qk_wgmma"]) == (True, False), p
+    p = plan(1, 8, 2, 1000, 1000, D, v_format="float", scale=scale, overrides="qk_wgmma=1")
+    assert (p["wgmma"], p["qk_wgmma"]) == (True, True), p
 
 
 def test_qk_wgmma_shared_memory():
     """The float16-V layout with one f16 K buffer: 68,624 bytes at D = 128 (3 blocks per SM fit the H200's 228 KB);
     q8_0 at D = 128 needs 77,840 (2 blocks per SM)."""
-    assert plan(1, 32, 8, 8192, 8192, 128)["smem_bytes"] == 68624
-    assert plan(1, 32, 8, 8192, 8192, 128, overrides="qk_wgmma=0")["smem_bytes"] == 63504
-    assert plan(1, 32, 8, 512, 512, 128, v_format="q8_0")["smem_bytes"] == 77840
+    assert plan(1, 32, 8, 8192, 8192, 128, overrides="qk_wgmma=1")["smem_bytes"] == 68624
+    assert plan(1, 32, 8, 8192, 8192, 128)["smem_bytes"] == 63504
+    assert plan(1, 32, 8, 512, 512, 128, v_format="q8_0", overrides="qk_wgmma=1")["smem_bytes"] == 77840
 
 
 @pytest.mark.parametrize("device,D,half,overrides", [
