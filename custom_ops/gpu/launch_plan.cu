@@ -1,7 +1,6 @@
 // The GPU planner (launch_plan.h): one pure function per route maps a call and the device's facts to the kernel and
 // its configuration. Nothing here touches the GPU; the route files execute what it decides.
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -392,7 +391,7 @@ bool plan_prefill_inst(GpuPlan& pl, const AttentionParams& p, const DeviceFacts&
   const int limit = dev.max_smem;
   pl.m_tiles = MT;
   pl.min_blocks = MINB;
-  pl.tma = pl.wgmma = pl.qk_wgmma = false;
+  pl.tma = pl.wgmma = false;
   if constexpr (Tr::kPipe) {  // fixed layout: 2-slot K ring, one barrier per tile
     pl.stages = 2;
     pl.smem_bytes = Tr::pipe_bytes;
@@ -403,15 +402,6 @@ bool plan_prefill_inst(GpuPlan& pl, const AttentionParams& p, const DeviceFacts&
       pl.tma = true;
       pl.wgmma = Tr::kWgmma && wgmma_wanted;
       pl.smem_bytes = Tr::tma_bytes;
-      // Q.K by f16 wgmma too, asked for by override only (qk_wgmma=1): the 3-blocks-per-SM instances (the ones
-      // compiled with it), where the layout fits. Never automatic: f16 Q and K put an error on each logit that grows
-      // with its size (H200: NMSE 1.3e-6 at 128k keys, past the contract's 1e-6; docs/gpu.md).
-      if constexpr (Tr::kWgmma && MINB == 3) {
-        if (pl.wgmma && ov.qk_wgmma == 1 && Tr::qk_bytes <= limit) {
-          pl.qk_wgmma = true;
-          pl.smem_bytes = Tr::qk_bytes;
-        }
-      }
     } else if (tma_wanted) {
       pl.fallback = std::string("tensor-core prefill: ") + kTmaRows + ", cp.async tiles";
     }
@@ -706,10 +696,9 @@ PlanOverrides parse_plan_overrides(const char* s) {
     else if (k == "split_waves") ov.split_waves = to_int(k, v, 0, 64, kWhat);
     else if (k == "v_scan") ov.v_scan = to_int(k, v, 0, 1, kWhat);
     else if (k == "v_dequant") ov.v_dequant = to_int(k, v, 0, 1, kWhat);
-    else if (k == "qk_wgmma") ov.qk_wgmma = to_int(k, v, 0, 1, kWhat);
     else
       fail(kWhat, "unknown key '", k, "' (expected kernel, warps, stages, staging, cluster, m_tiles, min_blocks, tma, ",
-           "wgmma, split_waves, v_scan, v_dequant, qk_wgmma)");
+           "wgmma, split_waves, v_scan, v_dequant)");
   }
   return ov;
 }
@@ -754,8 +743,7 @@ std::string plan_json(const GpuPlan& pl) {
   if (pl.kernel == KernelKind::kPrefillMma)
     o << ", \"m_tiles\": " << pl.m_tiles << ", \"min_blocks\": " << pl.min_blocks << ", \"tma\": "
       << (pl.tma ? "true" : "false") << ", \"wgmma\": " << (pl.wgmma ? "true" : "false") << ", \"v_scan\": "
-      << (pl.v_scan ? "true" : "false") << ", \"v_dequant\": " << (pl.v_dequant ? "true" : "false")
-      << ", \"qk_wgmma\": " << (pl.qk_wgmma ? "true" : "false");
+      << (pl.v_scan ? "true" : "false") << ", \"v_dequant\": " << (pl.v_dequant ? "true" : "false");
   o << ", \"smem_bytes\": " << pl.smem_bytes << ", \"n_splits\": " << pl.n_splits << ", \"split_len\": "
     << pl.split_len << ", \"n_chunks\": " << pl.n_chunks << ", \"blocks\": " << pl.blocks
     << ", \"scratch_bytes\": " << pl.scratch_bytes << ", \"strided\": " << (pl.strided ? "true" : "false")

@@ -17,9 +17,6 @@
 //                               instance runs)
 //   v_dequant=0|1               a q8_0 / q4_0 V dequantized once into float16 rows for the float16-V wgmma prefill
 //                               (GpuPlan::v_dequant; 1: wherever that instance runs, short calls too)
-//   qk_wgmma=0|1                the wgmma prefill's Q.K by f16 wgmma too (GpuPlan::qk_wgmma; an experiment,
-//                               never automatic; 1: where the 3-blocks-per-SM wgmma instance runs; 0 and auto:
-//                               int8 mma.sync Q.K)
 // Host code only; no GPU runtime call here (device facts come in as a value).
 #pragma once
 
@@ -68,7 +65,6 @@ struct PlanOverrides {
   int split_waves = 0;       // 0: the default (2)
   int v_scan = -1;           // -1 auto, 0 off, 1 on (tensor-core prefill, float16 V)
   int v_dequant = -1;        // -1 auto, 0 off, 1 on (tensor-core prefill, q8_0 / q4_0 V)
-  int qk_wgmma = -1;         // -1 auto, 0 off, 1 on (where possible: the wgmma prefill at 3 blocks per SM)
 };
 
 // The largest float16 copy of a quantized V the prefill dequantizes into (scratch): past it, the kernel converts
@@ -105,11 +101,6 @@ struct GpuPlan {
   // v_source is the V's own kind. The V flags of v_scan follow them in the scratch.
   bool v_dequant = false;
   int v_source = 0;
-  // Tensor-core prefill on the wgmma path (wgmma, 3 blocks per SM, D = 64 / 128): Q.K by f16 wgmma too, Q as f16
-  // (q * sq) in registers and each K tile dequantized to f16 (k * sk) in shared memory (prefill_mma.cuh), instead of
-  // int8 mma.sync with two FFMAs per logit and 32-block. Automatically only for scale <= 2 / sqrt(D) (f16 Q / K
-  // errors grow with the logits).
-  bool qk_wgmma = false;
   size_t v_dequant_bytes = 0;
   bool strided = false;      // K / V rows strided (AttentionParams' row layout is not the dense one)
   std::string fallback;      // why the route's preferred kernel was not taken ("" when it was)

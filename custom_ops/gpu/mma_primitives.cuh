@@ -103,34 +103,6 @@ __device__ __forceinline__ void wgmma_f16_n64(float (&d)[8][4], const uint32_t (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
 }
 
-// Shared-memory matrix descriptor of a K-major operand in the 128-byte swizzle (the layout of CUTLASS's
-// GMMA::Layout_K_SW128_Atom, as FlashAttention-3 and DeepGEMM use it for K-major f16 tiles): rows of 128 bytes = 64
-// f16 along K, 16-byte chunk c of row r stored at chunk c ^ (r & 7), 8-row atoms of 1024 bytes, 1024-byte aligned.
-// SBO is the distance between 8-row groups of N (1024: dense atoms); LBO is unused for the swizzled K-major layouts
-// (one atom spans the 64 K elements an instruction can reach; wider operands are addressed by moving the start). The
-// k16 steps inside an atom start 32 bytes apart (the hardware applies the XOR to the full address, so the base
-// offset field stays 0 while the atom is 1024-byte aligned).
-__device__ __forceinline__ uint64_t wg_desc_k_sw128(unsigned addr) {
-  return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
-}
-
-// d (f32, m64n64, layout as wgmma_f16_n64) = A (64x16 f16 from registers) * B (16x64 f16, K-major: imm-trans-b 0)
-// + (ACC ? d : 0). ACC = false starts the accumulator (its register values are ignored).
-template <bool ACC>
-__device__ __forceinline__ void wgmma_f16_n64_kmajor(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(ACC ? 1 : 0));
-}
-
 __device__ __forceinline__ void wgmma_f16_n128(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"

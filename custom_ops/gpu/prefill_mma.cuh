@@ -17,16 +17,6 @@
 //    (With -M sk on the key side every step would load two float4, and those loads alone would be half of the
 //    kernel's shared-memory wavefronts, and an 8k causal prefill ~7 % slower.)
 //    K fragments come straight from the int8 rows by ldmatrix (rows padded to D+16 bytes: conflict free).
-//  * Q.K by f16 wgmma instead (QW, the qk_wgmma plans: sm_90a, D = 64 / 128, the 3-blocks-per-SM wgmma instances):
-//    the scales move into the operands, so no FP32 work per element and block is left. Q is quantized as above,
-//    then held as f16 (q * sq * scale * log2 e; where |scale * log2 e| > 1 that factor is one FMUL per logit instead)
-//    in registers in the wgmma A layout; each K tile is dequantized by the block (dequant_k_tile: f16 k * sk, exact
-//    int8 -> f16 by the 0x6400|n trick, one HMUL2) into one f16 buffer in the K-major 128-byte-swizzle layout, and
-//    D / 16 wgmma.m64n64k16 put the 64 x 64 logits into the softmax's registers (the m16n8 C layout per warp).
-//    Accuracy: Q and K rounded to f16 once each: logit error ~4e-4 absolute for unit-variance data, output NMSE
-//    ~2e-7 against the reference (bound 1e-6). Keys whose f16 would overflow (a scale past 515.5) or whose scale is
-//    NaN are converted times 2^-8 and their logits multiplied by 2^8 (KMUL, a per-key factor table of the rare tile
-//    that has one; it carries the NaN of V-poisoned keys too, in place of ksf_poison).
 //  * online softmax in registers (log2 domain, ex2.approx), each thread owns 2 rows x 16 keys of the tile; the
 //    row sum stays per thread until the end (quad reduce once). Prefix tiles that every row of the warp sees
 //    skip all masking; only the causal diagonal / Sk tail / explicit masks check per element.
@@ -59,7 +49,7 @@
 //    issues 2-3 copies per tile into dense, XOR-swizzled tiles and every thread waits on the ring slot's mbarrier;
 //    the ldmatrix addresses follow the swizzle. The 12 cp.async per thread and tile, with their address
 //    arithmetic, would cost ~10 % of the kernel's time.
-// Shared memory per block (D=128, f16 V, 2 stages): 66 KB (Q.K by wgmma: 68.6 KB, one f16 K buffer, see Traits). Registers: up to 255 by default (MINB = 2: 2 blocks, 8 warps
+// Shared memory per block (D=128, f16 V, 2 stages): 66 KB. Registers: up to 255 by default (MINB = 2: 2 blocks, 8 warps
 // per SM of 64K registers), because the double-buffered ldmatrix fragments do not fit the 168 of 3 blocks per SM (ptxas
 // then spills and keeps one fragment set, and every mma waits for shared memory: ~7 % slower). The wgmma P.V path
 // is the exception: without V fragments it runs 3 blocks per SM at 168 registers (MINB = 3, 12 warps per SM),
@@ -151,22 +141,6 @@ struct Traits {
   static constexpr int T_SC = T_RINGO + 2 * T_RING;
   static constexpr int T_BAR = T_SC + 2 * SC;
   static constexpr int tma_bytes = T_BAR + 16 + 1024;
-  // Q.K by wgmma as well (qk_wgmma plans, kWgmma instances): the K tile dequantized into one f16 buffer in the
-  // K-major 128-byte-swizzle layout (64 keys x D f16, one 8 KB atom column per 64 f16 of D: the byte order
-  // tma_row_byte<2 D> gives), Q / SQ overlaid on it (read only before the first tile is dequantized), the per-key
-  // logit factors of a tile that needs them (KMUL: 64 floats), then the TMA layout's parts without the K scale table.
-  // One K buffer, not two: two do not fit 3 blocks per SM at D = 128 (the loop orders the dequant of tile t + 1 after
-  // every warp's Q.K of tile t with a barrier instead).
-  static constexpr int Q_KHB = kKeys * 2 * D;  // one f16 K (or wgmma f16 V) buffer
-  static constexpr int Q_KH = 0;
-  static constexpr int Q_KMUL = Q_KH + Q_KHB;                      // float [64]
-  static constexpr int Q_VH = up1024(Q_KMUL + kKeys * 4);          // f16 V [2][64 x D] (kConv)
-  static constexpr int Q_VR = Q_VH + (kConv ? 2 * Q_KHB : 0);      // raw V (kConv)
-  static constexpr int Q_RINGO = up1024(Q_VR + (kConv ? T_VT : 0));
-  static constexpr int Q_SC = Q_RINGO + 2 * T_RING;
-  static constexpr int Q_BAR = Q_SC + 2 * SC;
-  static constexpr int qk_bytes = Q_BAR + 16 + 1024;
-  static_assert(!kWgmma || QBYTES <= Q_KHB, "Q / SQ overlay the f16 K buffer");
 };
 
 // The K scales of a 64-key tile as one float4 per (32-block, 16-key step np, quad lane tig): the four keys a
@@ -290,95 +264,6 @@ __device__ __forceinline__ void ksf_poison(float4* ksf, int j) {
   reinterpret_cast<float*>(ksf + 4 * (j >> 4) + ((r & 7) >> 1))[(r & 1) + 2 * (r >> 3)] = __int_as_float(0x7fc00000);
 }
 
-// ---- Q.K by wgmma (kQW) ----
-// Whether a key's K scales (its fp16 scale run, NB halves, 4-byte aligned) make its f16 dequantization overflow or
-// are NaN: a scale past 515.5 (127 x it rounds past 65504, as for q8_0 V, scales_past_limit) or NaN. Rare: only
-// K packed from values near or past +-65504 (or non-finite ones) has such a scale.
-template <int NB>
-__device__ __forceinline__ bool k_scales_big(const uint16_t* ks) {
-  bool big = false;
-#pragma unroll
-  for (int b = 0; b < NB / 2; ++b) big |= scales_past_limit<kVQ8>(reinterpret_cast<const uint32_t*>(ks)[b]);
-  return big;
-}
-
-// 8 int8 K values (w0, w1) times the fp16 scale sb as f16, through float32 times 2^-8 (a big key, k_scales_big:
-// its logit is multiplied by 2^8 again, KMUL): exact for the large values, whose f16 would overflow otherwise, and
-// 2^-17 absolute for the small ones (a NaN scale gives NaN values, as it must).
-__device__ __forceinline__ uint4 k_f16_scaled(uint32_t w0, uint32_t w1, uint16_t sb) {
-  const float s = h2f(sb) * 0.00390625f;
-  auto pair = [&](uint32_t w, int i) {
-    return pack_h2(float(int8_t(w >> (16 * i))) * s, float(int8_t(w >> (16 * i + 8))) * s);
-  };
-  return make_uint4(pair(w0, 0), pair(w0, 1), pair(w1, 0), pair(w1, 1));
-}
-
-// The K tile of a ring slot (the TMA's swizzled int8 rows of D bytes at kt, fp16 scale runs [64][NB] at kst) as f16
-// k * sk into kh, the K-major 128-byte-swizzle wgmma operand (64 keys x D f16, tma_row_byte<2 D>). Two threads per key,
-// each half a row (one or two 32-blocks), so a thread reads its key's NB scales once and decides for the whole key:
-// int8 -> f16 exactly by the 0x6400|n trick of the V conversion (cvt_q8), one HMUL2 by the scale; a big key
-// (k_scales_big, rare) through k_f16_scaled. Threads 0-63 take the first half of keys 0-63, 64-127 the second:
-// the 16-byte reads and writes of 8 neighbouring lanes hit 8 different chunks of the swizzle (conflict free).
-// Returns whether this thread's key is big.
-// (The thread index goes through an empty asm first: else ptxas hoists the per-thread chunk offsets out of the key
-// walk and spills them in the 168-register instances.)
-template <int D>
-__device__ __forceinline__ bool dequant_k_tile(const uint8_t* kt, const uint16_t* kst, uint8_t* kh, int tid) {
-  constexpr int NB = D / 32, HB = NB / 2;
-  asm volatile("" : "+r"(tid));
-  const int j = tid & (kKeys - 1), hh = tid / kKeys;
-  const bool big = k_scales_big<NB>(kst + j * NB);
-#pragma unroll
-  for (int i = 0; i < HB; ++i) {
-    const int blk = hh * HB + i;
-    const uint16_t sb = kst[j * NB + blk];
-    const __half2 s2 = __half2half2(__ushort_as_half(sb));
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const int e = 32 * blk + 16 * c;  // first of the chunk's 16 values
-      const uint4 w = *reinterpret_cast<const uint4*>(kt + tma_row_byte<D, kKeys>(j, e));
-      uint4 o0, o1;
-      if (!big) {
-        o0 = cvt_q8(w.x, w.y, s2);
-        o1 = cvt_q8(w.z, w.w, s2);
-      } else {
-        o0 = k_f16_scaled(w.x, w.y, sb);
-        o1 = k_f16_scaled(w.z, w.w, sb);
-      }
-      *reinterpret_cast<uint4*>(kh + tma_row_byte<2 * D, kKeys>(j, 2 * e)) = o0;
-      *reinterpret_cast<uint4*>(kh + tma_row_byte<2 * D, kKeys>(j, 2 * e + 16)) = o1;
-    }
-  }
-  return big;
-}
-
-// f16 (q0, q1) * s of two int8 Q values at p, as one f16x2 A-fragment register.
-__device__ __forceinline__ uint32_t q_f16_pair(const int8_t* p, float s) {
-  return pack_h2(float(p[0]) * s, float(p[1]) * s);
-}
-
-#if defined(D4A_WGMMA)
-// S (64 rows x 64 keys, f32, the m16n8 C layout per warp and 8 keys) = Q (f16 A fragments in registers, D / 16 k16
-// steps) . K^T (f16 K-major buffer at kh): D / 16 wgmma.m64n64k16, step kk at atom column kk / 4 (64 keys x 128 bytes
-// each) + 32 bytes per k16 step inside it. Waits for them: the softmax reads S next.
-template <int D>
-__device__ __forceinline__ void qk_wgmma(float (&s)[8][4], const uint32_t (&qh)[D / 16][4], unsigned kh) {
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    const uint64_t desc = wg_desc_k_sw128(kh + (kk / 4) * (kKeys * 128) + (kk % 4) * 32);
-    if (kk == 0) wgmma_f16_n64_kmajor<false>(s, qh[kk], desc);
-    else wgmma_f16_n64_kmajor<true>(s, qh[kk], desc);
-  }
-  wgmma_commit();
-  wgmma_wait<0>();
-#pragma unroll
-  for (int n = 0; n < 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) wg_reg_fence(s[n][e]);
-}
-#endif
-
 // Facts of a run of rows [r0, r1) of one (b, hkv) row space: smallest and largest last-visible key index
 // (causal: Sk - Sq + i, clamped to Sk - 1). kmax is non-decreasing in i inside a head, so the extremes come
 // from the run's first / last query position, or 0 / Sq-1 when the run crosses a head boundary.
@@ -411,16 +296,14 @@ __device__ __forceinline__ void run_kminmax(const TileArgs& a, int64_t r0, int64
 // VC = false (float16 V only): the instance without the V check, for the heads a V scan left unflagged
 // (v_scan.cuh); with a scan (a.v_flags set) the VC = true instance runs only the flagged heads. Their other blocks
 // return at once. Without a scan (a.v_flags null) the VC = true instance runs every head, checking each tile.
-// QW (with WG, sm_90a only): Q.K by wgmma too, from f16 Q in registers and the K tile dequantized to f16 (the
-// qk_wgmma plans; see the header).
-template <int VK, int D, int MT, int MINB, bool TMA, bool WG, bool VC = true, bool QW = false>
+template <int VK, int D, int MT, int MINB, bool TMA, bool WG, bool VC = true>
 __global__ void __launch_bounds__(kThreads, MINB)
     prefill_mma_kernel(const TileArgs a, const int64_t ncq, const __grid_constant__ TmaMaps tm) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #if !defined(D4A_WGMMA)
   // Only wgmma plans launch the unchecked instance (launch_plan.cu, v_scan), so only sm_90a code needs its body: the
   // trap keeps the other targets' copies empty (less for ptxas) and loud if ever reached.
-  if constexpr (!VC || QW) __trap();
+  if constexpr (!VC) __trap();
 #endif
   using Tr = Traits<VK, D, MT>;
   constexpr int kRows = Tr::kRows;
@@ -431,10 +314,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
   constexpr bool kT = TMA && Tr::kPipe;
 #if defined(D4A_WGMMA)
   constexpr bool kWG = WG && kT && Tr::kWgmma;
-  constexpr bool kQW = QW && kWG;
 #else
   constexpr bool kWG = false;
-  constexpr bool kQW = false;
 #endif
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw;
@@ -481,11 +362,10 @@ __global__ void __launch_bounds__(kThreads, MINB)
   }
 
   constexpr bool kPipe = Tr::kPipe;
-  int8_t* Qs = reinterpret_cast<int8_t*>(smem + (kQW ? Tr::Q_KH : kPipe ? Tr::P_Q : Tr::OFF_Q));
-  float* SQ = reinterpret_cast<float*>(smem + (kQW ? Tr::Q_KH + kRows * Tr::QSTR : kPipe ? Tr::P_SQ : Tr::OFF_SQ));
-  float4* KSF = reinterpret_cast<float4*>(smem + (kPipe ? Tr::P_KSF : Tr::OFF_KSF));  // (unused with kQW)
-  uint8_t* VH = smem + (kQW ? Tr::Q_VH : kPipe ? Tr::P_VH : Tr::OFF_VH);
-  constexpr int kVHB = kQW ? Tr::Q_KHB : Tr::P_VHB;  // one converted f16 V buffer
+  int8_t* Qs = reinterpret_cast<int8_t*>(smem + (kPipe ? Tr::P_Q : Tr::OFF_Q));
+  float* SQ = reinterpret_cast<float*>(smem + (kPipe ? Tr::P_SQ : Tr::OFF_SQ));
+  float4* KSF = reinterpret_cast<float4*>(smem + (kPipe ? Tr::P_KSF : Tr::OFF_KSF));
+  uint8_t* VH = smem + (kPipe ? Tr::P_VH : Tr::OFF_VH);
   uint8_t* stages = smem + Tr::OFF_ST;
 
   // Key j of this (b, hkv) is row head_row + j of K, V and their scales; rows a.k_stride / a.v_stride bytes and
@@ -546,13 +426,11 @@ __global__ void __launch_bounds__(kThreads, MINB)
   constexpr int KIT = kKeys * kch / kThreads, VIT = kKeys * vch / kThreads;
   static_assert(!kPipe || (kKeys * kch % kThreads == 0 && kKeys * vch % kThreads == 0 && kThreads % vch == 0),
                 "pipelined copy split");
-  constexpr int kSC = kQW ? Tr::Q_SC : kT ? Tr::T_SC : Tr::P_SC;              // scale-run slots
-  constexpr int kRingO = kQW ? Tr::Q_RINGO : kT ? Tr::T_RINGO : Tr::P_RING;  // ring slots
+  constexpr int kSC = kT ? Tr::T_SC : Tr::P_SC;          // scale-run slots
+  constexpr int kRingO = kT ? Tr::T_RINGO : Tr::P_RING;  // ring slots
   constexpr int kRingB = kT ? Tr::T_RING : Tr::RING;
-  constexpr int kVR = kQW ? Tr::Q_VR : kT ? Tr::T_VR : Tr::P_VR;              // raw q8_0 / q4_0 V
-  const unsigned bar0 = smem_u32(smem + (kQW ? Tr::Q_BAR : Tr::T_BAR));  // kT: ring slot s's mbarrier: bar0 + 8 s
-  uint8_t* KH = smem + Tr::Q_KH;                            // kQW: the f16 K buffer
-  float* KMUL = reinterpret_cast<float*>(smem + Tr::Q_KMUL);  // kQW: per-key logit factors of a special tile
+  constexpr int kVR = kT ? Tr::T_VR : Tr::P_VR;          // raw q8_0 / q4_0 V
+  const unsigned bar0 = smem_u32(smem + Tr::T_BAR);       // kT: the mbarrier of ring slot s is bar0 + 8 s
   auto issue_scales = [&](int tile) {  // fp16 scale runs of `tile` into slot tile & 1
     if (tile < nkt) {
       const int64_t head_row = first_row();
@@ -637,20 +515,17 @@ __global__ void __launch_bounds__(kThreads, MINB)
   // V-poisoned keys: vbad tells whether this thread's V chunks of the tile hold a non-finite value (float16: a NaN /
   // Inf half, left for the tile's rare branch to zero; q8_0 / q4_0: a NaN / Inf scale, dequantized as 0 right here);
   // the next barrier ORs it (see the loop).
-  // kQW: the K tile is dequantized into the one f16 K buffer instead of spreading its scales (KSF); kbig notes that
-  // this thread's key has a scale its f16 would overflow with (dequant_k_tile), and the next barrier ORs it too.
-  bool vbad = false, kbig = false;
+  bool vbad = false;
   auto prep_pipe = [&](int tile) {
     const int buf = int(tile & 1);
     const uint8_t* sc = smem + kSC + buf * Tr::SC;
     const uint16_t* kst = reinterpret_cast<const uint16_t*>(sc);
-    if constexpr (kQW) kbig = dequant_k_tile<D>(smem + kRingO + buf * kRingB, kst, KH, tid);
-    else k_scales<NB>(kst, KSF + buf * Tr::KSF_N, tid);
+    k_scales<NB>(kst, KSF + buf * Tr::KSF_N, tid);
     vbad = false;
     const int jv = tid / vch, pv = tid % vch;
     if constexpr (Tr::kConv) {
       const uint16_t* vsr = reinterpret_cast<const uint16_t*>(sc + Tr::ST_KS);
-      uint8_t* vh = VH + buf * kVHB;
+      uint8_t* vh = VH + buf * Tr::P_VHB;
       // 16 f16 bytes of key j at row byte b: padded rows for ldmatrix, or with wgmma the MN-major 128-byte-swizzle
       // layout the f16 V tile has when the TMA writes it (so the P.V reads both the same way)
       auto vh_at = [&](int j, int b) {
@@ -697,44 +572,29 @@ __global__ void __launch_bounds__(kThreads, MINB)
             vt + (kT ? tma_row_byte<Tr::VROW, kKeys>(j, pv * 16) : j * Tr::VRAW + pv * 16));
       });
     }
-    // the f16 K buffer is a wgmma operand too (the kConv branch fenced it with its V)
-    if constexpr (kQW && !Tr::kConv) fence_proxy_async_smem();
   };
   // The rare branch of a tile whose V holds a poisoned key (block-uniform, after the barrier that ORed vbad): thread
   // j < 64 checks key j (float16: zeroing the row's NaN / Inf halves in the ring slot; q8_0 / q4_0: its NB V scales,
   // still in the tile's scale slot: issue_pipe(tile + 1) refills that after this) and, when it is bad, makes its K
   // scale NaN in the tile's K scale table (ksf_poison) before compute reads it.
-  auto v_key_bad = [&](int buf) {  // thread tid < 64: whether key tid's V is poisoned
-    bool bad;
-    if constexpr (Tr::kConv) {
-      const uint16_t* vs = reinterpret_cast<const uint16_t*>(smem + kSC + buf * Tr::SC + Tr::ST_KS);
-      bad = v_scales_poisoned<NB>(vs + tid * NB);
-    } else {
-      uint8_t* vt = smem + kRingO + buf * kRingB + (kT ? Tr::T_KT : Tr::ST_K);
-      bad = f16_row_poisoned<vch>([&](int c) {
-        return reinterpret_cast<uint4*>(vt + (kT ? tma_row_byte<Tr::VROW, kKeys>(tid, c * 16)
-                                                 : tid * Tr::VRAW + c * 16));
-      });
-      if constexpr (kT) fence_proxy_async_smem();  // zeroed bytes: before wgmma / the next TMA into the slot
-    }
-    return bad;
-  };
-  // kQW: the tile's per-key logit factors instead (KMUL, read by compute while `special`): NaN for a V-poisoned key
-  // (its logit NaN, as ksf_poison makes it), 2^8 for a big key (dequant_k_tile converted it times 2^-8), else 1.
-  // The K scales are still in the tile's scale slot, as the V scales.
   auto v_poison_pipe = [&](int tile) {
     const int buf = int(tile & 1);
     if (tid < kKeys) {
-      if constexpr (kQW) {
-        bool bad = false;
-        if constexpr (kVCheck) bad = v_key_bad(buf);
-        const uint16_t* kst = reinterpret_cast<const uint16_t*>(smem + kSC + buf * Tr::SC);
-        KMUL[tid] = bad ? __int_as_float(0x7fc00000) : k_scales_big<NB>(kst + tid * NB) ? 256.f : 1.f;
+      bool bad;
+      if constexpr (Tr::kConv) {
+        const uint16_t* vs = reinterpret_cast<const uint16_t*>(smem + kSC + buf * Tr::SC + Tr::ST_KS);
+        bad = v_scales_poisoned<NB>(vs + tid * NB);
       } else {
-        if (v_key_bad(buf)) ksf_poison(KSF + buf * Tr::KSF_N, tid);
+        uint8_t* vt = smem + kRingO + buf * kRingB + (kT ? Tr::T_KT : Tr::ST_K);
+        bad = f16_row_poisoned<vch>([&](int c) {
+          return reinterpret_cast<uint4*>(vt + (kT ? tma_row_byte<Tr::VROW, kKeys>(tid, c * 16)
+                                                   : tid * Tr::VRAW + c * 16));
+        });
+        if constexpr (kT) fence_proxy_async_smem();  // zeroed bytes: before wgmma / the next TMA into the slot
       }
+      if (bad) ksf_poison(KSF + buf * Tr::KSF_N, tid);
     }
-    __syncthreads();  // the NaN K scales (KMUL) and zeroed V; every scale read before issue_pipe(tile + 1) refills
+    __syncthreads();  // the NaN K scales and zeroed V; every scale read before issue_pipe(tile + 1) refills the slot
   };
 
   auto wait_tma = [&](int tile) {  // kT: every thread waits until the tile's tensor copies have landed
@@ -811,8 +671,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
 
   // A fragments of Q (m16n8k32 row layout via ldmatrix: matrices rows 0-7 / 8-15 x bytes 0-15 / 16-31)
   const unsigned q_addr = smem_u32(qw + ((lane >> 3) & 1) * 8 * Tr::QSTR + (lane & 7) * Tr::QSTR + (lane >> 4) * 16);
-  uint32_t qa[MT][Tr::kQReg && !kQW ? NB : 1][4];
-  if constexpr (Tr::kQReg && !kQW) {
+  uint32_t qa[MT][Tr::kQReg ? NB : 1][4];
+  if constexpr (Tr::kQReg) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -823,29 +683,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
   // Q block scales of this thread's rows: h = 2 * mt + (0: row gid, 1: row gid + 8) of m tile mt. The other row
   // facts (last visible key, mask and output offsets) are derived where they are needed (masked tiles, the
   // epilogue), not kept in registers for the whole key walk.
-  float sq[NH][Tr::kQReg && !kQW ? NB : 1];  // Q block scale * scale * log2 e, q_scale23 (else read from smem)
+  float sq[NH][Tr::kQReg ? NB : 1];  // Q block scale * scale * log2 e, q_scale23 (else read from shared memory)
   auto row_local = [&](int h) { return warp * RW + (h >> 1) * 16 + gid + 8 * (h & 1); };
-  // kQW: Q as the wgmma A operand, f16 (q * sq) per element in the m16n8k16 A layout of each k16 step (rows gid, gid
-  // + 8; columns 16 kk + 2 tig + {0, 1, 8, 9}). Where |scale * log2 e| <= 1 (every usual scale) it is folded in too,
-  // f16 (q * (sq * scale * log2 e)), one f16 rounding either way and no overflow (|q * sq| <= ~65504); a larger scale
-  // is applied to the logits instead (one FMUL per logit, qfold false).
-  const bool qfold = fabsf(a.scale_log2) <= 1.f;
-  uint32_t qh[kQW ? D / 16 : 1][4];
-  if constexpr (kQW) {
-    const int8_t* q0 = qw + gid * Tr::QSTR;
-    const int8_t* q1 = q0 + 8 * Tr::QSTR;
-    const float f = qfold ? a.scale_log2 : 1.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const float s0 = SQ[row_local(0) * NB + kk / 2] * f, s1 = SQ[row_local(1) * NB + kk / 2] * f;
-      const int c = 16 * kk + 2 * tig;
-      qh[kk][0] = q_f16_pair(q0 + c, s0);
-      qh[kk][1] = q_f16_pair(q1 + c, s1);
-      qh[kk][2] = q_f16_pair(q0 + c + 8, s0);
-      qh[kk][3] = q_f16_pair(q1 + c + 8, s1);
-    }
-  }
-  if constexpr (Tr::kQReg && !kQW) {
+  if constexpr (Tr::kQReg) {
 #pragma unroll
     for (int h = 0; h < NH; ++h)
 #pragma unroll
@@ -895,35 +735,11 @@ __global__ void __launch_bounds__(kThreads, MINB)
 #endif
   };
 
-  // kQW: whether the tile needs its per-key logit factors (KMUL: a V-poisoned or a big key; block-uniform)
-  bool special = false;
-
   // One tile of this warp: S = Q.K, mask, online softmax, O += P.V. K from the stage at k_st, the K scale
-  // pairs at KSF, f16 V rows at v_addr (shared addresses). kQW: k_st is the f16 K buffer, ksf unused.
+  // pairs at KSF, f16 V rows at v_addr (shared addresses).
   auto compute = [&](const int j0, const unsigned k_st, const float4* __restrict__ ksf, const unsigned v_addr) {
     // ---- S = Q.K (log2 units) ----
     float S[MT][8][4];
-    if constexpr (kQW) {
-#if defined(D4A_WGMMA)
-      qk_wgmma<D>(S[0], qh, k_st);
-#endif
-      if (!qfold) {  // a scale |scale * log2 e| > 1, not folded into Q's f16
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) S[0][n][e] *= a.scale_log2;
-      }
-      if (special) {  // rare: NaN for V-poisoned keys, 2^8 for big ones (v_poison_pipe)
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-          const float2 m = *reinterpret_cast<const float2*>(KMUL + 8 * n + 2 * tig);
-          S[0][n][0] *= m.x;
-          S[0][n][1] *= m.y;
-          S[0][n][2] *= m.x;
-          S[0][n][3] *= m.y;
-        }
-      }
-    } else {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -984,7 +800,6 @@ __global__ void __launch_bounds__(kThreads, MINB)
         }
       }
     }
-    }  // Q.K by mma.sync
 
     // ---- masking: causal diagonal / Sk tail / explicit mask only ----
     if (a.mask_kind != 0 || j0 + kKeys - 1 > kmin_w) {
@@ -1212,11 +1027,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
     prep_pipe(0);
   }
   for (int tile = 0; tile < nkt; ++tile) {
-    // and whether the tile holds a V-poisoned key (prep_pipe), or with kQW a big K key (whose check no instance skips)
-    if constexpr (kQW) {
-      special = __syncthreads_or(int(vbad || kbig)) != 0;
-      if (special) v_poison_pipe(tile);  // rare
-    } else if constexpr (kVCheck) {
+    // and whether the tile holds a V-poisoned key (prep_pipe)
+    if constexpr (kVCheck) {
       if (__syncthreads_or(vbad) != 0) v_poison_pipe(tile);  // rare
     } else {
       __syncthreads();
@@ -1227,15 +1039,12 @@ __global__ void __launch_bounds__(kThreads, MINB)
     if (kWG || j0 <= kmax_w) {  // else no row of this warp sees any key of the tile (uniform per warp; with wgmma
                                  // all 4 warps take part: such a warp's rows are all masked, so its P is 0)
       const unsigned ring = smem_u32(smem + kRingO + buf * kRingB);
-      compute(j0, kQW ? smem_u32(KH) : ring, KSF + buf * Tr::KSF_N,
-              Tr::kConv ? smem_u32(VH + buf * kVHB) : ring + unsigned(kT ? Tr::T_KT : Tr::ST_K));
+      compute(j0, ring, KSF + buf * Tr::KSF_N,
+              Tr::kConv ? smem_u32(VH + buf * Tr::P_VHB) : ring + unsigned(kT ? Tr::T_KT : Tr::ST_K));
     }
     cp_async_wait<0>();  // this thread's copies of tile + 1
     if (tile + 1 < nkt) {
       wait_tma(tile + 1);  // kT: the tensor copies of tile + 1 (every thread reads them: raw V in prep_pipe, K / V)
-      // kQW: one f16 K buffer, so every warp's Q.K of this tile must be done reading it (its wgmma waited inside
-      // compute) before any thread writes tile + 1's; the P.V in flight reads V only
-      if constexpr (kQW) __syncthreads();
       prep_pipe(tile + 1);
     }
     wg_wait_o();  // wgmma: this tile's P.V has read its V slot (refilled after the next barrier) and written O

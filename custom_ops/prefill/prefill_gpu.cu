@@ -1,8 +1,7 @@
 // Dot4Attention prefill route on the GPU (Sq > 8): tiled FlashAttention in one launch. Executes a launch plan
 // (gpu/launch_plan.h) of one of two kernels:
 //   * the tensor-core prefill (gpu/prefill_mma.cuh; CUDA sm_80+, float16 T, D 64 / 128 / 256): int8 mma Q.K, f16
-//     mma.sync P.V, or on sm_90a wgmma P.V from TMA tiles (qk_wgmma plans: Q.K by f16 wgmma too, K dequantized per
-//     tile); with float16 V a long wgmma call first scans V once for
+//     mma.sync P.V, or on sm_90a wgmma P.V from TMA tiles; with float16 V a long wgmma call first scans V once for
 //     NaN / Inf (gpu/v_scan.cuh), then runs the unflagged heads on an instance without the V check and the flagged
 //     ones on the checked instance; a long q8_0 / q4_0 V call first converts V once into float16 rows
 //     (gpu/v_dequant.cuh) and runs the float16-V instance on them;
@@ -60,24 +59,6 @@ __global__ void wgmma_marker_kernel(int* p) {
 #endif
 }
 
-// A wgmma plan (P.V by wgmma; QW: Q.K too): with a V scan (float16 V, 3 blocks per SM) the unflagged heads without the
-// V check, then the flagged ones with it; else one checked launch.
-template <int VK, int D, int MT, int MINB, bool QW>
-void wg_launch(const GpuPlan& pl, const TileArgs& a, const TmaMaps& tm, void* scratch, gpuStream_t s) {
-  if constexpr (VK == kVF16 && MINB == 3) {
-    if (pl.v_scan) {
-      TileArgs b = a;
-      b.v_flags = static_cast<const int*>(scratch);
-      scan_v_nonfinite(b, static_cast<int*>(scratch), s);
-      launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, true, true, false, QW>, pl, s, b, pl.causal_tiles, tm);
-      return launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, true, true, true, QW>, pl, s, b,
-                            pl.causal_tiles, tm);
-    }
-  }
-  if (pl.v_scan) no_instance(pl);  // the planner scans only where the unchecked instance exists
-  launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, true, true, true, QW>, pl, s, a, pl.causal_tiles, tm);
-}
-
 // One planned instance: TMA tiles (sm_90, 2+ blocks per SM of the pipelined layout), with the wgmma P.V where the
 // plan says so, or cp.async tiles.
 // scratch: the V scan's flags (pl.v_scan: float16 V, wgmma, 3 blocks per SM; the only instances compiled without
@@ -92,20 +73,25 @@ void mma_inst(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s
           !tma_map_rows(&tm.v, a.v, Tr::VROW, a.v_stride, a.kv_rows, a.Sk, a.B * a.Hkv, pmma::kKeys))
         throw std::runtime_error("Dot4Attention GPU: the driver refused the K / V tensor maps of a TMA plan");
       if constexpr (Tr::kWgmma) {
-        // qk_wgmma (3 blocks per SM only): the same launches with Q.K by wgmma too (QW)
-        if constexpr (MINB == 3) {
-          if (pl.qk_wgmma) {
-            if (!pl.wgmma) no_instance(pl);
-            return wg_launch<VK, D, MT, MINB, true>(pl, a, tm, scratch, s);
+        if constexpr (VK == kVF16 && MINB == 3) {
+          if (pl.wgmma && pl.v_scan) {  // unflagged heads without the V check, then the flagged ones with it
+            TileArgs b = a;
+            b.v_flags = static_cast<const int*>(scratch);
+            scan_v_nonfinite(b, static_cast<int*>(scratch), s);
+            launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, true, true, false>, pl, s, b, pl.causal_tiles,
+                           tm);
+            return launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, true, true>, pl, s, b, pl.causal_tiles,
+                                  tm);
           }
         }
-        if (pl.wgmma) return wg_launch<VK, D, MT, MINB, false>(pl, a, tm, scratch, s);
+        if (pl.wgmma && !pl.v_scan)
+          return launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, true, true>, pl, s, a, pl.causal_tiles, tm);
       }
       if (pl.v_scan) no_instance(pl);  // the planner scans only where the unchecked instance exists
       return launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, true, false>, pl, s, a, pl.causal_tiles, tm);
     }
   }
-  if (pl.tma || pl.wgmma || pl.v_scan || pl.qk_wgmma) no_instance(pl);
+  if (pl.tma || pl.wgmma || pl.v_scan) no_instance(pl);
   launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, false, false>, pl, s, a, pl.causal_tiles, tm);
 }
 

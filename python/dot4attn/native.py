@@ -154,8 +154,7 @@ def kv_layout_of(kp, ks, v, vs=None) -> dict:
 
 def gpu_plan(call: GpuCall, device: str | None = None) -> dict:
     """The launch plan of `call` as a dict (route, kernel, warps, stages, staging, splits, scratch_bytes,
-    fallback, ...; the tensor-core prefill's instance: m_tiles, min_blocks, tma, wgmma, v_scan, v_dequant and
-    qk_wgmma, Q.K by f16 wgmma), for the current GPU (device None) or for the described one."""
+    fallback, ...), for the current GPU (device None) or for the described one."""
     plan = ctypes.create_string_buffer(_PLAN_LEN)
     err = ctypes.create_string_buffer(_ERR_LEN)
     scratch = ctypes.c_size_t(0)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import attention_cases as AC
-from conftest import check_nmse, gaussian_qkv, pack_value
+from conftest import check_nmse
 from dot4attn import native
 from dot4attn import reference as R
 
@@ -89,7 +89,6 @@ def test_long_cases(torch_cuda, name, route, overrides):
         assert plan["kernel"] == KERNEL_OF[overrides]
     elif _mma_ok(c):  # every tensor-core variant must have run on the tensor-core kernel
         assert plan["kernel"] == ("prefill_mma" if route == "prefill" else "decode_mma"), plan
-    assert not plan.get("qk_wgmma"), plan  # the f16 Q.K is an experiment, asked for by override only
 
 
 def test_long_cases_cover_every_instance(torch_cuda):
@@ -343,102 +342,3 @@ def test_v_dequant_prefill_matches_the_kernels_own_conversion(torch_cuda, v_form
     assert torch.equal(torch.isnan(a), torch.isnan(b))
     assert torch.isnan(a[0, :, 2500:]).any() and not torch.isnan(a[0, :4, :2500]).any()  # seen from 2500 on
     assert torch.equal(torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0))
-
-
-# ---- the prefill's Q.K: f16 wgmma (qk_wgmma, sm_90a) and int8 mma.sync (qk_wgmma=0) -----------------------------
-
-# Chunked causal prefills (Sq < Sk), masks, both head sizes and every V format, Sq a multiple of 64 (the causal
-# position-major order) or not, and a scale past the Q fold (scale 2: |scale * log2 e| > 1 takes the FMUL per logit;
-# past the automatic plan's 2 / sqrt(D), so only qk_wgmma=1 runs it there, on Q 16x smaller: the logits of scale 1/8).
-QK_CASES = [
-    AC.Case("qk_f16_d128_chunk", 1, 8, 2, 200, 1000, 128, "float16", "float", 1),
-    AC.Case("qk_q8_d128_chunk_bool", 1, 8, 2, 130, 700, 128, "float16", "q8_0", 1, "bool_k"),
-    AC.Case("qk_q4_d128_add", 2, 8, 2, 300, 300, 128, "float16", "q4_0", 1, "add_pad_b1qk", dead_rows=None),
-    AC.Case("qk_f16_d64_chunk_add", 1, 8, 2, 256, 1000, 64, "float16", "float", 1, "add_1h1k", dead_rows=None),
-    AC.Case("qk_q8_d64_chunk", 1, 8, 1, 100, 1000, 64, "float16", "q8_0", 1),
-    AC.Case("qk_q4_d64_chunk_bool", 1, 8, 2, 64, 900, 64, "float16", "q4_0", 1, "bool_k"),
-    AC.Case("qk_f16_d128_scale2", 1, 4, 2, 100, 500, 128, "float16", "float", 0, scale=2.0),
-    AC.Case("qk_q8_d128_scale2_chunk", 1, 4, 1, 70, 600, 128, "float16", "q8_0", 1, scale=2.0),
-]
-
-
-@functools.lru_cache(maxsize=None)
-def _qk_case_data(i: int):
-    """case_data for QK_CASES[i] (not in the shared table: GPU only)."""
-    c = QK_CASES[i]
-    rng = np.random.default_rng(1000 + i)
-    q, k, v = gaussian_qkv(rng, c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D, c.dtype)
-    if c.scale:
-        q = (q / 16).astype(q.dtype)
-    kp, ks = R.pack_k(k)
-    value, v_scales = pack_value(v, c.v_format)
-    mask = AC.make_mask(c.mask, rng, c.B, c.Hq, c.Sq, c.Sk, c.dtype)
-    ref = R.attention(q, kp, ks, value, v_scales, mask, scale=c.scale, causal=c.causal, v_format=c.v_format)
-    dead = ~AC.visible_keys(c, mask).any(axis=-1)
-    return (q, kp, ks, value, v_scales, mask), ref, dead
-
-
-def _wgmma_device(torch) -> bool:
-    """Whether this GPU runs the wgmma prefill (sm_90a code loaded)."""
-    return torch.cuda.get_device_capability() == (9, 0) and native.gpu_plan(
-        native.make_call(1, 8, 2, 1000, 1000, 128, v_format="float", route="prefill"))["wgmma"]
-
-
-@pytest.mark.parametrize("overrides", ["", "qk_wgmma=0", "qk_wgmma=1", "qk_wgmma=0,v_dequant=1", "v_dequant=1"])
-@pytest.mark.parametrize("i", range(len(QK_CASES)), ids=[c.name for c in QK_CASES])
-def test_prefill_qk_paths(torch_cuda, i, overrides):
-    """Both Q.K paths of the tensor-core prefill against the reference at the shared tolerance."""
-    torch = torch_cuda
-    c = QK_CASES[i]
-    (q, kp, ks, value, v_scales, mask), ref, dead = _qk_case_data(i)
-    t = [to_device(torch, a) for a in (q, kp, ks, value, v_scales, mask)]
-    out = torch.full(q.shape, float("nan"), dtype=t[0].dtype, device="cuda")
-    plan = _call(c, t, mask, out, "prefill", overrides)(return_plan=True)
-    torch.cuda.synchronize()
-    o = out.cpu().numpy()
-    what = f"{c} plan={plan}"
-    check_nmse(o, ref, AC.REF_TOL, what)
-    assert np.all(o[dead] == 0), f"{what}: rows that see no key are not exact zeros"
-    assert plan["kernel"] == "prefill_mma", what
-    if _wgmma_device(torch):
-        auto = not c.scale or c.scale * c.D ** 0.5 <= 2
-        assert plan["qk_wgmma"] == ("qk_wgmma=0" not in overrides and (auto or "qk_wgmma=1" in overrides)), what
-
-
-@pytest.mark.parametrize("overrides", ["", "qk_wgmma=0"])
-@pytest.mark.parametrize("v_format,D", [("float", 128), ("q8_0", 128), ("q4_0", 128), ("float", 64), ("q8_0", 64)])
-def test_prefill_qk_paths_nonfinite_and_huge_k(torch_cuda, v_format, D, overrides):
-    """The non-finite policy (docs/ops.md) and K past the float16 dequantization limit on both Q.K paths: a K block
-    of +-65504 (scale 516: its f16 dequantization would overflow, so Q.K by wgmma converts that key times 2^-8 and
-    scales its logit back), a NaN K scale and a V-poisoned key (a NaN / Inf in float V, a NaN V scale) turn exactly
-    the rows that see them NaN; every other row matches the reference."""
-    torch = torch_cuda
-    rng = np.random.default_rng(D + len(v_format))
-    B, Hq, Hkv, S = 1, 8, 2, 1200
-    q, k, v = gaussian_qkv(rng, B, Hq, Hkv, S, S, D, "float16")
-    k[0, 0, 500, :32] = np.float16(65504.0)
-    k[0, 1, 260, 32:64] = -np.float16(65504.0)
-    kp, ks = R.pack_k(k)
-    ks[0, 1, 700, D // 32 - 1] = np.nan
-    if v_format == "float":
-        v[0, 1, 900, 3] = np.inf
-        v[0, 0, 1100, 7] = np.nan
-    value, v_scales = pack_value(v, v_format)
-    if v_format != "float":
-        v_scales[0, 0, 1100, 0] = np.nan
-    ref = R.attention(q, kp, ks, value, v_scales, None, causal=1, v_format=v_format)
-    t = [to_device(torch, a) for a in (q, kp, ks, value, v_scales)]
-    out = torch.full(q.shape, float("nan"), dtype=t[0].dtype, device="cuda")
-    r = native.TorchAttention(*t, out, v_format=v_format, causal=True, route="prefill", overrides=overrides)
-    plan = r(return_plan=True)
-    torch.cuda.synchronize()
-    o = out.cpu().numpy()
-    what = f"v_format={v_format} D={D} plan={plan}"
-    bad = np.isnan(ref)
-    assert bad.any() and not bad.all(), what
-    assert np.array_equal(np.isnan(o), bad), f"{what}: NaN rows differ from the reference's"
-    assert np.isfinite(o[~bad]).all(), what
-    err = R.nmse(o[~bad].astype(np.float32), ref[~bad].astype(np.float32))
-    assert err <= AC.REF_TOL, f"{what}: NMSE {err:.3e}"
-    if _wgmma_device(torch):
-        assert plan["qk_wgmma"] == (overrides == ""), what

@@ -123,57 +123,6 @@ def test_long_quantized_v_prefill_dequantizes_v_once(v_format):
     assert not plan(1, 32, 8, 8192, 8192, 128, v_format="float")["v_dequant"]
 
 
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("v_format,sq,sk", [("float", 8192, 8192), ("float", 300, 1000), ("q8_0", 512, 512),
-                                            ("q4_0", 700, 2000), ("q8_0", 8192, 8192)])
-def test_h200_wgmma_prefill_takes_qk_wgmma_when_asked(D, v_format, sq, sk):
-    """The automatic plan keeps the int8 mma.sync Q.K (exact dots: the contract's accuracy); qk_wgmma=1 asks the
-    sm_90a 3-blocks-per-SM wgmma prefill (D = 64 / 128) for Q.K by f16 wgmma, for every V format (the long q8_0 call
-    through its float16 copy), chunked (Sq < Sk) or not, in the larger shared-memory layout (one f16 K buffer)."""
-    auto = plan(1, 32, 8, sq, sk, D, v_format=v_format, causal=True)
-    assert (auto["kernel"], auto["tma"], auto["wgmma"], auto["min_blocks"], auto["m_tiles"], auto["qk_wgmma"]) == \
-        ("prefill_mma", True, True, 3, 1, False), auto
-    assert plan(1, 32, 8, sq, sk, D, v_format=v_format, causal=True, overrides="qk_wgmma=0") == auto
-    p = plan(1, 32, 8, sq, sk, D, v_format=v_format, causal=True, overrides="qk_wgmma=1")
-    assert p["qk_wgmma"] is True and auto["smem_bytes"] < p["smem_bytes"] <= 232448, p
-    assert {**p, "qk_wgmma": False, "smem_bytes": 0} == {**auto, "smem_bytes": 0}  # nothing else changes
-
-
-@pytest.mark.parametrize("D,scale", [(128, 0.0), (128, 2.0), (64, 0.5)])
-def test_qk_wgmma_is_never_automatic(D, scale):
-    """Any scale: the automatic plan keeps the int8 Q.K; qk_wgmma=1 takes the f16 one at any scale."""
-    p = plan(1, 8, 2, 1000, 1000, D, v_format="float", scale=scale)
-    assert (p["wgmma"], p["qk_wgmma"]) == (True, False), p
-    p = plan(1, 8, 2, 1000, 1000, D, v_format="float", scale=scale, overrides="qk_wgmma=1")
-    assert (p["wgmma"], p["qk_wgmma"]) == (True, True), p
-
-
-def test_qk_wgmma_shared_memory():
-    """The float16-V layout with one f16 K buffer: 68,624 bytes at D = 128 (3 blocks per SM fit the H200's 228 KB);
-    q8_0 at D = 128 needs 77,840 (2 blocks per SM)."""
-    assert plan(1, 32, 8, 8192, 8192, 128, overrides="qk_wgmma=1")["smem_bytes"] == 68624
-    assert plan(1, 32, 8, 8192, 8192, 128)["smem_bytes"] == 63504
-    assert plan(1, 32, 8, 512, 512, 128, v_format="q8_0", overrides="qk_wgmma=1")["smem_bytes"] == 77840
-
-
-@pytest.mark.parametrize("device,D,half,overrides", [
-    (H200, 128, True, "min_blocks=2"), (H200, 128, True, "m_tiles=2"), (H200, 128, True, "wgmma=0"),
-    (H200, 128, True, "tma=0"), (H200, 256, True, ""), (H100_PLAIN_SM90, 128, True, ""), (A100, 128, True, ""),
-    (H100_PLAIN_SM90, 64, True, "qk_wgmma=1"), (H200, 128, True, "min_blocks=2,qk_wgmma=1")])
-def test_qk_wgmma_only_on_the_three_block_wgmma_instance(device, D, half, overrides):
-    """Q.K by wgmma exists only in the sm_90a 3-blocks-per-SM wgmma instances; qk_wgmma=1 asks for it where
-    possible, so everywhere else the plan keeps the int8 mma.sync Q.K."""
-    p = plan(1, 32, 8, 8192, 8192, D, device=device, half=half, overrides=overrides)
-    assert p["kernel"] == "prefill_mma" and p["qk_wgmma"] is False, p
-
-
-def test_qk_wgmma_not_in_other_plans():
-    """Tile-kernel and decode plans carry no qk_wgmma; AMD plans do not change (tests/gpu/test_amd_plans.py)."""
-    assert "qk_wgmma" not in plan(1, 32, 8, 8192, 8192, 128, half=False)
-    assert "qk_wgmma" not in plan(1, 32, 8, 1, 8192, 128, v_format="q4_0")
-    assert "qk_wgmma" not in plan(1, 32, 8, 8192, 8192, 128, device=MI300)
-
-
 def test_plain_sm90_build_keeps_mma_sync_at_two_blocks():
     p = plan(1, 32, 8, 8192, 8192, 128, device=H100_PLAIN_SM90, v_format="float")
     assert (p["kernel"], p["tma"], p["wgmma"], p["min_blocks"]) == ("prefill_mma", True, False, 2)
@@ -261,7 +210,6 @@ def test_plans_are_pure():
     ("warps=99", r"'warps': expected an integer in \[0, 16\], got '99'"),
     ("split_pool=10", "unknown key 'split_pool'"),
     ("v_scan=2", r"'v_scan': expected an integer in \[0, 1\], got '2'"),
-    ("qk_wgmma=2", r"'qk_wgmma': expected an integer in \[0, 1\], got '2'"),
 ])
 def test_bad_overrides(overrides, message):
     with pytest.raises(native.NativeError, match=message):
