@@ -54,6 +54,15 @@ def q8_0(x):
     return _levels(xb, fp16(xb.abs().amax(-1, keepdim=True) / 127), -127, 127).reshape(x.shape)
 
 
+def q_sym(x, bits: int):
+    """A symmetric b-bit block format like q4_0 (2^b levels, s = v / -2^(b-1), v the block's signed max)."""
+    xb = x.reshape(*x.shape[:-1], -1, 32)
+    hi, lo = xb.amax(-1, keepdim=True), xb.amin(-1, keepdim=True)
+    half = 2 ** (bits - 1)
+    s = fp16(torch.where(hi >= -lo, hi, lo) / -half)
+    return _levels(xb, s, -half, half - 1).reshape(x.shape)
+
+
 def schemes(d: int) -> dict:
     h = torch.tensor(hadamard(d), dtype=torch.float32)
     rot = lambda f: (lambda v: f(v @ h) @ h)  # noqa: E731 - H is symmetric and orthogonal
@@ -66,6 +75,9 @@ def schemes(d: int) -> dict:
         "4-bit, 16-value blocks + Hadamard": rot(lambda v: q4_sym(v, 16, True)),
         "q4_1 (scale + minimum), 32-value blocks": lambda v: q4_1(v, 32),
         "q4_1 + Hadamard": rot(lambda v: q4_1(v, 32)),
+        # what the pair layout's spare V-row bytes could hold (D/2 + D/8 of D used): 5 and 6 bits per value
+        "5-bit, 32-value blocks, 32 levels": lambda v: q_sym(v, 5),
+        "6-bit, 32-value blocks, 64 levels": lambda v: q_sym(v, 6),
     }
 
 
