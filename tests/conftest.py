@@ -146,7 +146,7 @@ def run_pack(x: np.ndarray, op: str = "PackK", fmt: str | None = None):
 # ---- data -------------------------------------------------------------------------------------------------------
 
 def gaussian_qkv(rng, B, Hq, Hkv, Sq, Sk, D, dtype="float32"):
-    """The issue's quality inputs: Q standard normal x3, K and V standard normal."""
+    """The quality inputs: Q standard normal x3, K and V standard normal."""
     q = (rng.standard_normal((B, Hq, Sq, D), dtype=np.float32) * 3).astype(dtype)
     k = rng.standard_normal((B, Hkv, Sk, D), dtype=np.float32).astype(dtype)
     v = rng.standard_normal((B, Hkv, Sk, D), dtype=np.float32).astype(dtype)

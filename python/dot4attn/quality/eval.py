@@ -55,7 +55,7 @@ PHASES = ("prompt", "decode", "all")
 # --smollm2's variants: rewrites of the fp32 folder (-hadamard: with --rotate-v, V rotated per head by a Hadamard
 # matrix folded into the weights) and ORT's int8 KV cache.
 SMOLLM2_VARIANTS = ("q8_0", "q4_0", "int8kv", "q8_0-hadamard", "q4_0-hadamard")
-# The issue's bars for a rewrite (real weights, every context): q8_0 V keeps the perplexity within 0.1 %, with
+# The project's bars for a rewrite (real weights, every context): q8_0 V keeps the perplexity within 0.1 %, with
 # compare's KL and top-1 bars; q4_0 V within 0.5 % (its KL is judged against ORT's int8 cache's, not a constant).
 BARS = {"q8_0": dict(max_ppl_ratio=1.001, max_kl=1e-3, min_top1=0.95), "q4_0": dict(max_ppl_ratio=1.005)}
 
@@ -224,7 +224,7 @@ def _bytes(r) -> int | None:
 def failures(result: dict, formats: dict[str, str]) -> list[str]:
     """The bars (BARS) each candidate of a known V format misses, at every context and for the decode positions
     and all positions; formats: candidate name -> V format ("int8kv" names ORT's int8 KV cache: where one was
-    evaluated, a q4_0 V, at its bytes, must also have a mean KL no higher than its, the issue's target)."""
+    evaluated, a q4_0 V, at its bytes, must also have a mean KL no higher than its, the project's target)."""
     bad = []
     for context, entry in result["contexts"].items():
         int8 = [c for name, c in entry["candidates"].items() if formats.get(name) == "int8kv"]
