@@ -90,7 +90,7 @@ void cache_attention_cpu(const CacheParams& c, OrtKernelContext* ctx) {
   if (!c.shared()) {
     parallel_for(ctx, size_t(c.B * c.Hkv), [&](size_t bh) {
       for (int t = 0; t < 2; ++t) {
-        const int64_t row = t == 0 ? c.k_row : c.v_row;
+        const int64_t row = t == 0 ? c.map.k_row : c.map.v_row;
         const uint8_t* src = (t == 0 ? c.past_k : c.past_v) + int64_t(bh) * c.past_rows * row;
         uint8_t* dst = (t == 0 ? c.present_k : c.present_v) + int64_t(bh) * c.L * row;
         std::memcpy(dst, src, size_t(c.past_rows * row));
@@ -112,7 +112,7 @@ void cache_attention_cpu(const CacheParams& c, OrtKernelContext* ctx) {
       rotate(c, pos, x);
       load_floats(c.packed_qkv ? c.q : c.v, c.half, head_offset(c, 2, b, s, h), D, xv);
       const int64_t row = (b * c.Hkv + h) * c.L + pos;
-      pack_token(x, xv, c, c.present_k + row * c.k_row, c.present_v + row * c.v_row);
+      pack_token(x, xv, c, c.present_k + row * c.map.k_row, c.present_v + row * c.map.v_row);
     }
     if (s >= c.q_rows(b)) return;  // right padding of a first prompt: no query row
     for (int64_t h = 0; h < c.Hq; ++h) {

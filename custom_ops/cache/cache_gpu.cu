@@ -236,7 +236,7 @@ void cache_attention_gpu(const CacheParams& c, const CacheGpuWork& l, void* scra
   if (!c.shared()) {
     const int64_t rows = c.B * c.Hkv;
     for (int t = 0; t < 2; ++t) {
-      const int64_t rb = t == 0 ? c.k_row : c.v_row;
+      const int64_t rb = t == 0 ? c.map.k_row : c.map.v_row;
       uint8_t* dst = t == 0 ? c.present_k : c.present_v;
       const uint8_t* src = t == 0 ? c.past_k : c.past_v;
       if (c.past_rows > 0)
@@ -252,7 +252,7 @@ void cache_attention_gpu(const CacheParams& c, const CacheGpuWork& l, void* scra
     Prologue a{};
     a.q = c.q; a.k = c.k; a.v = c.v; a.cos = c.cos; a.sin = c.sin; a.q_norm = c.q_norm; a.k_norm = c.k_norm;
     a.q_rows = q_rows; a.k_cache = c.present_k; a.v_cache = c.present_v;
-    a.S = c.S; a.Hq = c.Hq; a.Hkv = c.Hkv; a.L = c.L; a.k_row = c.k_row; a.v_row = c.v_row; a.rot_half = c.rot_half;
+    a.S = c.S; a.Hq = c.Hq; a.Hkv = c.Hkv; a.L = c.L; a.k_row = c.map.k_row; a.v_row = c.map.v_row; a.rot_half = c.rot_half;
     a.b0 = b0; a.nb = std::min<int64_t>(kMaxBatch, c.B - b0); a.D = c.D;
     a.q_eps = c.q_norm_eps; a.k_eps = c.k_norm_eps;
     a.half = c.half; a.packed = c.packed_qkv; a.rotary = c.rotary; a.interleaved = c.interleaved;

@@ -91,11 +91,11 @@ class CacheKernel : public Kernel {
       if (in[u.input].present) unsupported_input(u);
     CacheParams c;
     validate(ctx, in, &c);
-    const std::vector<int64_t> cache_shape{c.B, c.Hkv, c.L, c.k_row};
+    const std::vector<int64_t> cache_shape{c.B, c.Hkv, c.L, c.map.k_row};
     c.out = get_output(ctx, 0, {c.B, c.S, c.Hq * c.D});
     c.present_k = static_cast<uint8_t*>(get_output(ctx, 1, cache_shape));
     [[maybe_unused]] OrtValue* pv = nullptr;
-    c.present_v = static_cast<uint8_t*>(get_output(ctx, 2, {c.B, c.Hkv, c.L, c.v_row}, &pv));
+    c.present_v = static_cast<uint8_t*>(get_output(ctx, 2, {c.B, c.Hkv, c.L, c.map.v_row}, &pv));
     if ((c.present_k == c.past_k) != (c.present_v == c.past_v))
       fail(kOp, "outputs 'present_key' and 'present_value': either both share their past input's buffer or "
                 "neither does");
@@ -144,20 +144,17 @@ class CacheKernel : public Kernel {
     c->q = q.data;
     c->k = k.present ? k.data : nullptr;
     c->v = v.present ? v.data : nullptr;
-    c->layout = a_.layout;
     c->map = cache_row_map(D, a_.v_format, a_.layout);
-    c->k_row = c->map.k_row;
-    c->v_row = c->map.v_row;
     const char* what_k = a_.layout == CacheLayout::kPair ? "K payloads of D = " : "packed K rows of D = ";
 
     const TensorIn &pk = in[kPastK], &pv = in[kPastV];
     expect_dtype(kPastK, pk, U8);
     expect_dtype(kPastV, pv, U8);
-    if (pk.shape.size() != 4 || pk.shape[0] != B || pk.shape[1] != Hkv || pk.shape[3] != c->k_row)
-      bad_input(kPastK, "expected shape [B, kv_num_heads, rows, ", c->k_row, "] with B = ", B, ", kv_num_heads = ",
+    if (pk.shape.size() != 4 || pk.shape[0] != B || pk.shape[1] != Hkv || pk.shape[3] != c->map.k_row)
+      bad_input(kPastK, "expected shape [B, kv_num_heads, rows, ", c->map.k_row, "] with B = ", B, ", kv_num_heads = ",
                 Hkv, " (", what_k, D, layout_note(a_.layout), "), got ", shape_str(pk.shape));
-    if (pv.shape != std::vector<int64_t>{B, Hkv, pk.shape[2], c->v_row})
-      bad_input(kPastV, "expected shape ", shape_str({B, Hkv, pk.shape[2], c->v_row}), " (packed ",
+    if (pv.shape != std::vector<int64_t>{B, Hkv, pk.shape[2], c->map.v_row})
+      bad_input(kPastV, "expected shape ", shape_str({B, Hkv, pk.shape[2], c->map.v_row}), " (packed ",
                 a_.v_format == VFormat::kQ4_0 ? "q4_0" : "q8_0", " V rows of D = ", D, layout_note(a_.layout),
                 "), got ", shape_str(pv.shape));
     c->past_k = static_cast<const uint8_t*>(pk.data);

@@ -31,9 +31,7 @@ struct CacheParams {
   uint8_t* present_k = nullptr;
   uint8_t* present_v = nullptr;
   int64_t L = 0;
-  CacheLayout layout = CacheLayout::kRows;
-  CacheRowMap map;               // where a token's K and V parts lie in its rows (cache_layout.h)
-  int64_t k_row = 0, v_row = 0;  // row bytes (map.k_row, map.v_row)
+  CacheRowMap map;  // the rows' widths and where a token's K and V parts lie in them (cache_layout.h)
 
   // Per batch row b (host): keys valid after this call (seqlens_k[b] + 1) and where the new tokens start. A GPU
   // decode step (S = 1) keeps seqlens_k on the device (dev_seqlens): total[b] is then total_sequence_length and
