@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
+import numpy as np
 import pytest
 
 from dot4attn import bench
@@ -100,3 +101,26 @@ def test_bench_cuda_l2_flush_choices(capsys):
     assert e.value.code == 2 and "invalid choice: 'sideways'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="l2 flush: expected 'write' or 'read', got 'sideways'"):
         cuda._Timer(None, 1, "sideways")
+
+
+def test_bench_pair_buffers_are_the_pair_layout():
+    """The CUDA bench's pair-layout candidate (d4a_pair_q4_0) reads the cache q4_0 V folders use under og.Generator:
+    its buffers hold reference.pack_cache_pair's rows, and its views give the op the strides of that layout."""
+    torch = pytest.importorskip("torch")
+    from dot4attn import native, reference as R
+    from dot4attn.bench.cuda import _pair_buffers
+
+    rng = np.random.default_rng(3)
+    B, H, S, D = 2, 3, 40, 128
+    k, v = rng.standard_normal((2, B, H, S, D)).astype(np.float32)
+    kp, ks = R.pack_k(k)
+    vp, vs = R.pack_v(v, "q4_0")
+    t = [torch.from_numpy(np.ascontiguousarray(a)) for a in (kp, ks, vp, vs)]
+    bk, kpv, ksv, bv, vpv, vsv = _pair_buffers(torch, *t, extra_rows=8, device="cpu")
+    want_k, want_v = R.pack_cache_pair(k, v)
+    assert np.array_equal(bk[:, :, :S].numpy(), want_k) and np.array_equal(bv[:, :, :S].numpy(), want_v)
+    for view, want in ((kpv, kp), (ksv, ks), (vpv, vp), (vsv, vs)):
+        assert np.array_equal(view.numpy().view(np.uint8), np.ascontiguousarray(want).view(np.uint8))
+    layout = native.kv_layout_of(kpv, ksv, vpv, vsv)
+    assert layout == {**layout, "kv_rows": S + 8, "k_stride": D, "ks_stride": D // 2, "v_stride": D,
+                      "vs_stride": D // 2}

@@ -318,6 +318,8 @@ def _decode_case(run, hq, hkv, d, sk):
         caches = None if fmt == "float" else _cache_buffers(run.torch, kp, ks, vp, vs, fmt)
         if caches is not None:
             _time_d4a_cache(run, case, q, caches, fmt, r)
+        if fmt == "q4_0":  # the pair layout q4_0 V folders use under og.Generator
+            _time_d4a_cache(run, case, q, _pair_buffers(run.torch, kp, ks, vp, vs), fmt, r, name="d4a_pair_q4_0")
         if fmt == "q4_0" and run.ort is not None and sk in (512, 16384, 131072):
             _time_ort_d4a_session(run, case, q, kp, ks, vp, vs, fmt, r)
             _time_ort_cache_session(run, case, q, k, v, caches, fmt)
@@ -400,14 +402,32 @@ def _cache_buffers(torch, kp, ks, vp, vs, fmt, extra_rows: int = 128):
     return out
 
 
-def _time_d4a_cache(run, case, q, caches, fmt, dense):
+def _pair_buffers(torch, kp, ks, vp, vs, extra_rows: int = 128, device: str = "cuda"):
+    """The pair-layout cache (docs/ops.md: q4_0 V, K and V tensors both D bytes wide) holding the same K / V: uint8
+    [B, Hkv, Sk + extra, D] per K and V (rows past Sk are garbage) and the strided views of its valid rows, in
+    _cache_buffers' order: K buffer, K payload, K scales (in the V rows), V buffer, V payload, V scales."""
+    B, H, S, D = kp.shape
+    sb = D // 16  # bytes of one row's float16 scales
+    bk = torch.full((B, H, S + extra_rows, D), 0x7F, dtype=torch.uint8, device=device)
+    bv = torch.full((B, H, S + extra_rows, D), 0x7F, dtype=torch.uint8, device=device)
+    bk[:, :, :S] = kp.view(torch.uint8)
+    bv[:, :, :S, :D // 2] = vp
+    bv[:, :, :S, D // 2:D // 2 + sb] = vs.view(torch.uint8)
+    bv[:, :, :S, D // 2 + sb:D // 2 + 2 * sb] = ks.view(torch.uint8)
+    bv[:, :, :S, D // 2 + 2 * sb:] = 0
+    return [bk, bk[:, :, :S].view(torch.int8), bv[:, :, :S, D // 2 + sb:D // 2 + 2 * sb].view(torch.float16),
+            bv, bv[:, :, :S, :D // 2], bv[:, :, :S, D // 2:D // 2 + sb].view(torch.float16)]
+
+
+def _time_d4a_cache(run, case, q, caches, fmt, dense, name=None):
     """The attention of Dot4GroupQueryAttention: the same call over the packed cache's strided rows (`caches` from
-    _cache_buffers; kernel time, the same timer as the dense call; the output must equal the dense call's)."""
+    _cache_buffers or _pair_buffers; kernel time, the same timer as the dense call; the output must equal the dense
+    call's)."""
     _, kpv, ksv, _, vpv, vsv = caches
     r = native.TorchAttention(q, kpv, ksv, vpv, vsv, run.torch.empty_like(q), v_format=fmt)
     r()
     same = bool(run.torch.equal(r.out, dense.out))
-    run.record(case, f"d4a_cache_{fmt}", run.timer(r), _kv_bytes(kpv, ksv, vpv, vsv),
+    run.record(case, name or f"d4a_cache_{fmt}", run.timer(r), _kv_bytes(kpv, ksv, vpv, vsv),
                extra={"equal_to_dense": same, "plan": r.plan, "n_splits": r.plan["n_splits"]})
 
 
