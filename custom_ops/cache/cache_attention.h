@@ -48,18 +48,18 @@ inline AttentionParams cache_attention_params(const CacheParams& c, BatchRun r, 
   const int64_t q_off = b * c.Hq * c.S * c.D;
   p.q = static_cast<const char*>(q_rows) + q_off * elem;
   p.out = static_cast<char*>(out_rows) + q_off * elem;
-  const uint8_t* kb = c.present_k + b * c.Hkv * c.L * c.map.k_row;
-  const uint8_t* vb = c.present_v + b * c.Hkv * c.L * c.map.v_row;
-  const CacheRowMap& m = c.map;
+  const CacheRowMap& m = c.map;  // where the parts of a token's rows lie (cache_layout.h)
+  const uint8_t* kb = c.present_k + b * c.Hkv * c.L * m.k_row;
+  const uint8_t* vb = c.present_v + b * c.Hkv * c.L * m.v_row;
   p.k = reinterpret_cast<const int8_t*>(kb);
   p.k_scales = reinterpret_cast<const uint16_t*>((m.k_scales_in_v ? vb : kb) + m.k_scales_off);
   p.v = vb;
   p.v_scales = reinterpret_cast<const uint16_t*>(vb + m.v_scales_off);
   p.kv_rows = c.L;
-  p.k_stride = c.map.k_row;
-  p.ks_stride = (m.k_scales_in_v ? c.map.v_row : c.map.k_row) / 2;
-  p.v_stride = c.map.v_row;
-  p.vs_stride = c.map.v_row / 2;
+  p.k_stride = m.k_row;
+  p.ks_stride = (m.k_scales_in_v ? m.v_row : m.k_row) / 2;
+  p.v_stride = m.v_row;
+  p.vs_stride = m.v_row / 2;
   p.dev_seqlens = c.dev_seqlens ? c.dev_seqlens + b : nullptr;
   p.route = choose_route(p, c.split_k_min_keys);
   return p;
