@@ -166,14 +166,20 @@ static inline vf vexp2(vf v) {
 // Every ISA's Q·K and P·V loops take steps.
 struct PrefetchQueue {
   const char* p[4];
-  int64_t left[4];
+  int64_t left[4], step[4];
   int n = 0, i = 0;
   int64_t lines = 0;
   int per_step = 0;
   bool to_l1 = true;  // prefetcht0; false: prefetcht2 (L2), for tiles that would crowd L1
   void clear() { n = i = 0; lines = 0; }
   void add(const void* ptr, int64_t bytes) {
-    if (bytes > 0 && n < 4) p[n] = static_cast<const char*>(ptr), left[n++] = bytes, lines += (bytes + 63) / 64;
+    if (bytes > 0 && n < 4)
+      p[n] = static_cast<const char*>(ptr), left[n] = bytes, step[n++] = 64, lines += (bytes + 63) / 64;
+  }
+  // One line every `stride` bytes, `count` of them: small pieces of other rows (the K scales that a packed cache's
+  // pair layout keeps in the V rows).
+  void add_strided(const void* ptr, int64_t count, int64_t stride) {
+    if (count > 0 && n < 4) p[n] = static_cast<const char*>(ptr), left[n] = count * stride, step[n++] = stride, lines += count;
   }
   void spread_over(int64_t steps) { per_step = int((lines + steps - 1) / std::max<int64_t>(1, steps)); }
 };
@@ -182,8 +188,8 @@ static inline void pf_step(PrefetchQueue& pfq) {
   while (lines > 0 && pfq.i < pfq.n) {
     if (pfq.to_l1) __builtin_prefetch(pfq.p[pfq.i], 0, 3);
     else __builtin_prefetch(pfq.p[pfq.i], 0, 1);
-    pfq.p[pfq.i] += 64;
-    pfq.left[pfq.i] -= 64;
+    pfq.p[pfq.i] += pfq.step[pfq.i];
+    pfq.left[pfq.i] -= pfq.step[pfq.i];
     if (pfq.left[pfq.i] <= 0) ++pfq.i;
     --lines;
   }
@@ -532,6 +538,9 @@ static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& ma
   const int64_t v_row_bytes = kv.v_stride * v_elem;
   const int64_t v_dense_bytes = kind == kVF32 ? 4 * D : kind == kVF16 ? 2 * D : kind == kVQ8 ? D : D / 2;
   PrefetchQueue pfq;
+  // Strided K scales inside the K rows come with them; elsewhere (the pair layout's V rows) they take a line each.
+  const int64_t ks_off = reinterpret_cast<const char*>(kv.ks) - reinterpret_cast<const char*>(kv.k);
+  const bool ks_in_k_rows = kv.ks_stride * 2 == kv.k_stride && ks_off >= 0 && ks_off < kv.k_stride;
   // A float V tile (16 KB at D = 128 in f16) plus the next K tile crowd a 32 KB L1: prefetch those into L2
   // (single thread, 16k keys from DRAM: ~10 % less time per key and KV head than into L1); q8_0 / q4_0 go to L1.
   pfq.to_l1 = v_dense_bytes <= D;
@@ -565,7 +574,8 @@ static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& ma
       const int64_t k1 = k0 + NK;
       const int nk1 = int(std::min<int64_t>(NK, k_end - k1));
       pfq.add(kv.k + k1 * kv.k_stride, int64_t(nk1) * kv.k_stride);
-      if (kv.ks_stride == nb) pfq.add(kv.ks + k1 * nb, int64_t(nk1) * nb * 2);  // else inside the K rows
+      if (kv.ks_stride == nb) pfq.add(kv.ks + k1 * nb, int64_t(nk1) * nb * 2);
+      else if (!ks_in_k_rows) pfq.add_strided(kv.ks + k1 * kv.ks_stride, nk1, kv.ks_stride * 2);  // in other rows
     }
     pfq.spread_over(int64_t(nb) * ((nk + 3) / 4));
     switch (kind) {
