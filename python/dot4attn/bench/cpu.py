@@ -22,6 +22,9 @@ GroupQueryAttention (share-buffer KV cache) vs numpy, in one process.
   cache_q4_0 the same with V q4_0
   ========== ==========================================================================================
 
+  cache_q4_0_pair is cache_q4_0 in the pair layout (K and V rows of D bytes), as q4_0 V folders hold it under
+  og.Generator.
+
   The op contract ties V's float dtype to the query dtype (``value: T``), so the "float16 V" line is T=float16.
 
 * GQA runs in share-buffer mode: ``past_key``/``present_key`` (and the value pair) are bound to the same OrtValue
@@ -45,6 +48,7 @@ from typing import Callable
 import numpy as np
 
 from .. import reference as ref
+from ..formats import cache_row_widths
 from ..formats import PACKED_FORMATS
 from ..onnx_builders import gqa_model
 from . import report
@@ -66,10 +70,17 @@ CANDIDATES = {
     "numpy": "numpy float_attention f32",
     "cache_q8_0": "Dot4GroupQueryAttention in-place packed cache, V q8_0",
     "cache_q4_0": "Dot4GroupQueryAttention in-place packed cache, V q4_0",
+    "cache_q4_0_pair": "Dot4GroupQueryAttention in-place packed cache, V q4_0, pair layout (og.Generator's)",
 }
 DOT4_CANDIDATES = [c for c in CANDIDATES if c.startswith("d4a_")]
 CACHE_CANDIDATES = [c for c in CANDIDATES if c.startswith("cache_")]
 BASELINE = "gqa_f32"
+
+
+def cache_candidate(name: str) -> tuple[str, str]:
+    """(V format, cache layout) of a cache_* candidate: cache_q8_0, cache_q4_0 (rows), cache_q4_0_pair."""
+    body = name[len("cache_"):]
+    return (body[:-len("_pair")], "pair") if body.endswith("_pair") else (body, "rows")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -259,7 +270,7 @@ class CacheRunner:
     onnxruntime-genai runs it): rows 0 .. Sk-Sq-1 hold the packed past, each call packs keys Sk-Sq .. Sk-1 from its
     key/value inputs into their rows and attends over the Sk valid rows only (seqlens_k = Sk - 1)."""
 
-    def __init__(self, q, k, v, v_format: str, threads: int):
+    def __init__(self, q, k, v, v_format: str, threads: int, cache_layout: str = "rows"):
         import onnxruntime as ort
 
         from .. import register
@@ -270,13 +281,18 @@ class CacheRunner:
         self.shape = (B, Hq, Sq, D)
         so = _session_options(threads)
         register(so)
-        model = cache_attention_model(np.float32, num_heads=Hq, kv_num_heads=Hkv, v_format=v_format)
+        model = cache_attention_model(np.float32, num_heads=Hq, kv_num_heads=Hkv, v_format=v_format,
+                                      cache_layout=cache_layout)
         self.sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         rows = Sk + 64
-        ck = np.zeros((B, Hkv, rows, ref.cache_row_bytes(D)), np.uint8)
-        cv = np.zeros((B, Hkv, rows, ref.cache_row_bytes(D, v_format)), np.uint8)
-        ck[:, :, :Sk - Sq] = ref.pack_cache_rows(k[:, :, :Sk - Sq])
-        cv[:, :, :Sk - Sq] = ref.pack_cache_rows(v[:, :, :Sk - Sq], v_format)
+        k_row, v_row = cache_row_widths(D, v_format, cache_layout)
+        ck = np.zeros((B, Hkv, rows, k_row), np.uint8)
+        cv = np.zeros((B, Hkv, rows, v_row), np.uint8)
+        if cache_layout == "pair":
+            ck[:, :, :Sk - Sq], cv[:, :, :Sk - Sq] = ref.pack_cache_pair(k[:, :, :Sk - Sq], v[:, :, :Sk - Sq])
+        else:
+            ck[:, :, :Sk - Sq] = ref.pack_cache_rows(k[:, :, :Sk - Sq])
+            cv[:, :, :Sk - Sq] = ref.pack_cache_rows(v[:, :, :Sk - Sq], v_format)
         self.cache_k, self.cache_v = _ov(ck), _ov(cv)
         del ck, cv
         bsh = lambda x: x.transpose(0, 2, 1, 3).reshape(x.shape[0], x.shape[2], -1).astype(np.float32)  # noqa: E731
@@ -285,7 +301,7 @@ class CacheRunner:
                      "total_sequence_length": _ov(np.array(Sk, np.int32))}
         self.out = _ov(np.zeros((B, Sq, Hq * D), np.float32))
         self.binding = _bind_shared_cache(self.sess, self.vals, self.cache_k, self.cache_v, self.out)
-        self.kv_bytes = B * Hkv * Sk * (ref.cache_row_bytes(D) + ref.cache_row_bytes(D, v_format))
+        self.kv_bytes = B * Hkv * Sk * (k_row + v_row)
 
     def __call__(self):
         self.sess.run_with_iobinding(self.binding)
@@ -361,7 +377,8 @@ def _make_runner(name: str, hd: HeadData, q: np.ndarray, sk: int, threads: int):
     if name == "numpy":
         return NumpyRunner(q, cut(hd.k, sk), cut(hd.v, sk))
     if name in CACHE_CANDIDATES:
-        return CacheRunner(q, cut(hd.k, sk), cut(hd.v, sk), name[len("cache_"):], threads)
+        fmt, layout = cache_candidate(name)
+        return CacheRunner(q, cut(hd.k, sk), cut(hd.v, sk), fmt, threads, layout)
     kp, ks = (cut(a, sk) for a in hd.packed["k"])
     if name == "d4a_f16":
         return Dot4Runner(q.astype(np.float16), kp, ks, cut(hd.packed["v16"], sk), None, "float", threads)
@@ -414,7 +431,7 @@ def verify_dot4(threads: int) -> list[dict]:
             got = r.output()
             qq = q.astype(np.float16) if name == "d4a_f16" else q
             if name in CACHE_CANDIDATES:  # the same math as d4a_<fmt>: the call packs its own rows like PackK/PackV
-                fmt = name[len("cache_"):]
+                fmt = cache_candidate(name)[0]
                 vv, vs = hd.packed[fmt]
             elif name in ("d4a_f16", "d4a_f32"):
                 vv, vs, fmt = (hd.packed["v16"] if name == "d4a_f16" else v), None, "float"
