@@ -150,6 +150,10 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
                             f"cache{capped}")
     if inplace_runner:
         report.notes.append(f"written for dot4attn's in-place runner, not og.Generator: {INPLACE_RUNNER_HINT}")
+    elif cache_layout == "pair":
+        report.notes.append("q4_0 V in the pair cache layout (K and V rows of head-size bytes, as genai allocates "
+                            "them): runs under og.Generator; --for-inplace-runner writes narrower V rows for "
+                            "dot4attn's in-place runner")
     if float_sums:
         report.notes.append("the sequence lengths (ReduceSum of attention_mask) are summed in float32, exact up to "
                             "2^24 positions: ONNX Runtime's CUDA ReduceSum of integers walks the mask in one block "

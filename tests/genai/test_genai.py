@@ -360,7 +360,7 @@ def test_out_must_be_new(rewritten, tmp_path, capsys):
     assert (out / "keep.txt").read_text() == "mine"
 
 
-def test_q4_0_folder_runs_under_og_generator_in_the_pair_layout(rewritten, tmp_path):
+def test_q4_0_folder_runs_under_og_generator_in_the_pair_layout(rewritten, tmp_path, capsys):
     """--v-format q4_0 without --for-inplace-runner: K and V caches of one width (head_size bytes: K's int8 payload;
     V's q4_0 payload and scales with K's scales), which genai allocates. og.Generator runs it, and its logits are
     the in-place runner's over the narrower rows layout of the same model (the same packed values, placed apart),
@@ -371,6 +371,7 @@ def test_q4_0_folder_runs_under_og_generator_in_the_pair_layout(rewritten, tmp_p
     src = genai_model("qwen3-d128", "fp32")
     pair = tmp_path / "q4_0-pair"
     assert cli(["rewrite", str(src), str(pair), "--v-format", "q4_0"]) == 0
+    assert "note: q4_0 V in the pair cache layout" in capsys.readouterr().out
     facts = json.loads((pair / "dot4attn.json").read_text())
     d = facts["head_size"]
     assert facts["cache_layout"] == "pair" and facts["runner"] == "og"
