@@ -39,9 +39,8 @@ struct Prologue {
   void* q_rows;
   uint8_t* k_cache;
   uint8_t* v_cache;
-  int64_t S, Hq, Hkv, L, k_row, v_row, rot_half, b0, nb;
-  int64_t k_scales_off, v_scales_off, k_zero_from, v_zero_from;  // CacheRowMap
-  int k_scales_in_v;
+  int64_t S, Hq, Hkv, L, rot_half, b0, nb;
+  CacheRowMap map;  // the rows' widths and where a token's parts go (cache_layout.h)
   int D;
   float q_eps, k_eps;  // the Q and K norms' epsilons
   int half, packed, rotary, interleaved, q4;
@@ -142,13 +141,14 @@ __global__ void __launch_bounds__(kThreads) prologue_kernel(Prologue a) {
     return;
   }
   const bool q4 = kind == 2 && a.q4;
-  const int64_t row_bytes = kind == 1 ? a.k_row : a.v_row;
+  const CacheRowMap& m = a.map;
+  const int64_t row_bytes = kind == 1 ? m.k_row : m.v_row;
   const int64_t token_row = (b * a.Hkv + h) * a.L + pos;
   uint8_t* row = (kind == 1 ? a.k_cache : a.v_cache) + token_row * row_bytes;
   // this part's scales: after V's payload in the V row; K's after its payload (rows) or in the V row (pair)
-  uint8_t* scales = kind == 2        ? row + a.v_scales_off
-                    : a.k_scales_in_v ? a.v_cache + token_row * a.v_row + a.k_scales_off
-                                      : row + a.k_scales_off;
+  uint8_t* scales = kind == 2        ? row + m.v_scales_off
+                    : m.k_scales_in_v ? a.v_cache + token_row * m.v_row + m.k_scales_off
+                                      : row + m.k_scales_off;
   for (int j = 0; j < nb; ++j) {
     const float amax = gpu::group32_max(gpu::abs_or_inf(x[j]));  // the non-finite policy, as PackK / PackV
     float sc;
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kThreads) prologue_kernel(Prologue a) {
     }
   }
   // zeros past this row's parts (in the pair layout the V row's tail, after K's scales, which the K group writes)
-  for (int64_t i = (kind == 1 ? a.k_zero_from : a.v_zero_from) + lane; i < row_bytes; i += 32) row[i] = 0;
+  for (int64_t i = (kind == 1 ? m.k_zero_from : m.v_zero_from) + lane; i < row_bytes; i += 32) row[i] = 0;
 }
 
 // out[b, s, h * D + d] = rows[b][h][s][d] for s < q_rows(b), else 0. One thread per element.
@@ -252,14 +252,11 @@ void cache_attention_gpu(const CacheParams& c, const CacheGpuWork& l, void* scra
     Prologue a{};
     a.q = c.q; a.k = c.k; a.v = c.v; a.cos = c.cos; a.sin = c.sin; a.q_norm = c.q_norm; a.k_norm = c.k_norm;
     a.q_rows = q_rows; a.k_cache = c.present_k; a.v_cache = c.present_v;
-    a.S = c.S; a.Hq = c.Hq; a.Hkv = c.Hkv; a.L = c.L; a.k_row = c.map.k_row; a.v_row = c.map.v_row; a.rot_half = c.rot_half;
+    a.S = c.S; a.Hq = c.Hq; a.Hkv = c.Hkv; a.L = c.L; a.map = c.map; a.rot_half = c.rot_half;
     a.b0 = b0; a.nb = std::min<int64_t>(kMaxBatch, c.B - b0); a.D = c.D;
     a.q_eps = c.q_norm_eps; a.k_eps = c.k_norm_eps;
     a.half = c.half; a.packed = c.packed_qkv; a.rotary = c.rotary; a.interleaved = c.interleaved;
     a.q4 = c.v_format == VFormat::kQ4_0;
-    a.k_scales_off = c.map.k_scales_off; a.v_scales_off = c.map.v_scales_off;
-    a.k_zero_from = c.map.k_zero_from; a.v_zero_from = c.map.v_zero_from;
-    a.k_scales_in_v = c.map.k_scales_in_v;
     for (int64_t i = 0; i < a.nb; ++i) {
       a.past[i] = int(c.past[b0 + i]);
       a.q_rows_of[i] = int(c.q_rows(b0 + i));

@@ -57,6 +57,13 @@ def check_cache_layout(cache_layout: str, v_format: str) -> str:
     return cache_layout
 
 
+def pair_v_row_parts(d: int) -> tuple[slice, slice, slice]:
+    """Byte ranges of the pair layout's V row: (V's q4_0 payload, V's float16 scales, K's float16 scales); zeros
+    follow to D (the K row is K's int8 payload alone)."""
+    sb = scale_bytes(d)
+    return slice(0, d // 2), slice(d // 2, d // 2 + sb), slice(d // 2 + sb, d // 2 + 2 * sb)
+
+
 def cache_row_widths(d: int, v_format: str, cache_layout: str = "rows") -> tuple[int, int]:
     """(K row bytes, V row bytes) of Dot4GroupQueryAttention's cache tensors: the last dims of past/present."""
     if check_cache_layout(cache_layout, v_format) == "pair":

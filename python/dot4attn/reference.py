@@ -245,22 +245,22 @@ def pack_cache_pair(k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarra
     d = k.shape[-1]
     kp, ks = pack_k(k)
     vp, vs = pack_v(v, "q4_0")
-    sb = formats.scale_bytes(d)
+    payload, v_sc, k_sc = formats.pair_v_row_parts(d)
     k_rows = np.ascontiguousarray(kp).view(np.uint8)
     v_rows = np.zeros((*v.shape[:-1], d), np.uint8)
-    v_rows[..., :d // 2] = vp
-    v_rows[..., d // 2:d // 2 + sb] = np.ascontiguousarray(vs.astype(np.float16)).view(np.uint8)
-    v_rows[..., d // 2 + sb:d // 2 + 2 * sb] = np.ascontiguousarray(ks.astype(np.float16)).view(np.uint8)
+    v_rows[..., payload] = vp
+    v_rows[..., v_sc] = np.ascontiguousarray(vs.astype(np.float16)).view(np.uint8)
+    v_rows[..., k_sc] = np.ascontiguousarray(ks.astype(np.float16)).view(np.uint8)
     return k_rows, v_rows
 
 
 def unpack_cache_pair(k_rows: np.ndarray, v_rows: np.ndarray, d: int):
     """(K payload int8, K scales, V payload uint8, V scales) of "pair" layout rows."""
-    sb = formats.scale_bytes(d)
+    payload, v_sc, k_sc = formats.pair_v_row_parts(d)
     kp = np.ascontiguousarray(k_rows[..., :d]).view(np.int8)
-    vp = np.ascontiguousarray(v_rows[..., :d // 2])
-    vs = np.ascontiguousarray(v_rows[..., d // 2:d // 2 + sb]).view(np.float16)
-    ks = np.ascontiguousarray(v_rows[..., d // 2 + sb:d // 2 + 2 * sb]).view(np.float16)
+    vp = np.ascontiguousarray(v_rows[..., payload])
+    vs = np.ascontiguousarray(v_rows[..., v_sc]).view(np.float16)
+    ks = np.ascontiguousarray(v_rows[..., k_sc]).view(np.float16)
     return kp, ks, vp, vs
 
 

@@ -48,8 +48,7 @@ from typing import Callable
 import numpy as np
 
 from .. import reference as ref
-from ..formats import cache_row_widths
-from ..formats import PACKED_FORMATS
+from ..formats import PACKED_FORMATS, cache_row_widths
 from ..onnx_builders import gqa_model
 from . import report
 

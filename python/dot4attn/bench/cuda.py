@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import native
 from .. import reference as ref
-from ..formats import PACKED_FORMATS, V_FORMATS
+from ..formats import PACKED_FORMATS, V_FORMATS, pair_v_row_parts
 from ..argtypes import positive_int
 from . import report
 
@@ -407,16 +407,16 @@ def _pair_buffers(torch, kp, ks, vp, vs, extra_rows: int = 128, device: str = "c
     [B, Hkv, Sk + extra, D] per K and V (rows past Sk are garbage) and the strided views of its valid rows, in
     _cache_buffers' order: K buffer, K payload, K scales (in the V rows), V buffer, V payload, V scales."""
     B, H, S, D = kp.shape
-    sb = D // 16  # bytes of one row's float16 scales
+    payload, v_sc, k_sc = pair_v_row_parts(D)
     bk = torch.full((B, H, S + extra_rows, D), 0x7F, dtype=torch.uint8, device=device)
     bv = torch.full((B, H, S + extra_rows, D), 0x7F, dtype=torch.uint8, device=device)
     bk[:, :, :S] = kp.view(torch.uint8)
-    bv[:, :, :S, :D // 2] = vp
-    bv[:, :, :S, D // 2:D // 2 + sb] = vs.view(torch.uint8)
-    bv[:, :, :S, D // 2 + sb:D // 2 + 2 * sb] = ks.view(torch.uint8)
-    bv[:, :, :S, D // 2 + 2 * sb:] = 0
-    return [bk, bk[:, :, :S].view(torch.int8), bv[:, :, :S, D // 2 + sb:D // 2 + 2 * sb].view(torch.float16),
-            bv, bv[:, :, :S, :D // 2], bv[:, :, :S, D // 2:D // 2 + sb].view(torch.float16)]
+    bv[:, :, :S] = 0
+    bv[:, :, :S, payload] = vp
+    bv[:, :, :S, v_sc] = vs.view(torch.uint8)
+    bv[:, :, :S, k_sc] = ks.view(torch.uint8)
+    return [bk, bk[:, :, :S].view(torch.int8), bv[:, :, :S, k_sc].view(torch.float16),
+            bv, bv[:, :, :S, payload], bv[:, :, :S, v_sc].view(torch.float16)]
 
 
 def _time_d4a_cache(run, case, q, caches, fmt, dense, name=None):
