@@ -18,7 +18,9 @@
 //    kernel's shared-memory wavefronts, and an 8k causal prefill ~7 % slower.)
 //    K fragments come straight from the int8 rows by ldmatrix (rows padded to D+16 bytes: conflict free).
 //  * online softmax in registers (log2 domain, ex2.approx), each thread owns 2 rows x 16 keys of the tile; the
-//    row sum stays per thread until the end (quad reduce once). Prefix tiles that every row of the warp sees
+//    row sum stays per thread until the end (quad reduce once). At D >= 128 the running max moves only by more
+//    than 2^8 (kMaxSlack, kLazyMax), so O is rescaled on few tiles: 6 % fewer instructions, an 8k causal prefill
+//    (32, 8, 128) 2-3 % faster, the output within NMSE 8e-8 of the exact max's. Prefix tiles that every row of the warp sees
 //    skip all masking; only the causal diagonal / Sk tail / explicit masks check per element.
 //  * P.V: P rounded to f16 in registers (the QK accumulator layout is the A fragment layout of m16n8k16), V as
 //    f16 in shared memory read by ldmatrix.trans, mma.m16n8k16.f32.f16.f16.f32 (float32 accumulation). On sm_90a
@@ -76,6 +78,8 @@ namespace pmma {
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kKeys = 64;           // keys per tile
+// The running max of a row moves only by more than this (log2 units): P stays <= 2^8, and O is rescaled only then.
+constexpr float kMaxSlack = 8.f;
 
 // MT: 16-row m tiles per warp (1: 64 rows per block; 2: 128 rows, every K / V fragment read from shared memory
 // feeds two mmas: half the ldmatrix traffic per row, more registers).
@@ -841,6 +845,10 @@ __global__ void __launch_bounds__(kThreads, MINB)
         }
     }
     // ---- online softmax (rows gid, gid + 8 of each m tile; a quad shares a row) ----
+    // kLazyMax (D >= 128): the lazy running max. At D = 64 the saved FMULs are half as many and the vote and branch
+    // cost more than they save (an 8k causal prefill: 4 % slower), so the max moves on every tile there.
+    constexpr bool kLazyMax = D >= 128;
+    float alpha[NH];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       float mx[2] = {-INFINITY, -INFINITY};
@@ -849,15 +857,17 @@ __global__ void __launch_bounds__(kThreads, MINB)
         mx[0] = fmaxf(mx[0], fmaxf(S[mt][n][0], S[mt][n][1]));
         mx[1] = fmaxf(mx[1], fmaxf(S[mt][n][2], S[mt][n][3]));
       }
-      float alpha[2], mu[2];
+      float mu[2];
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int h = 2 * mt + hh;
         mx[hh] = fmaxf(mx[hh], shfl_xor(mx[hh], 1));
         mx[hh] = fmaxf(mx[hh], shfl_xor(mx[hh], 2));
-        const float mn = fmaxf(m_run[h], mx[hh]);
+        // The running max moves only when the tile's passes it by more than kMaxSlack: p <= 2^kMaxSlack then (exact
+        // scaling in the f16 P and the float sum), and most tiles leave O's scale alone (alpha == 1, no rescale).
+        const float mn = !kLazyMax || mx[hh] > m_run[h] + kMaxSlack ? fmaxf(m_run[h], mx[hh]) : m_run[h];
         mu[hh] = mn == -INFINITY ? 0.f : mn;
-        alpha[hh] = ex2(m_run[h] - mu[hh]);
+        alpha[h] = ex2(m_run[h] - mu[hh]);
         m_run[h] = mn;
       }
       float ls[2] = {0.f, 0.f};
@@ -870,13 +880,20 @@ __global__ void __launch_bounds__(kThreads, MINB)
         ls[0] += S[mt][n][0] + S[mt][n][1];
         ls[1] += S[mt][n][2] + S[mt][n][3];
       }
-      l_run[2 * mt] = l_run[2 * mt] * alpha[0] + ls[0];
-      l_run[2 * mt + 1] = l_run[2 * mt + 1] * alpha[1] + ls[1];
+      l_run[2 * mt] = l_run[2 * mt] * alpha[2 * mt] + ls[0];
+      l_run[2 * mt + 1] = l_run[2 * mt + 1] * alpha[2 * mt + 1] + ls[1];
+    }
+    bool moved = false;
 #pragma unroll
-      for (int n = 0; n < ND; ++n) {
-        oacc[mt][n][0] *= alpha[0]; oacc[mt][n][1] *= alpha[0];
-        oacc[mt][n][2] *= alpha[1]; oacc[mt][n][3] *= alpha[1];
-      }
+    for (int h = 0; h < NH; ++h) moved |= alpha[h] != 1.f;
+    if (!kLazyMax || __any_sync(0xffffffffu, moved)) {  // warp-uniform: D / 2 FMULs a tile saved on most tiles
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < ND; ++n) {
+          oacc[mt][n][0] *= alpha[2 * mt]; oacc[mt][n][1] *= alpha[2 * mt];
+          oacc[mt][n][2] *= alpha[2 * mt + 1]; oacc[mt][n][3] *= alpha[2 * mt + 1];
+        }
     }
 
     // ---- O += P.V ----
