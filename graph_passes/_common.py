@@ -17,7 +17,7 @@ from onnxscript.rewriter import _ir_utils, pattern
 from onnxscript.rewriter._basics import MatchFailureError
 
 from .. import DOMAIN
-from ..formats import BLOCK, payload_bytes
+from ..formats import BLOCK, payload_bytes, payload_dtype
 
 BIG_NEGATIVE = -1e4  # any additive mask constant at or below this removes a key
 
@@ -247,7 +247,7 @@ def emit(op, state: PassState, rule_name: str, cm: CoreMatch):
         out.shape = ir.Shape(cm.query.shape)
     _set_packed_types(lio, kp, ks, pres_kp, pres_ks, cm.k_new)
     if opts.v_format != "float":
-        _set_packed_types(lio, vp, vs, v_in, v_sc, cm.v_new, q4=opts.v_format == "q4_0")
+        _set_packed_types(lio, vp, vs, v_in, v_sc, cm.v_new, opts.v_format)
     lio.rule = rule_name
     lio.attn_out = out
     lio.mask_kind = cm.mask_kind
@@ -281,13 +281,18 @@ def _annotate_new_rows(v: ir.Value, past: ir.Value) -> None:
     v.shape = ir.Shape(dims)
 
 
-def _set_packed_types(lio, p, s, pres_p, pres_s, src, q4=False):
-    p.dtype = pres_p.dtype = ir.DataType.UINT8 if q4 else ir.DataType.INT8
+def payload_ir_type(fmt: str) -> ir.DataType:
+    """The ONNX type of a packed payload: int8 (q8_0) or uint8 (q4_0, q6_0: bit fields)."""
+    return ir.DataType.INT8 if payload_dtype(fmt) == "int8" else ir.DataType.UINT8
+
+
+def _set_packed_types(lio, p, s, pres_p, pres_s, src, fmt="q8_0"):
+    p.dtype = pres_p.dtype = payload_ir_type(fmt)
     s.dtype = pres_s.dtype = ir.DataType.FLOAT16
     sh = src.shape
     if sh is not None and len(sh) == 4:
         d = sh[3]
-        dp = payload_bytes(d, "q4_0" if q4 else "q8_0") if isinstance(d, int) else None
+        dp = payload_bytes(d, fmt) if isinstance(d, int) else None
         ds = d // BLOCK if isinstance(d, int) else None
         p.shape = ir.Shape([sh[0], sh[1], sh[2], dp])
         s.shape = ir.Shape([sh[0], sh[1], sh[2], ds])

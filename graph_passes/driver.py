@@ -26,7 +26,7 @@ from . import _common, ms_mha, onnx_attention, unfused_dynamo, unfused_torchscri
 from ..model_io import (EXTERNAL_DATA_THRESHOLD, FLOAT_PARTS, PAST_RE, BadModelError, check_model_file,
                         folders_removed_on_failure)
 from ..formats import BLOCK, V_FORMATS, payload_bytes
-from ._common import DOMAIN, LayerIO, PassState, RewriteOptions
+from ._common import DOMAIN, LayerIO, PassState, RewriteOptions, payload_ir_type
 
 RULE_MODULES = (unfused_dynamo, unfused_torchscript, onnx_attention, ms_mha)
 ATTENTION_OPS = {("", "Attention"), ("ai.onnx", "Attention"), ("com.microsoft", "MultiHeadAttention"),
@@ -115,7 +115,7 @@ def rewrite_model(model: ir.Model, options: RewriteOptions | None = None, allow_
     """Rewrite `model` in place. Raises RewriteError (the model is then in an undefined state: discard it)."""
     options = options or RewriteOptions()
     if options.v_format not in V_FORMATS:
-        raise RewriteError(f"--v-format must be float, q8_0 or q4_0, got {options.v_format!r}")
+        raise RewriteError(f"--v-format must be {', '.join(V_FORMATS)}, got {options.v_format!r}")
     if options.route not in ("auto", "prefill", "decode", "split_k"):
         raise RewriteError(f"--route must be auto, prefill, decode or split_k, got {options.route!r}")
     graph = model.graph
@@ -147,9 +147,8 @@ def rewrite_model(model: ir.Model, options: RewriteOptions | None = None, allow_
                       _new_input(graph, f"past_key_values.{idx}.key_payload", ir.DataType.INT8, k, d),
                       _new_input(graph, f"past_key_values.{idx}.key_scales", ir.DataType.FLOAT16, k, ds))
         if options.v_format != "float":
-            q4 = options.v_format == "q4_0"
             lio.value_payload_in = _new_input(graph, f"past_key_values.{idx}.value_payload",
-                                              ir.DataType.UINT8 if q4 else ir.DataType.INT8, v,
+                                              payload_ir_type(options.v_format), v,
                                               payload_bytes(d, options.v_format))
             lio.value_scales_in = _new_input(graph, f"past_key_values.{idx}.value_scales", ir.DataType.FLOAT16, v, ds)
         for nv in (lio.key_payload_in, lio.key_scales_in, lio.value_payload_in, lio.value_scales_in):

@@ -13,11 +13,11 @@ folder next to OUT and renamed into place at the end: on any error nothing is le
 Every folder written runs under plain `og.Generator`, or the rewrite refuses with the reason: genai_config.json
 must describe the graph (head size, heads, KV heads, layers), and a config that makes genai size the cache to a
 sliding window is refused, or, where no node attends through a window (the builder's Mistral), rewritten without
-the window and with the context capped to it (_sliding_window says why). A q4_0 V folder holds its cache in the
-op's "pair" layout (K and V both head_size bytes wide, as genai allocates them). The one exception is asked for by
-name: `inplace_runner=True` (`--for-inplace-runner`) writes q4_0 V in the "rows" layout (V narrower than K, 224
-instead of 256 bytes per token and head at head size 128), which only dot4attn's in-place runner
-(dot4attn.runtime.inplace, `dot4attn generate`) can run."""
+the window and with the context capped to it (_sliding_window says why). A q4_0 or q6_0 V folder holds its cache in
+the op's "pair" layout (K and V both head_size bytes wide, as genai allocates them). The one exception is asked for
+by name: `inplace_runner=True` (`--for-inplace-runner`) writes q4_0 / q6_0 V in the "rows" layout (V narrower than
+K, 224 / 256 instead of 256 bytes per token and head at head size 128), which only dot4attn's in-place runner
+(dot4attn.runtime.inplace, `dot4attn generate`) can run. q6_0 V runs on the CPU execution provider only."""
 from __future__ import annotations
 
 import json
@@ -70,14 +70,15 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
                    rotate_v: bool = False) -> GenaiRewriteReport:
     """Rewrites the genai folder `src` into the new folder `dst` (which must not exist, or be empty).
 
-    inplace_runner: q4_0 V only: a folder for dot4attn's in-place runner only, its V rows narrower than K's (genai
-    gives V the K tensor's width, so og.Generator cannot run it); without it a q4_0 folder takes the "pair" layout,
+    inplace_runner: q4_0 / q6_0 V only: a folder for dot4attn's in-place runner only, its V rows narrower than K's
+    (genai gives V the K tensor's width, so og.Generator cannot run it); without it such a folder takes the "pair"
+    layout,
     which runs under og.Generator and the in-place runner. split_k_min_keys: the op's rule for decode
     steps (split_k from this many keys on; None keeps the op's default, 2048). rotate_v: fold a per-head Hadamard
     rotation of V into the V projection and o_proj weights (passes.rotate_v: the same model, a cache whose V
     quantizes better; float weights and a power-of-2 head size only)."""
     from . import RewriteError, load_checked, save_atomic
-    from ..formats import cache_row_widths
+    from ..formats import PAIR_V_FORMATS, cache_row_widths
     from .genai_gqa import GenaiRewriteError, float_mask_sum, rewrite_gqa
 
     src, dst = Path(src).resolve(), Path(dst).resolve()
@@ -91,12 +92,12 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
     if (src / FACTS).exists():
         raise GenaiError(f"{src}: already rewritten by dot4attn ({FACTS} is there)")
     decoder = cfg["model"]["decoder"]
-    cache_layout = "pair" if v_format == "q4_0" and not inplace_runner else "rows"
-    if inplace_runner and v_format != "q4_0":
+    cache_layout = "pair" if v_format in PAIR_V_FORMATS and not inplace_runner else "rows"
+    if inplace_runner and v_format not in PAIR_V_FORMATS:
         # the folder would be barred from og.Generator (its model type says so) for nothing: K and V rows of one
         # width run under og.Generator and under the in-place runner alike
-        raise GenaiError(f"--for-inplace-runner (inplace_runner=True) is for --v-format q4_0; a {v_format} V folder "
-                         "runs under og.Generator and under dot4attn's in-place runner as it is")
+        raise GenaiError(f"--for-inplace-runner (inplace_runner=True) is for --v-format q4_0 or q6_0; a {v_format} "
+                         "V folder runs under og.Generator and under dot4attn's in-place runner as it is")
     if split_k_min_keys is not None and split_k_min_keys < 1:
         raise GenaiError(f"split_k_min_keys must be >= 1, got {split_k_min_keys}")
     drop_window, window_cap = _sliding_window(src, cfg)
@@ -151,8 +152,8 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
     if inplace_runner:
         report.notes.append(f"written for dot4attn's in-place runner, not og.Generator: {INPLACE_RUNNER_HINT}")
     elif cache_layout == "pair":
-        report.notes.append("q4_0 V in the pair cache layout (K and V rows of head-size bytes, as genai allocates "
-                            "them): runs under og.Generator; --for-inplace-runner writes narrower V rows for "
+        report.notes.append(f"{v_format} V in the pair cache layout (K and V rows of head-size bytes, as genai "
+                            "allocates them): runs under og.Generator; --for-inplace-runner writes narrower V rows for "
                             "dot4attn's in-place runner")
     if float_sums:
         report.notes.append("the sequence lengths (ReduceSum of attention_mask) are summed in float32, exact up to "

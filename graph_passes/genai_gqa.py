@@ -6,8 +6,8 @@ present buffers. The rewrite keeps every input of the node at its position (quer
 seqlens_k, total_sequence_length, cos/sin caches, the q/k norm weights at 14 / 15: the op's inputs are
 GroupQueryAttention's) and turns the two cache tensors of each layer into packed uint8 rows
 [batch, kv_heads, seq, row_bytes] (docs/ops.md, "Packed cache"): K q8_0, V q8_0 (genai gives K and V one dtype and
-one last dim) or q4_0, either in the "pair" layout (K and V both head_size bytes wide, which genai allocates) or
-in the "rows" layout for runtimes that allow V its own width. The names stay, so genai still finds them.
+one last dim), q4_0 or q6_0, either in the "pair" layout (K and V both head_size bytes wide, which genai allocates)
+or in the "rows" layout for runtimes that allow V its own width. The names stay, so genai still finds them.
 
 What the op does not implement is refused with the reason, by the rules the op itself applies when its session is
 created (docs/ops.md): sliding windows, softcap, smooth softmax, causal = 0, ORT's quantized caches, window-sized
@@ -171,9 +171,9 @@ def _take_over(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
 def rewrite_gqa(model: ir.Model, v_format: str = "q8_0", head_size: int | None = None,
                 cache_layout: str = "rows") -> list[GqaLayer]:
     """Rewrites every GroupQueryAttention in place; returns the layers. cache_layout: the op's "rows" or "pair" (q4_0
-    V only). Raises GenaiRewriteError, leaving the model in an undefined state (discard it)."""
+    / q6_0 V only). Raises GenaiRewriteError, leaving the model in an undefined state (discard it)."""
     if v_format not in PACKED_FORMATS:
-        raise GenaiRewriteError(f"v_format must be q8_0 or q4_0 for a genai model, got {v_format!r}")
+        raise GenaiRewriteError(f"v_format must be {', '.join(PACKED_FORMATS)} for a genai model, got {v_format!r}")
     try:
         check_cache_layout(cache_layout, v_format)
     except ValueError as e:

@@ -17,7 +17,7 @@ from conftest import gaussian_qkv, pack_value
 from dot4attn import reference as R
 
 REF_TOL = 1e-6                                            # vs reference.attention
-QUALITY_TOL = {"float": 5e-4, "q8_0": 5e-4, "q4_0": 2e-2}  # vs reference.float_attention, Gaussian inputs
+QUALITY_TOL = {"float": 5e-4, "q8_0": 5e-4, "q4_0": 2e-2, "q6_0": 1.5e-3}  # vs reference.float_attention, Gaussian
 ROUTES = ("prefill", "decode", "split_k", "auto")
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ CASES = [
 ]
 
 
-def _random_cases(n: int, seed: int = 20240531):
+def _random_cases(n: int, seed: int = 20240531, v_formats=("float", "q8_0", "q4_0"), prefix: str = "rand"):
     """Seeded random mixes of every dimension (tile-unfriendly sizes included), cost-capped."""
     rng = np.random.default_rng(seed)
     heads = [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (6, 1), (6, 2), (6, 3), (6, 6), (8, 1), (8, 2),
@@ -111,8 +111,8 @@ def _random_cases(n: int, seed: int = 20240531):
         if B * Hq * Sq * max(Sk, 1) * D > 2e7:
             continue
         mask = masks[rng.integers(len(masks))] if Sk > 0 else None
-        out.append(Case(f"rand{len(out):02d}", B, Hq, Hkv, Sq, Sk, D, str(rng.choice(["float32", "float16"])),
-                        str(rng.choice(["float", "q8_0", "q4_0"])), int(rng.integers(2)), mask,
+        out.append(Case(f"{prefix}{len(out):02d}", B, Hq, Hkv, Sq, Sk, D, str(rng.choice(["float32", "float16"])),
+                        str(rng.choice(list(v_formats))), int(rng.integers(2)), mask,
                         scale=None if rng.random() < 0.8 else 0.3,
                         split_k_min_keys=[None, None, 1, 16, 256][rng.integers(5)], dead_rows=None))
     return out
@@ -120,6 +120,24 @@ def _random_cases(n: int, seed: int = 20240531):
 
 RANDOM_CASES = _random_cases(30)
 ALL_CASES = CASES + RANDOM_CASES
+
+# q6_0 V runs on the CPU only (the GPU EPs refuse it), so its cases stay out of the tables the GPU tests share: every
+# route (decode, split_k with several splits, prefill tile edges), every D, both dtypes, masks, dead rows, Sk = 0.
+CPU_ONLY_CASES = [
+    C("q6_decode_gqa4", 3, 8, 2, 2, 300, 128, "float32", "q6_0", 1, "bool_pad_b11k"),
+    C("q6_decode_d32_bhq1", 3, 4, 2, 7, 90, 32, "float16", "q6_0", 1, "bool_bhq1", dead_rows=True),
+    C("q6_prefill_sq300", 1, 8, 1, 300, 300, 64, "float16", "q6_0", 1),
+    C("q6_prefill_b3_sq300_sk517", 3, 6, 2, 300, 517, 128, "float32", "q6_0", 1, "add_pad_b1qk", dead_rows=True),
+    C("q6_prefill_sq9_d96", 1, 4, 2, 9, 9, 96, "float32", "q6_0", 1, "bool_pad_b1qk", dead_rows=True),
+    C("q6_sk8192_d256_mask_k", 1, 1, 1, 2, 8192, 256, "float32", "q6_0", 0, "bool_k"),
+    C("q6_splitk_sk4099_pad", 1, 8, 1, 8, 4099, 128, "float16", "q6_0", 1, "bool_pad_b11k"),
+    C("q6_splitk_b3_pad_inf", 3, 4, 1, 1, 3000, 64, "float16", "q6_0", 1, "add_pad_inf"),
+    C("q6_sq_gt_sk_decode", 3, 2, 2, 7, 5, 160, "float16", "q6_0", 1, dead_rows=True),
+    C("q6_sk0_decode", 3, 4, 2, 7, 0, 64, "float32", "q6_0", 1, dead_rows=True),
+    C("q6_peaky_prefill", 3, 2, 1, 64, 700, 224, "float16", "q6_0", 1, scale=0.5),
+    C("q6_auto_splitk_min16", 1, 4, 2, 2, 100, 192, "float32", "q6_0", 1, split_k_min_keys=16),
+] + _random_cases(10, seed=20261204, v_formats=("q6_0",), prefix="rand_q6_")
+CPU_CASES = ALL_CASES + CPU_ONLY_CASES  # what the CPU op tests run
 
 # GPU launch plans change with length and head shape: split counts (16k-128k keys), TMA staging and long per-warp
 # walks, the decode route's block clusters (512 keys), the tensor-core prefill's causal tiles (Sq % 64 == 0), its
@@ -152,8 +170,8 @@ LONG_CASES = [
     C("long_prefill_d96", 1, 8, 2, 200, 200, 96, "float16", "q8_0", 1),
     C("long_prefill_b2_257_d256", 2, 8, 1, 257, 257, 256, "float16", "float", 0),
 ]
-CASE_BY_NAME = {c.name: c for c in ALL_CASES + LONG_CASES}
-assert len(CASE_BY_NAME) == len(ALL_CASES) + len(LONG_CASES)
+CASE_BY_NAME = {c.name: c for c in CPU_CASES + LONG_CASES}
+assert len(CASE_BY_NAME) == len(CPU_CASES) + len(LONG_CASES)
 
 
 def routes_for(case: Case):
@@ -254,11 +272,15 @@ QUALITY = [  # D, v_format, (B, Hq, Hkv, Sq, Sk), dtype, causal
     (256, "q8_0", (3, 6, 2, 8, 1500), "float32", 1),
     (256, "q4_0", (1, 4, 1, 2, 3000), "float16", 1),
 ]
+QUALITY_CPU = QUALITY + [  # q6_0: CPU only
+    (64, "q6_0", (1, 8, 2, 300, 300), "float16", 1),
+    (128, "q6_0", (3, 2, 1, 7, 600), "float32", 1),
+]
 
 
 @functools.lru_cache(maxsize=None)
 def quality_data(idx: int):
-    D, vf, (B, Hq, Hkv, Sq, Sk), dtype, causal = QUALITY[idx]
+    D, vf, (B, Hq, Hkv, Sq, Sk), dtype, causal = QUALITY_CPU[idx]
     rng = np.random.default_rng(zlib.crc32(f"{D}{vf}".encode()))
     q, k, v = gaussian_qkv(rng, B, Hq, Hkv, Sq, Sk, D, dtype)
     base = R.float_attention(q, k, v, causal=causal)

@@ -25,6 +25,9 @@ CASES = [
     (2, 28, 4, 128, np.float16, True, True, False, False, "q4_0", "pair"),
     (2, 6, 2, 256, np.float16, True, False, False, False, "q4_0", "pair"),
 ]
+# q6_0 V runs on the CPU only (the GPU EPs refuse it): every q4_0 case again with q6_0 V, rows and pair layouts.
+CPU_ONLY_CASES = [(*c[:9], "q6_0", c[10]) for c in CASES if c[9] == "q4_0"]
+CPU_CASES = CASES + CPU_ONLY_CASES  # what the CPU op tests run
 
 
 def case_id(c) -> str:
@@ -98,14 +101,15 @@ def bound_run(sess, feeds, seqlens, total, rows_k, rows_v, device: str = "cpu"):
 
 
 
-def cache_with_garbage(rng, B, hkv, rows, d, valid, cache_layout="rows"):
-    """Packed K and V caches [B, hkv, rows, row] of random rows (q8_0 V, or q4_0 V in the pair layout), every row
-    from valid[b] on replaced by a row of huge values (which would dominate any output that read it)."""
+def cache_with_garbage(rng, B, hkv, rows, d, valid, cache_layout="rows", v_format="q4_0"):
+    """Packed K and V caches [B, hkv, rows, row] of random rows (q8_0 V, or v_format V in the pair layout), every
+    row from valid[b] on replaced by a row of huge values (which would dominate any output that read it)."""
     k = rng.standard_normal((B, hkv, rows, d)).astype(np.float32)
     v = rng.standard_normal((B, hkv, rows, d)).astype(np.float32)
     if cache_layout == "pair":
-        ck, cv = ref.pack_cache_pair(k, v)
-        gk, gv = ref.pack_cache_pair(np.full((d,), 6e4, np.float32), np.full((d,), 6e4, np.float32))
+        ck, cv = ref.pack_cache_pair(k, v, v_format)
+        huge = np.full((d,), 6e4, np.float32)
+        gk, gv = ref.pack_cache_pair(huge, huge, v_format)
         for b, n in enumerate(valid):
             ck[b, :, n:] = gk
             cv[b, :, n:] = gv

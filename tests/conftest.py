@@ -188,11 +188,9 @@ def check_packed(x: np.ndarray, payload: np.ndarray, scales: np.ndarray, fmt: st
     assert not bad.any(), (
         f"{what}: {np.count_nonzero(bad)} of {bad.size} scales differ from the reference, first at "
         f"{np.argwhere(bad)[0].tolist()}: got {scales[bad][0]!r}, expected {ref_s[bad][0]!r}")
+    got, ref = R.levels(payload, fmt), R.levels(ref_p, fmt)
     if fmt == "q8_0":
-        got, ref = payload.astype(np.int16), ref_p.astype(np.int16)
         assert got.size == 0 or (got.min() >= -127 and got.max() <= 127), f"{what}: q8_0 payload outside [-127, 127]"
-    else:
-        got, ref = nibbles(payload), nibbles(ref_p)
     diff = np.abs(got - ref)
     if diff.size:
         assert diff.max() <= 1, (

@@ -86,6 +86,10 @@ def fill(draw, shape, dtype: str, kind: str, *, max_outlier: float | None = None
 # ---- PackK / PackV --------------------------------------------------------------------------------------------------
 
 PACK_OPS = (("PackK", None, "q8_0"), ("PackV", "q8_0", "q8_0"), ("PackV", "q4_0", "q4_0"), ("PackV", None, "q8_0"))
+PACK_OPS_CPU = PACK_OPS + (("PackV", "q6_0", "q6_0"),)  # q6_0: the CPU EP only
+V_FORMATS = ("float", "q8_0", "q4_0")  # what every EP takes
+V_FORMATS_CPU = V_FORMATS + ("q6_0",)
+LEVEL_MAX = {"q8_0": 127, "q4_0": 7, "q6_0": 31}  # the end opposite q4_0's / q6_0's signed max clamps here
 
 
 @dataclass
@@ -100,8 +104,8 @@ class PackCase:
 
 
 @st.composite
-def pack_cases(draw) -> PackCase:
-    op, fmt_attr, fmt = draw(st.sampled_from(PACK_OPS))
+def pack_cases(draw, ops=PACK_OPS) -> PackCase:
+    op, fmt_attr, fmt = draw(st.sampled_from(ops))
     D = 32 * draw(st.integers(1, 8))
     shape = (draw(st.integers(0, 2)), draw(st.integers(1, 3)), draw(st.integers(0, 9)), D)
     dtype = draw(st.sampled_from(("float32", "float16")))
@@ -118,11 +122,11 @@ def check_pack_policy(x: np.ndarray, payload: np.ndarray, scales: np.ndarray, fm
     assert np.array_equal(np.isnan(s), bad), f"{what}: NaN scales are not exactly the non-finite blocks"
     deq = R.unpack(payload, scales, fmt).reshape(blocks.shape)
     assert np.isnan(deq[bad]).all(), f"{what}: non-finite blocks must dequantize to NaN"
-    pb = payload.reshape(*bad.shape, payload.shape[-1] // bad.shape[-1])
-    assert (pb[bad] == (0 if fmt == "q8_0" else 0x88)).all(), f"{what}: non-finite blocks need a zero payload"
+    lv = R.levels(payload, fmt).reshape(blocks.shape)
+    assert (lv[bad] == 0).all(), f"{what}: non-finite blocks need a zero payload"
     ok = ~bad
     step = np.abs(np.where(ok, s, 0))[..., None]  # q4_0's scale is negative where the block's signed max is positive
-    qmax = 127 if fmt == "q8_0" else 7  # q4_0: the end opposite the signed max reaches 8 steps and clamps to 7
+    qmax = LEVEL_MAX[fmt]  # q4_0 / q6_0: the end opposite the signed max reaches 8 / 32 steps and clamps
     err = np.abs(deq - blocks)[ok]
     lim = np.broadcast_to(np.maximum(step * 0.5001, np.abs(blocks) - step * qmax), blocks.shape)[ok]
     assert (err <= lim + 1e-30).all(), f"{what}: a finite block does not round-trip within half a step"
@@ -202,10 +206,10 @@ def _bounded_logits(q: np.ndarray, kp: np.ndarray, ks: np.ndarray) -> np.ndarray
 
 
 @st.composite
-def attention_cases(draw, routes=ROUTES) -> AttnCase:
+def attention_cases(draw, routes=ROUTES, v_formats=V_FORMATS) -> AttnCase:
     """A Dot4Attention call."""
     dtype = draw(st.sampled_from(("float32", "float16")))
-    v_format = draw(st.sampled_from(("float", "q8_0", "q4_0")))
+    v_format = draw(st.sampled_from(v_formats))
     D = 32 * draw(st.integers(1, 8))
     Hkv = draw(st.integers(1, 2))
     Hq = Hkv * draw(st.sampled_from((1, 2, 3, 4)))

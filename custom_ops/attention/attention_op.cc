@@ -29,15 +29,6 @@ const char* route_name(Route r) {
   return "?";
 }
 
-const char* vformat_name(VFormat f) {
-  switch (f) {
-    case VFormat::kFloat: return "float";
-    case VFormat::kQ8_0: return "q8_0";
-    case VFormat::kQ4_0: return "q4_0";
-  }
-  return "?";
-}
-
 void expect_dtype(size_t i, const TensorIn& t, ONNXTensorElementDataType want, const char* why = "") {
   if (t.type != want)
     fail(kOp, "input '", kInputNames[i], "' (", i, "): expected dtype ", dtype_name(want), why, ", got ",
@@ -114,13 +105,18 @@ class AttentionKernel : public Kernel {
         expect_shape(3, v, {B, Hkv, Sk, D}, "[B, Hkv, Sk, D]");
         if (vs.present)
           fail(kOp, "input 'v_scales' (4): unexpected for v_format 'float' (V is not quantized); "
-                    "pass no v_scales or set v_format to 'q8_0'/'q4_0'");
+                    "pass no v_scales or set v_format to 'q8_0'/'q4_0'/'q6_0'");
         break;
       case VFormat::kQ8_0:
-      case VFormat::kQ4_0: {
+      case VFormat::kQ4_0:
+      case VFormat::kQ6_0: {
         const bool q8 = a_.v_format == VFormat::kQ8_0;
-        expect_dtype(3, v, q8 ? I8 : U8, q8 ? " for v_format 'q8_0'" : " for v_format 'q4_0'");
-        expect_shape(3, v, {B, Hkv, Sk, q8 ? D : D / 2}, q8 ? "[B, Hkv, Sk, D]" : "[B, Hkv, Sk, D/2]");
+        const std::string why = std::string(" for v_format '") + vformat_name(a_.v_format) + "'";
+        expect_dtype(3, v, q8 ? I8 : U8, why.c_str());
+        const char* layout = q8                              ? "[B, Hkv, Sk, D]"
+                             : a_.v_format == VFormat::kQ4_0 ? "[B, Hkv, Sk, D/2]"
+                                                             : "[B, Hkv, Sk, 3D/4]";
+        expect_shape(3, v, {B, Hkv, Sk, payload_bytes(D, a_.v_format)}, layout);
         if (!vs.present)
           fail(kOp, "input 'v_scales' (4): required for v_format '", vformat_name(a_.v_format),
                "' but missing");
@@ -196,7 +192,8 @@ Kernel* create_attention(const OrtKernelInfo* info, Ep ep) {
   a.causal = causal == 1;
   const std::string vf = attr_string(info, kOp, "v_format", "float");
   if (!parse_vformat(vf, &a.v_format))
-    fail(kOp, "attribute 'v_format': expected 'float', 'q8_0' or 'q4_0', got '", vf, "'");
+    fail(kOp, "attribute 'v_format': expected 'float', 'q8_0', 'q4_0' or 'q6_0', got '", vf, "'");
+  refuse_cpu_only_vformat(kOp, "v_format", a.v_format, ep, "float, q8_0 and q4_0");
   const std::string route = attr_string(info, kOp, "route", "auto");
   if (route == "auto") a.route = Route::kAuto;
   else if (route == "prefill") a.route = Route::kPrefill;

@@ -61,9 +61,14 @@ void rotate(const CacheParams& c, int64_t pos, float* x) {
 // One token's K or V: its payload at the start of `row`, its float16 scales at `scales`.
 void pack_part(const float* x, int D, VFormat f, uint8_t* row, uint8_t* scales) {
   uint16_t s[kMaxHeadDim / kBlock];
-  for (int blk = 0; blk < D / kBlock; ++blk)
-    s[blk] = f == VFormat::kQ4_0 ? quantize_q4_block(x + blk * kBlock, row + blk * kBlock / 2)
-                                 : quantize_q8_block(x + blk * kBlock, reinterpret_cast<int8_t*>(row) + blk * kBlock);
+  for (int blk = 0; blk < D / kBlock; ++blk) {
+    const float* xb = x + blk * kBlock;
+    switch (f) {
+      case VFormat::kQ4_0: s[blk] = quantize_q4_block(xb, row + blk * kBlock / 2); break;
+      case VFormat::kQ6_0: s[blk] = quantize_q6_block(xb, row + blk * kQ6BlockBytes); break;
+      default: s[blk] = quantize_q8_block(xb, reinterpret_cast<int8_t*>(row) + blk * kBlock); break;
+    }
+  }
   std::memcpy(scales, s, 2 * (D / kBlock));
 }
 

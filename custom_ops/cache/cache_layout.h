@@ -1,17 +1,19 @@
 // The packed KV cache of Dot4GroupQueryAttention (docs/ops.md, "Packed cache"): one uint8 tensor per K and one
 // per V per layer, [B, Hkv, L, row bytes]. Two layouts (attribute `cache_layout`) place a token's packed K and V:
 //
-//  rows  every token row is self-contained -- its int8 / q4_0 payload, then its float16 block scales, then zero
-//        padding to a multiple of 16 bytes (K 144 and q4_0 V 80 bytes at D = 128). The default.
-//  pair  q4_0 V only: both tensors D bytes wide, as a runtime that gives K and V one width allocates them
+//  rows  every token row is self-contained -- its int8 / q4_0 / q6_0 payload, then its float16 block scales, then
+//        zero padding to a multiple of 16 bytes (K 144, q4_0 V 80 and q6_0 V 112 bytes at D = 128). The default.
+//  pair  q4_0 or q6_0 V: both tensors D bytes wide, as a runtime that gives K and V one width allocates them
 //        (onnxruntime-genai sizes the V cache by the K cache's last dimension). The K tensor holds K's int8
-//        payload alone; the V tensor holds V's q4_0 payload, V's scales, K's scales, then zeros:
-//        [v payload D/2 | v scales D/16 | k scales D/16 | 0 ...]. 2 D bytes per token and head (K + q4_0 V
-//        need 13 D / 8): 256 at D = 128 where rows take 224 and q8_0 V under genai 288.
+//        payload alone; the V tensor holds V's payload, V's scales, K's scales, then zeros:
+//        [v payload D/2 or 3D/4 | v scales D/16 | k scales D/16 | 0 ...]. 2 D bytes per token and head (K + q4_0
+//        V need 13 D / 8, K + q6_0 V 15 D / 8): 256 at D = 128 where rows take 224 (q4_0) / 256 (q6_0) and q8_0
+//        V under genai 288.
 //
 // In both a token's bytes stay within its two rows, so a runtime that owns the cache (onnxruntime-genai: rewind,
 // beam reorder) may copy whole rows; row strides are multiples of 16 bytes (16-byte / TMA loads) and every part
-// starts aligned to its own size (the pair layout's K scales at D/2 + D/16: 8-byte aligned at D = 128).
+// starts aligned to its own size (the pair layout's K scales at D/2 + D/16 or 3D/4 + D/16: 8-byte aligned at
+// D = 128).
 #pragma once
 #include <cstdint>
 
@@ -21,12 +23,13 @@ namespace dot4attn {
 
 enum class CacheLayout { kRows, kPair };
 
-// Bytes of a row's payload: D (q8_0, K) or D/2 (q4_0); the scales start there.
-inline int64_t cache_payload_bytes(int64_t D, VFormat f) { return f == VFormat::kQ4_0 ? D / 2 : D; }
+// The V formats whose payload and both scale runs fit a V row of D bytes (q4_0: 5 D / 8, q6_0: 7 D / 8).
+inline bool pair_takes_vformat(VFormat f) { return f == VFormat::kQ4_0 || f == VFormat::kQ6_0; }
 
-// Payload + D/32 float16 scales, rounded up to 16 bytes (D = 128: 136 -> 144 for q8_0, 72 -> 80 for q4_0).
+// Payload (formats.h's payload_bytes; the scales start there) + D/32 float16 scales, rounded up to 16 bytes
+// (D = 128: 136 -> 144 for q8_0, 72 -> 80 for q4_0, 104 -> 112 for q6_0).
 inline int64_t cache_row_bytes(int64_t D, VFormat f) {
-  return (cache_payload_bytes(D, f) + 2 * (D / kBlock) + 15) / 16 * 16;
+  return (payload_bytes(D, f) + 2 * (D / kBlock) + 15) / 16 * 16;
 }
 
 // Where each part of a token's packed K and V lies in its K row and V row (byte offsets), and the rows' widths.
@@ -41,9 +44,9 @@ struct CacheRowMap {
 
 inline CacheRowMap cache_row_map(int64_t D, VFormat v, CacheLayout layout) {
   CacheRowMap m;
-  const int64_t scales = 2 * (D / kBlock), vp = cache_payload_bytes(D, v);
+  const int64_t scales = 2 * (D / kBlock), vp = payload_bytes(D, v);
   m.v_scales_off = vp;
-  if (layout == CacheLayout::kPair) {  // q4_0 V (cache_op.cc refuses the rest): 5 D / 8 <= D
+  if (layout == CacheLayout::kPair) {  // q4_0 / q6_0 V (cache_op.cc refuses the rest): 5 D / 8, 7 D / 8 <= D
     m.k_row = m.v_row = D;
     m.k_scales_in_v = true;
     m.k_scales_off = vp + scales;

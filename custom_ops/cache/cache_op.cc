@@ -155,7 +155,7 @@ class CacheKernel : public Kernel {
                 Hkv, " (", what_k, D, layout_note(a_.layout), "), got ", shape_str(pk.shape));
     if (pv.shape != std::vector<int64_t>{B, Hkv, pk.shape[2], c->map.v_row})
       bad_input(kPastV, "expected shape ", shape_str({B, Hkv, pk.shape[2], c->map.v_row}), " (packed ",
-                a_.v_format == VFormat::kQ4_0 ? "q4_0" : "q8_0", " V rows of D = ", D, layout_note(a_.layout),
+                vformat_name(a_.v_format), " V rows of D = ", D, layout_note(a_.layout),
                 "), got ", shape_str(pv.shape));
     c->past_k = static_cast<const uint8_t*>(pk.data);
     c->past_v = static_cast<const uint8_t*>(pv.data);
@@ -319,16 +319,16 @@ Kernel* create_cache_kernel(const OrtKernelInfo* info, Ep ep) {
   a.rotary = rot == 1;
   a.interleaved = inter == 1;
   const std::string vf = attr_string(info, kOp, "v_format", "q8_0");
-  if (vf == "q8_0") a.v_format = VFormat::kQ8_0;
-  else if (vf == "q4_0") a.v_format = VFormat::kQ4_0;
-  else fail(kOp, "attribute 'v_format': expected 'q8_0' or 'q4_0', got '", vf, "'");
+  if (!parse_vformat(vf, &a.v_format) || a.v_format == VFormat::kFloat)
+    fail(kOp, "attribute 'v_format': expected 'q8_0', 'q4_0' or 'q6_0', got '", vf, "'");
+  refuse_cpu_only_vformat(kOp, "v_format", a.v_format, ep, "q8_0 and q4_0");
   const std::string lay = attr_string(info, kOp, "cache_layout", "rows");
   if (lay == "rows") a.layout = CacheLayout::kRows;
   else if (lay == "pair") a.layout = CacheLayout::kPair;
   else fail(kOp, "attribute 'cache_layout': expected 'rows' or 'pair', got '", lay, "'");
-  if (a.layout == CacheLayout::kPair && a.v_format != VFormat::kQ4_0)
-    fail(kOp, "attribute 'cache_layout' = 'pair' needs v_format 'q4_0' (K and q4_0 V in two rows of D bytes), got "
-              "v_format '", vf, "': a q8_0 V cache has K's row width in the 'rows' layout already");
+  if (a.layout == CacheLayout::kPair && !pair_takes_vformat(a.v_format))
+    fail(kOp, "attribute 'cache_layout' = 'pair' needs v_format 'q4_0' or 'q6_0' (K and q4_0 / q6_0 V in two rows of "
+              "D bytes), got v_format '", vf, "': a q8_0 V cache has K's row width in the 'rows' layout already");
   // qk_norm_epsilon for both norms; q_norm_epsilon / k_norm_epsilon, where given, override it for Q / K (as in
   // ONNX Runtime 1.32's GroupQueryAttention).
   const float qk_eps = attr_float(info, kOp, "qk_norm_epsilon", 1e-6f);

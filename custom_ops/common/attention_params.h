@@ -21,7 +21,7 @@ struct AttentionParams {
   const void* q = nullptr;          // T [B, Hq, Sq, D]
   const int8_t* k = nullptr;        // int8 [B, Hkv, Sk, D]
   const uint16_t* k_scales = nullptr;  // fp16 bits [B, Hkv, Sk, D/32]
-  const void* v = nullptr;          // T [B,Hkv,Sk,D] | int8 [B,Hkv,Sk,D] | uint8 [B,Hkv,Sk,D/2]
+  const void* v = nullptr;          // T [B,Hkv,Sk,D] | int8 [B,Hkv,Sk,D] | uint8 [B,Hkv,Sk,D/2] (q4_0), 3D/4 (q6_0)
   const uint16_t* v_scales = nullptr;  // fp16 bits [B, Hkv, Sk, D/32] (quantized V only)
 
   MaskKind mask_kind = MaskKind::kNone;
@@ -36,7 +36,7 @@ struct AttentionParams {
   int64_t kv_rows = 0;    // rows per (b, kv head) in storage, >= Sk (the valid keys); 0: Sk
   int64_t k_stride = 0;   // bytes from one K payload row to the next; 0: D
   int64_t ks_stride = 0;  // halves from one K scale row to the next; 0: D/32
-  int64_t v_stride = 0;   // elements (bytes for q8_0 / q4_0) from one V row to the next; 0: the dense row
+  int64_t v_stride = 0;   // elements (bytes for q8_0 / q4_0 / q6_0) from one V row to the next; 0: the dense row
   int64_t vs_stride = 0;  // halves from one V scale row to the next; 0: D/32
 
   // GPU decode / split_k over strided rows only: batch row b's valid keys are read on the device, dev_seqlens[b] + 1
@@ -55,7 +55,7 @@ struct AttentionParams {
   int64_t head_rows() const { return kv_rows ? kv_rows : Sk; }
   int64_t k_row() const { return k_stride ? k_stride : D; }
   int64_t ks_row() const { return ks_stride ? ks_stride : D / 32; }
-  int64_t v_dense_row() const { return v_format == VFormat::kQ4_0 ? D / 2 : D; }
+  int64_t v_dense_row() const { return payload_bytes(D, v_format); }
   int64_t v_row() const { return v_stride ? v_stride : v_dense_row(); }
   int64_t vs_row() const { return vs_stride ? vs_stride : D / 32; }
   bool dense_kv() const {

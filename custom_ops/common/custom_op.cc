@@ -19,6 +19,12 @@ const char* ep_name(Ep ep) {
   return "CPUExecutionProvider";
 }
 
+void refuse_cpu_only_vformat(const char* op, const char* attribute, VFormat f, Ep ep, const char* gpu_formats) {
+  if (ep == Ep::kCpu || gpu_takes_vformat(f)) return;
+  fail(op, "attribute '", attribute, "' = '", vformat_name(f), "' runs on the CPU execution provider only (GPU kernels "
+       "take ", gpu_formats, "), got a node assigned to ", ep_name(ep));
+}
+
 namespace {
 
 // The OrtCustomOp must be the first member so ORT's `const OrtCustomOp*` casts back to the adaptor.

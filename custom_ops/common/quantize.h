@@ -53,20 +53,25 @@ static inline uint16_t quantize_q8_block(const float* x, int8_t* q) {
   return sh;
 }
 
-// q4_0 uses all 16 levels, as ggml's q4_0: v = the block's value of largest magnitude (the positive one on a
-// tie, so that the choice does not depend on the order a reduction visits the block), s = fp16(v / -8), so v
-// itself is level -8 and the opposite end of the block reaches +8, which clamps to 7. A scale that rounds to
-// zero is stored as +0 (its payload is all 8s); one that would round to +-inf saturates at +-65504.
-static inline uint16_t block_scale_half_q4(float amax, float v, float* divisor) {
+// q4_0 uses all 16 levels, as ggml's q4_0 (q6_0 likewise all 64): v = the block's value of largest magnitude (the
+// positive one on a tie, so that the choice does not depend on the order a reduction visits the block),
+// s = fp16(v / -half_levels) (8 for q4_0, 32 for q6_0), so v itself is the lowest level and the opposite end of the
+// block reaches +half_levels, which clamps to half_levels - 1. A scale that rounds to zero is stored as +0 (its
+// payload is all zero levels); one that would round to +-inf saturates at +-65504.
+static inline uint16_t block_scale_half_signed(float amax, float v, float half_levels, float* divisor) {
   if (amax == INFINITY) {
     *divisor = 0.f;
     return kHalfNaN;
   }
-  uint16_t sh = float_to_half(v / -8.f);
+  uint16_t sh = float_to_half(v / -half_levels);
   if ((sh & 0x7fffu) == 0x7c00u) sh = uint16_t((sh & 0x8000u) | kHalfMax);
   if ((sh & 0x7fffu) == 0) sh = 0;
   *divisor = half_to_float(sh);
   return sh;
+}
+
+static inline uint16_t block_scale_half_q4(float amax, float v, float* divisor) {
+  return block_scale_half_signed(amax, v, 8.f, divisor);
 }
 
 // The signed value of largest magnitude of a finite block, the positive one on a tie (0 for a zero block).
@@ -92,6 +97,26 @@ static inline uint16_t quantize_q4_block(const float* x, uint8_t* q) {
       u[k] = uint8_t(int(v) + 8);
     }
     q[i / 2] = uint8_t(u[0] | (u[1] << 4));
+  }
+  return sh;
+}
+
+// q6_0: s = fp16(v / -32) as above, u = clamp(rne(x / s), -32, 31) + 32, stored as formats.h's q6_0 block: the
+// low nibbles as q4_0's payload (16 bytes), then the high 2-bit pairs (8 bytes).
+static inline uint16_t quantize_q6_block(const float* x, uint8_t* q) {
+  float s;
+  const float amax = block_absmax(x);
+  const uint16_t sh = block_scale_half_signed(amax, amax == INFINITY ? 0.f : block_signed_max(x), 32.f, &s);
+  uint8_t u[kBlock];
+  for (int i = 0; i < kBlock; ++i) {
+    float v = s == 0.f ? 0.f : std::nearbyint(x[i] / s);
+    v = clamp_q(v, -32.f, 31.f);
+    u[i] = uint8_t(int(v) + 32);
+  }
+  for (int i = 0; i < kQ6LowBytes; ++i) q[i] = uint8_t((u[2 * i] & 15) | ((u[2 * i + 1] & 15) << 4));
+  for (int j = 0; j < 8; ++j) {
+    const int h0 = u[j] >> 4, h1 = u[j + 8] >> 4, h2 = u[j + 16] >> 4, h3 = u[j + 24] >> 4;
+    q[kQ6LowBytes + j] = uint8_t(h0 | (h1 << 2) | (h2 << 4) | (h3 << 6));
   }
   return sh;
 }

@@ -4,8 +4,8 @@
 //      maddubs / scalar), scaled per block, summed in f32.
 //   2. masks: only on tiles that need them (causal tail, explicit masks); prefix tiles skip every check.
 //   3. online softmax in base 2 (scales were folded with log2(e) when Q was quantized).
-//   4. P·V: V dequantized on the fly (f32, f16, q8_0, q4_0), register-blocked over rows (AVX-512: q8_0 / q4_0
-//      with the V block scale folded into p, vnni_tiles.inl).
+//   4. P·V: V dequantized on the fly (f32, f16, q8_0, q4_0, q6_0), register-blocked over rows (AVX-512: q8_0 /
+//      q4_0 / q6_0 with the V block scale folded into p, vnni_tiles.inl).
 
 constexpr int NK = 64;  // keys per tile
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -86,6 +86,27 @@ static inline vf vload_h(const uint16_t* p) {
 static inline vf vload_i8(const int8_t* p) { return vf{{float(p[0]), float(p[1]), float(p[2]), float(p[3])}}; }
 static inline vf vload_q4(const uint8_t* p) {  // 2 bytes -> 4 values
   return vf{{float((p[0] & 15) - 8), float((p[0] >> 4) - 8), float((p[1] & 15) - 8), float((p[1] >> 4) - 8)}};
+}
+static inline vf vload_q6(const uint8_t* block, int e) {  // elements e .. e + 3 of a q6_0 block
+  return vf{{float(q6_level(block, e)), float(q6_level(block, e + 1)), float(q6_level(block, e + 2)),
+             float(q6_level(block, e + 3))}};
+}
+#endif
+
+#if defined(__AVX2__)
+// A q6_0 block's 32 levels n = u - 32 as int8 in element order: elements 0..15 in e0, 16..31 in e1. The low
+// nibbles interleave back like q4_0's; the high pairs of elements 0..7 / 8..15 / 16..23 / 24..31 sit at bits 0-1 /
+// 2-3 / 4-5 / 6-7 of bytes 16..23, moved to bits 4-5 by 16-bit shifts (the mask drops what crosses a byte).
+static inline void q6_block_levels(const uint8_t* block, __m128i& e0, __m128i& e1) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block));
+  const __m128i h = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + kQ6LowBytes));
+  const __m128i m4 = _mm_set1_epi8(0x0f), m2 = _mm_set1_epi8(0x30), bias = _mm_set1_epi8(32);
+  const __m128i lo = _mm_and_si128(b, m4);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), m4);
+  const __m128i h0 = _mm_and_si128(_mm_unpacklo_epi64(_mm_slli_epi16(h, 4), _mm_slli_epi16(h, 2)), m2);
+  const __m128i h1 = _mm_and_si128(_mm_unpacklo_epi64(h, _mm_srli_epi16(h, 2)), m2);
+  e0 = _mm_sub_epi8(_mm_or_si128(_mm_unpacklo_epi8(lo, hi), h0), bias);
+  e1 = _mm_sub_epi8(_mm_or_si128(_mm_unpackhi_epi8(lo, hi), h1), bias);
 }
 #endif
 
@@ -258,9 +279,9 @@ static void qk_tile(const AttendRows& r, const int8_t* k, int64_t krow, const fl
 // ------------------------------------------------------------------------------------------------------------
 // P·V: acc[m][:] += sum_j p[m][j] * V[j][:], V dequantized once per (chunk of W dims, key) and reused by MR rows
 // held in registers.
-enum VKind { kVF32, kVF16, kVQ8, kVQ4 };
+enum VKind { kVF32, kVF16, kVQ8, kVQ4, kVQ6 };
 
-// One vector of V row j at dims d0.. (q4_0 only on the portable path: the SIMD paths decode whole blocks).
+// One vector of V row j at dims d0.. (q4_0 / q6_0 only on the portable path: the SIMD paths decode whole blocks).
 template <int KIND>
 static inline vf load_v(const void* v, const float* vsf, int64_t j, int d0, int D, int64_t vrow) {
   if constexpr (KIND == kVF32) return vload(static_cast<const float*>(v) + j * vrow + d0);
@@ -269,6 +290,9 @@ static inline vf load_v(const void* v, const float* vsf, int64_t j, int d0, int 
   if constexpr (KIND == kVQ8) return vmul(vload_i8(static_cast<const int8_t*>(v) + j * vrow + d0), vset1(s));
 #if !defined(__AVX512F__) && !defined(__AVX2__)
   if constexpr (KIND == kVQ4) return vmul(vload_q4(static_cast<const uint8_t*>(v) + j * vrow + d0 / 2), vset1(s));
+  if constexpr (KIND == kVQ6)
+    return vmul(vload_q6(static_cast<const uint8_t*>(v) + j * vrow + d0 / kBlock * kQ6BlockBytes, d0 % kBlock),
+                vset1(s));
 #endif
   return vzero();  // not reached: every KIND that calls this is handled above
 }
@@ -283,7 +307,8 @@ constexpr int PV_MR = 2;
 #endif
 
 // A whole 32-dim block of V row j (PV_CH vectors). q4_0 decodes its 16 bytes at once: nibbles split and
-// interleaved back into element order with one unpack pair; (u - 8) * s = fma(u, s, -8 s) is exact.
+// interleaved back into element order with one unpack pair; (u - 8) * s = fma(u, s, -8 s) is exact. q6_0 adds its
+// high bits in element order (q6_block_levels).
 template <int KIND>
 static inline void load_v_block(const void* v, const float* vsf, int64_t j, int d0, int D, int64_t vrow, vf* x) {
 #if defined(__AVX2__) && !defined(__AVX512F__)  // AVX-512 decodes q4_0 in pv_tile_q (vnni_tiles.inl)
@@ -300,6 +325,14 @@ static inline void load_v_block(const void* v, const float* vsf, int64_t j, int 
     x[1] = vfma(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(e0, 8))), vs, voff);
     x[2] = vfma(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(e1)), vs, voff);
     x[3] = vfma(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(e1, 8))), vs, voff);
+  } else if constexpr (KIND == kVQ6) {
+    __m128i e0, e1;
+    q6_block_levels(static_cast<const uint8_t*>(v) + j * vrow + d0 / kBlock * kQ6BlockBytes, e0, e1);
+    const vf vs = vset1(vsf[j * (D / kBlock) + d0 / kBlock]);
+    x[0] = vmul(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e0)), vs);
+    x[1] = vmul(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e0, 8))), vs);
+    x[2] = vmul(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e1)), vs);
+    x[3] = vmul(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e1, 8))), vs);
   } else
 #endif
   {
@@ -431,7 +464,7 @@ static void softmax_tile(int M, int D, int nk, float* logits, AttendState& st) {
   }
 }
 
-// q8_0 / q4_0 P·V: the VNNI build's scale-folded kernel (vnni_tiles.inl), the generic one elsewhere.
+// q8_0 / q4_0 / q6_0 P·V: the VNNI build's scale-folded kernel (vnni_tiles.inl), the generic one elsewhere.
 template <int KIND>
 static inline void pv_tile_quant(const float* p, int M, const void* v, const float* vsf, int nk, int D, int64_t vrow,
                                  float* acc, PrefetchQueue& pfq) {
@@ -448,6 +481,10 @@ static inline float v_value(int kind, const void* v, const float* vsf, int64_t j
     case kVF32: return static_cast<const float*>(v)[j * vrow + d];
     case kVF16: return half_to_float(static_cast<const uint16_t*>(v)[j * vrow + d]);
     case kVQ8: return float(static_cast<const int8_t*>(v)[j * vrow + d]) * vsf[j * (D / kBlock) + d / kBlock];
+    case kVQ6: {
+      const uint8_t* block = static_cast<const uint8_t*>(v) + j * vrow + d / kBlock * kQ6BlockBytes;
+      return float(q6_level(block, d % kBlock)) * vsf[j * (D / kBlock) + d / kBlock];
+    }
     default: {
       const uint8_t b = static_cast<const uint8_t*>(v)[j * vrow + d / 2];
       return float(((d & 1) ? b >> 4 : b & 15) - 8) * vsf[j * (D / kBlock) + d / kBlock];
@@ -466,10 +503,12 @@ static inline bool any_nonfinite(const float* x, int64_t n) {
   return bad != 0;
 }
 
-// Whether the tile's V (nk rows) holds a non-finite value: a NaN scale (q8_0 / q4_0, vsf already converted) or
-// NaN / Inf in float V.
+static inline bool quantized_v(int kind) { return kind == kVQ8 || kind == kVQ4 || kind == kVQ6; }
+
+// Whether the tile's V (nk rows) holds a non-finite value: a NaN scale (q8_0 / q4_0 / q6_0, vsf already converted)
+// or NaN / Inf in float V.
 static bool v_tile_nonfinite(int kind, const void* v, const float* vsf, int nk, int D, int64_t vrow) {
-  if (kind == kVQ8 || kind == kVQ4) return any_nonfinite(vsf, int64_t(nk) * (D / kBlock));
+  if (quantized_v(kind)) return any_nonfinite(vsf, int64_t(nk) * (D / kBlock));
   uint32_t bad = 0;
   for (int j = 0; j < nk; ++j) {
     if (kind == kVF16) {
@@ -532,17 +571,22 @@ static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& ma
     for (int m = 0; m < M; ++m) clean_end = std::min(clean_end, r.k_limit[m]);
   }
   const bool has_mask = mask.kind != MaskKind::kNone;
-  const int kind = kv.format == VFormat::kQ8_0 ? kVQ8 : kv.format == VFormat::kQ4_0 ? kVQ4 : kv.v_half ? kVF16 : kVF32;
+  const int kind = kv.format == VFormat::kQ8_0   ? kVQ8
+                   : kv.format == VFormat::kQ4_0 ? kVQ4
+                   : kv.format == VFormat::kQ6_0 ? kVQ6
+                   : kv.v_half                   ? kVF16
+                                                 : kVF32;
   // Rows may be strided (the packed cache): kv.v_stride elements of V, kv.k_stride bytes of K, kv.*s_stride halves.
   const int64_t v_elem = kind == kVF32 ? 4 : kind == kVF16 ? 2 : 1;
   const int64_t v_row_bytes = kv.v_stride * v_elem;
-  const int64_t v_dense_bytes = kind == kVF32 ? 4 * D : kind == kVF16 ? 2 * D : kind == kVQ8 ? D : D / 2;
+  const int64_t v_dense_bytes = kind == kVF32 ? 4 * D : kind == kVF16 ? 2 * D : payload_bytes(D, kv.format);
   PrefetchQueue pfq;
   // Strided K scales inside the K rows come with them; elsewhere (the pair layout's V rows) they take a line each.
   const int64_t ks_off = reinterpret_cast<const char*>(kv.ks) - reinterpret_cast<const char*>(kv.k);
   const bool ks_in_k_rows = kv.ks_stride * 2 == kv.k_stride && ks_off >= 0 && ks_off < kv.k_stride;
   // A float V tile (16 KB at D = 128 in f16) plus the next K tile crowd a 32 KB L1: prefetch those into L2
-  // (single thread, 16k keys from DRAM: ~10 % less time per key and KV head than into L1); q8_0 / q4_0 go to L1.
+  // (single thread, 16k keys from DRAM: ~10 % less time per key and KV head than into L1); q8_0 / q4_0 / q6_0 go
+  // to L1.
   pfq.to_l1 = v_dense_bytes <= D;
   for (int64_t k0 = k_begin; k0 < k_end; k0 += NK) {
     const int nk = int(std::min<int64_t>(NK, k_end - k0));
@@ -561,7 +605,7 @@ static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& ma
     if (hides_keys) mask_tile(r, mask, k0, nk, logits);
     softmax_tile(M, D, nk, logits, st);
     const void* vt = static_cast<const char*>(kv.v) + k0 * v_row_bytes;
-    if (kind == kVQ8 || kind == kVQ4) scales_to_floats(kv.vs + k0 * kv.vs_stride, kv.vs_stride, nb, nk, vsf);
+    if (quantized_v(kind)) scales_to_floats(kv.vs + k0 * kv.vs_stride, kv.vs_stride, nb, nk, vsf);
     // A hidden key with a non-finite V must not reach the rows it is hidden from. Checking the tile's V costs
     // nk x D reads (float V) or nk x D/32 (scales); copying the rows' accumulators M x D: take the cheaper guard.
     const bool guard_v = hides_keys && ((kind == kVF32 || kind == kVF16) && M * 2 < NK
@@ -584,8 +628,11 @@ static void attend(const AttendRows& r, const AttendKv& kv, const AttendMask& ma
       case kVQ8:
         pv_tile_quant<kVQ8>(logits, M, vt, vsf, nk, D, kv.v_stride, st.acc, pfq);
         break;
-      default:
+      case kVQ4:
         pv_tile_quant<kVQ4>(logits, M, vt, vsf, nk, D, kv.v_stride, st.acc, pfq);
+        break;
+      default:
+        pv_tile_quant<kVQ6>(logits, M, vt, vsf, nk, D, kv.v_stride, st.acc, pfq);
         break;
     }
     if (guard_v) redo_hidden_v_poison(r, mask, k0, nk, kind, vt, vsf, kv.v_stride, logits, acc_before.data(), st.acc);

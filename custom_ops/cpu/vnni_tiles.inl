@@ -213,6 +213,11 @@ static inline void pv_rows_q(const float* p, int m0, const void* v, const float*
             reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(v) + int64_t(j) * vrow + d0 / 2)));
         x0 = _mm512_permutexvar_ps(w, table);                         // low nibbles: elements 0, 2, ..
         x1 = _mm512_permutexvar_ps(_mm512_srli_epi32(w, 4), table);  // high nibbles: elements 1, 3, ..
+      } else if constexpr (KIND == kVQ6) {  // element order, like q8_0
+        __m128i e0, e1;
+        q6_block_levels(static_cast<const uint8_t*>(v) + int64_t(j) * vrow + d0 / kBlock * kQ6BlockBytes, e0, e1);
+        x0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(e0));
+        x1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(e1));
       } else {
         const int8_t* vj = static_cast<const int8_t*>(v) + int64_t(j) * vrow + d0;
         x0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vj))));

@@ -5,6 +5,22 @@
 #include "common/quantize.h"
 
 namespace dot4attn {
+namespace {
+
+// Block b of row r into the payload ([rows, payload_bytes(D)]); returns its float16 scale.
+uint16_t pack_block(QFormat f, const float* x, void* payload, int64_t r, int b, int d) {
+  switch (f) {
+    case QFormat::kQ8_0:
+      return quantize_q8_block(x, static_cast<int8_t*>(payload) + r * d + b * kBlock);
+    case QFormat::kQ4_0:
+      return quantize_q4_block(x, static_cast<uint8_t*>(payload) + r * (d / 2) + b * (kBlock / 2));
+    case QFormat::kQ6_0:
+      return quantize_q6_block(x, static_cast<uint8_t*>(payload) + r * (3 * d / 4) + b * kQ6BlockBytes);
+  }
+  return 0;
+}
+
+}  // namespace
 
 void pack_cpu(const PackParams& p, OrtKernelContext* ctx) {
   const int nb = p.d / kBlock;
@@ -21,14 +37,7 @@ void pack_cpu(const PackParams& p, OrtKernelContext* ctx) {
         std::copy_n(static_cast<const float*>(p.x) + r * p.d, p.d, row);
       }
       uint16_t* s = p.scales + r * nb;
-      for (int b = 0; b < nb; ++b) {
-        if (p.format == QFormat::kQ8_0) {
-          s[b] = quantize_q8_block(row + b * kBlock, static_cast<int8_t*>(p.payload) + r * p.d + b * kBlock);
-        } else {
-          s[b] = quantize_q4_block(row + b * kBlock,
-                                   static_cast<uint8_t*>(p.payload) + r * (p.d / 2) + b * (kBlock / 2));
-        }
-      }
+      for (int b = 0; b < nb; ++b) s[b] = pack_block(p.format, row + b * kBlock, p.payload, r, b, p.d);
     }
   };
   if (ctx) {

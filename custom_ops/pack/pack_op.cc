@@ -12,6 +12,10 @@
 namespace dot4attn {
 namespace {
 
+VFormat vformat_of(QFormat f) {
+  return f == QFormat::kQ4_0 ? VFormat::kQ4_0 : f == QFormat::kQ6_0 ? VFormat::kQ6_0 : VFormat::kQ8_0;
+}
+
 class PackKernel : public Kernel {
  public:
   PackKernel(const char* op, QFormat format, Ep ep) : op_(op), format_(format), ep_(ep) {}
@@ -27,7 +31,7 @@ class PackKernel : public Kernel {
       fail(op_, "input 'X' (0): head dim D must be a multiple of 32 in [32, 256], got ", d, " (shape ",
            shape_str(x.shape), ")");
     std::vector<int64_t> payload_shape = x.shape, scales_shape = x.shape;
-    if (format_ == QFormat::kQ4_0) payload_shape[3] = d / 2;
+    payload_shape[3] = payload_bytes(d, vformat_of(format_));
     scales_shape[3] = d / kBlock;
     PackParams p;
     p.x = x.data;
@@ -64,13 +68,16 @@ Kernel* create_pack_v(const OrtKernelInfo* info, Ep ep) {
     format = QFormat::kQ8_0;
   } else if (f == "q4_0") {
     format = QFormat::kQ4_0;
+  } else if (f == "q6_0") {
+    format = QFormat::kQ6_0;
   } else {
-    fail("PackV", "attribute 'format': expected 'q8_0' or 'q4_0', got '", f, "'");
+    fail("PackV", "attribute 'format': expected 'q8_0', 'q4_0' or 'q6_0', got '", f, "'");
   }
+  refuse_cpu_only_vformat("PackV", "format", vformat_of(format), ep, "q8_0 and q4_0");
   return new PackKernel("PackV", format, ep);
 }
 
-// Output shapes: payload [B, H, S, D] (D/2 for q4_0), scales [B, H, S, D/32].
+// Output shapes: payload [B, H, S, D] (D/2 for q4_0, 3D/4 for q6_0), scales [B, H, S, D/32].
 void infer_pack(OrtShapeInferContext* ctx, bool is_v) {
   OrtTensorTypeAndShapeInfo* in = nullptr;
   check_status(ort().ShapeInferContext_GetInputTypeShape(ctx, 0, &in));
@@ -81,7 +88,7 @@ void infer_pack(OrtShapeInferContext* ctx, bool is_v) {
   std::vector<const char*> sym(rank);
   check_status(ort().GetDimensions(in, dims.data(), rank));
   check_status(ort().GetSymbolicDimensions(in, sym.data(), rank));
-  bool q4 = false;
+  std::string fmt = "q8_0";
   if (is_v) {
     const OrtOpAttr* attr = nullptr;
     if (OrtStatus* st = ort().ShapeInferContext_GetAttribute(ctx, "format", &attr)) {
@@ -92,7 +99,7 @@ void infer_pack(OrtShapeInferContext* ctx, bool is_v) {
       if (OrtStatus* st2 = ort().ReadOpAttr(attr, ORT_OP_ATTR_STRING, buf, sizeof(buf) - 1, &len)) {
         ort().ReleaseStatus(st2);
       }
-      q4 = std::string(buf) == "q4_0";
+      fmt = buf;
     }
   }
   // The element type must be set even when D is symbolic: PackV's payload is declared as any type, and
@@ -112,20 +119,22 @@ void infer_pack(OrtShapeInferContext* ctx, bool is_v) {
   for (int out = 0; out < 2; ++out) {
     std::vector<int64_t> od = dims;
     std::vector<const char*> os = sym;
-    const int64_t div = out == 1 ? kBlock : (q4 ? 2 : 1);
+    // The last dim is D * mul / div: scales D/32, payload D (q8_0), D/2 (q4_0) or 3D/4 (q6_0).
+    const int64_t mul = out == 0 && fmt == "q6_0" ? 3 : 1;
+    const int64_t div = out == 1 ? kBlock : fmt == "q4_0" ? 2 : fmt == "q6_0" ? 4 : 1;
     if (div != 1) {
       if (dims[3] > 0) {
         os[3] = "";
-        od[3] = dims[3] / div;
-      } else {  // symbolic head dim: name the derived dim after it (e.g. "D/32")
-        derived[out] = d_name + "/" + std::to_string(div);
+        od[3] = dims[3] * mul / div;
+      } else {  // symbolic head dim: name the derived dim after it (e.g. "D/32", "D*3/4")
+        derived[out] = d_name + (mul != 1 ? "*" + std::to_string(mul) : "") + "/" + std::to_string(div);
         os[3] = derived[out].c_str();
         od[3] = -1;
       }
     }
     OrtTensorTypeAndShapeInfo* info = nullptr;
     check_status(ort().CreateTensorTypeAndShapeInfo(&info));
-    check_status(ort().SetTensorElementType(info, out == 0 ? (q4 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8 : I8) : F16));
+    check_status(ort().SetTensorElementType(info, out == 0 ? (fmt == "q4_0" || fmt == "q6_0" ? U8 : I8) : F16));
     check_status(ort().SetDimensions(info, od.data(), od.size()));
     check_status(ort().SetSymbolicDimensions(info, os.data(), os.size()));
     OrtStatus* st = ort().ShapeInferContext_SetOutputTypeShape(ctx, out, info);
@@ -141,7 +150,7 @@ std::vector<OpSpec> pack_op_specs() {
   for (auto t : {F32, F16}) {
     specs.push_back({"PackK", {{t}}, {{I8}, {F16}}, create_pack_k,
                      [](OrtShapeInferContext* c) { infer_pack(c, false); }});
-    // PackV's payload dtype follows the `format` attribute (int8 for q8_0, uint8 for q4_0), so it is declared
+    // PackV's payload dtype follows the `format` attribute (int8 for q8_0, uint8 for q4_0 / q6_0), so it is declared
     // as any type; optional keeps ORT from tying it to the input's type.
     specs.push_back({"PackV", {{t}}, {{ANY, true}, {F16}}, create_pack_v,
                      [](OrtShapeInferContext* c) { infer_pack(c, true); }});

@@ -12,7 +12,7 @@ struct PackParams {
   int64_t rows = 0;
   int d = 0;
   QFormat format = QFormat::kQ8_0;
-  void* payload = nullptr;   // int8 [rows, D] (q8_0) or uint8 [rows, D/2] (q4_0)
+  void* payload = nullptr;   // int8 [rows, D] (q8_0) or uint8 [rows, D/2] (q4_0), [rows, 3D/4] (q6_0)
   uint16_t* scales = nullptr;  // float16 bits [rows, D/32]
 };
 

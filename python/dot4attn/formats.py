@@ -3,15 +3,16 @@ custom_ops/common/formats.h and custom_ops/cache/cache_layout.h are the C++ side
 checks the two agree through the op library).
 
 K is always packed16 ("q8_0": int8 payload + one float16 scale per 32 values). V is "float" (as the model's
-dtype), "q8_0" or "q4_0" (two 4-bit values per byte, one float16 scale per 32 values). Two layouts hold them:
+dtype), "q8_0", "q4_0" (two 4-bit values per byte, one float16 scale per 32 values) or "q6_0" (6-bit values, 24
+bytes per 32-value block, one float16 scale per block; CPU only). Three layouts hold them:
 
   split  an exported model rewritten by `dot4attn rewrite` (Dot4Attention): per layer a payload tensor
-         [B, Hkv, S, D or D/2] and a scales tensor [B, Hkv, S, D/32] (float16), nothing padded;
+         [B, Hkv, S, D, D/2 or 3D/4] and a scales tensor [B, Hkv, S, D/32] (float16), nothing padded;
   rows   Dot4GroupQueryAttention's cache (genai folders): one uint8 tensor per K and per V, [B, Hkv, L, row_bytes],
          each token's row its payload, then its scales, then zeros to a multiple of 16 bytes (aligned loads).
-  pair   Dot4GroupQueryAttention's cache with q4_0 V (attribute cache_layout="pair"): K and V tensors both D bytes
-         wide, as onnxruntime-genai allocates them (V as wide as K): the K row is K's int8 payload, the V row
-         V's payload, V's scales, K's scales, then zeros ([D/2 | D/16 | D/16 | 0...]).
+  pair   Dot4GroupQueryAttention's cache with q4_0 or q6_0 V (attribute cache_layout="pair"): K and V tensors both
+         D bytes wide, as onnxruntime-genai allocates them (V as wide as K): the K row is K's int8 payload, the V row
+         V's payload, V's scales, K's scales, then zeros ([D/2 or 3D/4 | D/16 | D/16 | 0...]).
 """
 from __future__ import annotations
 
@@ -19,10 +20,15 @@ from collections.abc import Iterable
 
 BLOCK = 32  # values per float16 scale along the head dimension D
 K_FORMAT = "q8_0"
-V_FORMATS = ("float", "q8_0", "q4_0")
-V_FORMAT_CODES = {"float": 0, "q8_0": 1, "q4_0": 2}  # the C entries' VFormat enum (common/formats.h)
-PACKED_FORMATS = ("q8_0", "q4_0")
+V_FORMATS = ("float", "q8_0", "q4_0", "q6_0")
+V_FORMAT_CODES = {"float": 0, "q8_0": 1, "q4_0": 2, "q6_0": 3}  # the C entries' VFormat enum (common/formats.h)
+PACKED_FORMATS = ("q8_0", "q4_0", "q6_0")
+CPU_ONLY_FORMATS = ("q6_0",)  # V formats the GPU kernels do not take (the ops refuse them on CUDA / ROCm)
+GPU_V_FORMATS = tuple(f for f in V_FORMATS if f not in CPU_ONLY_FORMATS)
+GPU_PACKED_FORMATS = tuple(f for f in PACKED_FORMATS if f not in CPU_ONLY_FORMATS)
 CACHE_LAYOUTS = ("rows", "pair")  # Dot4GroupQueryAttention's attribute cache_layout
+PAIR_V_FORMATS = ("q4_0", "q6_0")  # the V formats the pair layout holds (payload and both scale runs fit D bytes)
+Q6_BLOCK_BYTES = 24  # a q6_0 block: 16 bytes of low nibbles (as q4_0's payload), 8 bytes of high 2-bit pairs
 FLOAT_BYTES = {"float32": 4, "float16": 2}
 ROW_ALIGN = 16
 
@@ -34,8 +40,13 @@ def check_v_format(v_format: str, what: str = "v_format") -> str:
 
 
 def payload_bytes(d: int, fmt: str = K_FORMAT) -> int:
-    """Bytes of one packed row's payload: D (q8_0) or D/2 (q4_0)."""
-    return d // 2 if fmt == "q4_0" else d
+    """Bytes of one packed row's payload: D (q8_0), D/2 (q4_0) or 3D/4 (q6_0)."""
+    return {"q4_0": d // 2, "q6_0": 3 * d // 4}.get(fmt, d)
+
+
+def payload_dtype(fmt: str) -> str:
+    """numpy dtype name of a packed payload: int8 (q8_0, the values themselves) or uint8 (q4_0, q6_0: bit fields)."""
+    return "int8" if fmt == "q8_0" else "uint8"
 
 
 def scale_bytes(d: int) -> int:
@@ -52,16 +63,17 @@ def check_cache_layout(cache_layout: str, v_format: str) -> str:
     """Raises ValueError unless Dot4GroupQueryAttention takes this cache_layout with this V format."""
     if cache_layout not in CACHE_LAYOUTS:
         raise ValueError(f"cache_layout: expected one of {', '.join(CACHE_LAYOUTS)}, got {cache_layout!r}")
-    if cache_layout == "pair" and v_format != "q4_0":
-        raise ValueError(f"cache_layout 'pair' needs v_format q4_0, got {v_format!r}")
+    if cache_layout == "pair" and v_format not in PAIR_V_FORMATS:
+        raise ValueError(f"cache_layout 'pair' needs v_format {' or '.join(PAIR_V_FORMATS)}, got {v_format!r}")
     return cache_layout
 
 
-def pair_v_row_parts(d: int) -> tuple[slice, slice, slice]:
-    """Byte ranges of the pair layout's V row: (V's q4_0 payload, V's float16 scales, K's float16 scales); zeros
-    follow to D (the K row is K's int8 payload alone)."""
-    sb = scale_bytes(d)
-    return slice(0, d // 2), slice(d // 2, d // 2 + sb), slice(d // 2 + sb, d // 2 + 2 * sb)
+def pair_v_row_parts(d: int, v_format: str = "q4_0") -> tuple[slice, slice, slice]:
+    """Byte ranges of the pair layout's V row: (V's q4_0 / q6_0 payload, V's float16 scales, K's float16 scales);
+    zeros follow to D (the K row is K's int8 payload alone)."""
+    check_cache_layout("pair", v_format)
+    pb, sb = payload_bytes(d, v_format), scale_bytes(d)
+    return slice(0, pb), slice(pb, pb + sb), slice(pb + sb, pb + 2 * sb)
 
 
 def cache_row_widths(d: int, v_format: str, cache_layout: str = "rows") -> tuple[int, int]:
@@ -79,7 +91,7 @@ def head_token_bytes(d: int, fmt: str, layout: str = "rows", dtype: str = "float
         return row_bytes(d, fmt)
     if layout == "split":
         return payload_bytes(d, fmt) + scale_bytes(d)
-    if layout == "pair":  # K and q4_0 V in two rows of D bytes each
+    if layout == "pair":  # K and q4_0 / q6_0 V in two rows of D bytes each
         return d
     raise ValueError(f"layout: expected rows, split or pair, got {layout!r}")
 

@@ -17,7 +17,7 @@ import functools
 import json
 
 from . import get_library_path
-from .formats import V_FORMAT_CODES
+from .formats import CPU_ONLY_FORMATS, V_FORMAT_CODES
 
 ROUTES = {"auto": 0, "prefill": 1, "decode": 2, "split_k": 3}
 MASK_KINDS = {None: 0, "bool": 1, "additive": 2}
@@ -91,7 +91,9 @@ def make_call(B: int, Hq: int, Hkv: int, Sq: int, Sk: int, D: int, *, half: bool
     dict of KV_LAYOUT_FIELDS (missing or 0: dense), e.g. a packed cache of D = 128 with rows of 144 bytes and 4096
     rows per head: {"kv_rows": 4096, "k_stride": 144, "ks_stride": 72, "v_stride": 144, "vs_stride": 72}. run_as: a
     described AMD device ("hip,cus=304,warp=64,smem=65536") whose plan the call runs on this CUDA GPU (docs/gpu.md,
-    "AMD GPUs"); gpu_plan(call) then gives that plan."""
+    "AMD GPUs"); gpu_plan(call) then gives that plan. A V format without GPU kernels (q6_0) is a ValueError."""
+    if v_format in CPU_ONLY_FORMATS:
+        raise ValueError(f"v_format {v_format!r} runs on the CPU only: the GPU entries take float, q8_0 and q4_0")
     c = GpuCall(B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, split_k_min_keys=split_k_min_keys, D=D, half=int(half),
                 v_format=V_FORMAT_CODES[v_format], causal=int(causal), route=ROUTES[route],
                 mask_kind=MASK_KINDS[mask_kind], scale=scale, run_as=run_as.encode() if run_as else None)

@@ -9,6 +9,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from . import DOMAIN, register
+from .formats import PACKED_FORMATS, payload_dtype
 
 _NP2ONNX = {
     np.dtype(np.float32): TensorProto.FLOAT,
@@ -40,7 +41,7 @@ def pack_model(op: str = "PackK", x_dtype=np.float32, fmt: str | None = None) ->
     """X [B, H, S, D] -> payload, scales (PackK, or PackV with format `fmt`)."""
     attrs = {"format": fmt} if (op == "PackV" and fmt is not None) else {}
     node = helper.make_node(op, ["X"], ["payload", "scales"], domain=DOMAIN, **attrs)
-    payload_t = np.uint8 if (op == "PackV" and fmt == "q4_0") else np.int8
+    payload_t = payload_dtype(fmt) if (op == "PackV" and fmt in PACKED_FORMATS) else np.int8  # else: refused
     return _model([node], [_vi("X", x_dtype, 4, "x")],
                   [_vi("payload", payload_t, 4, "p"), _vi("scales", np.float16, 4, "s")])
 
@@ -49,7 +50,7 @@ def attention_model(dtype=np.float32, v_format: str = "float", mask_dtype=None, 
                     causal: int = 1, route: str = "auto", split_k_min_keys: int | None = None,
                     with_v_scales: bool | None = None) -> onnx.ModelProto:
     """One Dot4Attention node with graph inputs query, k_payload, k_scales, value[, v_scales][, attn_mask]."""
-    v_dtype = {"float": dtype, "q8_0": np.int8, "q4_0": np.uint8}.get(v_format, dtype)
+    v_dtype = dtype if v_format == "float" else payload_dtype(v_format)
     if with_v_scales is None:
         with_v_scales = v_format != "float"
     inputs = [_vi("query", dtype, 4, "q"), _vi("k_payload", np.int8, 4, "k"), _vi("k_scales", np.float16, 4, "ks"),

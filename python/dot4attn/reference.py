@@ -43,24 +43,25 @@ def _quantize(blocks: np.ndarray, qmax: float, lo: float, hi: float, fp16_scale:
     return np.clip(q, lo, hi), s
 
 
-def _quantize_q4(blocks: np.ndarray):
-    """q4_0's 16 levels (ggml's q4_0): v = a block's value of largest magnitude (the positive one on a tie),
-    s = fp16(v / -8), q = clamp(rne(x / s), -8, 7). v lands on level -8 exactly and the block's other end on up
-    to +8, which clamps to 7: one more level than a symmetric max / 7 scale. A scale that rounds to zero is +0
+def _quantize_signed_max(blocks: np.ndarray, half_levels: int = 8):
+    """q4_0's 16 levels (ggml's q4_0; half_levels 8) and q6_0's 64 (half_levels 32): v = a block's value of largest
+    magnitude (the positive one on a tie), s = fp16(v / -half_levels), q = clamp(rne(x / s), -half_levels,
+    half_levels - 1). v lands on the lowest level exactly and the block's other end on up to +half_levels, which
+    clamps: one more level than a symmetric max / (half_levels - 1) scale. A scale that rounds to zero is +0
     (q = 0); one past float16 saturates at +-65504; a non-finite block gets a NaN scale and q = 0."""
     amax = np.abs(blocks).max(axis=-1)
     bad = ~np.isfinite(amax)
     with np.errstate(invalid="ignore", over="ignore"):
         hi, lo = blocks.max(axis=-1), blocks.min(axis=-1)
         v = np.where(hi >= -lo, hi, lo)
-        s = (v / np.float32(-8)).astype(np.float32).astype(np.float16)
+        s = (v / np.float32(-half_levels)).astype(np.float32).astype(np.float16)
     s = np.where(np.isinf(s), np.copysign(np.float16(FP16_MAX), s), s).astype(np.float16)
     s = np.where(s == 0, np.float16(0), s)  # -0 -> +0
     sf = np.where(bad, np.float32(0), s.astype(np.float32))[..., None]
     s = np.where(bad, np.float16(np.nan), s)
     with np.errstate(divide="ignore", invalid="ignore"):
         q = np.where(sf == 0, np.float32(0), np.rint(blocks / sf))
-    return np.clip(q, -8, 7), s
+    return np.clip(q, -half_levels, half_levels - 1), s
 
 
 def pack_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -69,28 +70,66 @@ def pack_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q.astype(np.int8).reshape(x.shape), s
 
 
+def _nibbles(u: np.ndarray) -> np.ndarray:
+    """uint8 [..., n] values < 16 -> [..., n/2] bytes, element 2i in the low nibble (q4_0's payload)."""
+    return (u[..., 0::2] | (u[..., 1::2] << 4)).astype(np.uint8)
+
+
+def _unnibble(payload: np.ndarray) -> np.ndarray:
+    u = np.empty((*payload.shape[:-1], payload.shape[-1] * 2), np.uint8)
+    u[..., 0::2] = payload & 0x0F
+    u[..., 1::2] = payload >> 4
+    return u
+
+
+def _pack_q6_blocks(u: np.ndarray) -> np.ndarray:
+    """u [..., nb, 32] in [0, 63] -> q6_0 blocks [..., nb, 24]: the low nibbles as q4_0's payload (16 bytes), then
+    byte 16 + j holding the high 2 bits of elements j, j + 8, j + 16, j + 24 at bits 0-1, 2-3, 4-5, 6-7."""
+    hi = (u >> 4).reshape(*u.shape[:-1], 4, 8)  # [..., group g, j]: element 8 g + j
+    high = hi[..., 0, :] | (hi[..., 1, :] << 2) | (hi[..., 2, :] << 4) | (hi[..., 3, :] << 6)
+    return np.concatenate([_nibbles(u & 0x0F), high.astype(np.uint8)], axis=-1)
+
+
+def _unpack_q6_blocks(blocks: np.ndarray) -> np.ndarray:
+    """q6_0 blocks [..., nb, 24] -> u [..., nb, 32] in [0, 63]."""
+    lo = _unnibble(blocks[..., :16])
+    high = blocks[..., 16:24]
+    hi = np.concatenate([(high >> (2 * g)) & 3 for g in range(4)], axis=-1)  # element 8 g + j
+    return lo | (hi << 4)
+
+
 def pack_v(x: np.ndarray, fmt: str = "q8_0") -> tuple[np.ndarray, np.ndarray]:
-    """PackV: q8_0 (= pack_k) or q4_0 (uint8 [..., D/2], element 2i in the low nibble)."""
+    """PackV: q8_0 (= pack_k), q4_0 (uint8 [..., D/2], element 2i in the low nibble) or q6_0 (uint8 [..., 3D/4]:
+    per 32-value block 24 bytes, _pack_q6_blocks)."""
     if fmt == "q8_0":
         return pack_k(x)
-    if fmt != "q4_0":
-        raise ValueError(f"PackV format must be 'q8_0' or 'q4_0', got {fmt!r}")
-    q, s = _quantize_q4(_blocks(x))
-    u = (q.astype(np.int16) + 8).astype(np.uint8).reshape(*x.shape[:-1], x.shape[-1])
-    return (u[..., 0::2] | (u[..., 1::2] << 4)).astype(np.uint8), s
+    if fmt == "q4_0":
+        q, s = _quantize_signed_max(_blocks(x), 8)
+        u = (q.astype(np.int16) + 8).astype(np.uint8).reshape(*x.shape[:-1], x.shape[-1])
+        return _nibbles(u), s
+    if fmt == "q6_0":
+        q, s = _quantize_signed_max(_blocks(x), 32)
+        blocks = _pack_q6_blocks((q.astype(np.int16) + 32).astype(np.uint8))
+        return blocks.reshape(*x.shape[:-1], formats.payload_bytes(x.shape[-1], "q6_0")), s
+    raise ValueError(f"PackV format must be 'q8_0', 'q4_0' or 'q6_0', got {fmt!r}")
+
+
+def levels(payload: np.ndarray, fmt: str = "q8_0") -> np.ndarray:
+    """int16 levels [..., D] of a packed payload: q8_0's values, q4_0's u - 8, q6_0's u - 32 (value = level * s)."""
+    if fmt == "q8_0":
+        return payload.astype(np.int16)
+    if fmt == "q4_0":
+        return _unnibble(payload).astype(np.int16) - 8
+    if fmt == "q6_0":
+        nb = payload.shape[-1] // formats.Q6_BLOCK_BYTES
+        u = _unpack_q6_blocks(payload.reshape(*payload.shape[:-1], nb, formats.Q6_BLOCK_BYTES))
+        return u.reshape(*payload.shape[:-1], nb * BLOCK).astype(np.int16) - 32
+    raise ValueError(f"format must be 'q8_0', 'q4_0' or 'q6_0', got {fmt!r}")
 
 
 def unpack(payload: np.ndarray, scales: np.ndarray, fmt: str = "q8_0") -> np.ndarray:
-    """float32 values of a packed tensor (q8_0 or q4_0)."""
-    if fmt == "q8_0":
-        q = payload.astype(np.float32)
-    elif fmt == "q4_0":
-        u = np.empty((*payload.shape[:-1], payload.shape[-1] * 2), np.float32)
-        u[..., 0::2] = payload & 0x0F
-        u[..., 1::2] = payload >> 4
-        q = u - 8
-    else:
-        raise ValueError(f"format must be 'q8_0' or 'q4_0', got {fmt!r}")
+    """float32 values of a packed tensor (q8_0, q4_0 or q6_0)."""
+    q = levels(payload, fmt).astype(np.float32)
     qb = q.reshape(*q.shape[:-1], q.shape[-1] // BLOCK, BLOCK)
     return (qb * scales.astype(np.float32)[..., None]).reshape(q.shape)
 
@@ -232,20 +271,21 @@ def pack_cache_rows(x: np.ndarray, fmt: str = "q8_0") -> np.ndarray:
 
 
 def unpack_cache_rows(rows: np.ndarray, d: int, fmt: str = "q8_0") -> tuple[np.ndarray, np.ndarray]:
-    """(payload, float16 scales) of packed cache rows: int8 [..., D] (q8_0) or uint8 [..., D/2] (q4_0)."""
+    """(payload, float16 scales) of packed cache rows: int8 [..., D] (q8_0), uint8 [..., D/2] (q4_0) or uint8
+    [..., 3D/4] (q6_0)."""
     pb = cache_payload_bytes(d, fmt)
     payload = np.ascontiguousarray(rows[..., :pb])
     scales = np.ascontiguousarray(rows[..., pb:pb + 2 * (d // BLOCK)]).view(np.float16)
     return (payload.view(np.int8) if fmt == "q8_0" else payload), scales
 
 
-def pack_cache_pair(k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(K rows, V rows) [..., D] uint8 of the "pair" layout (K q8_0, V q4_0): the K row is K's int8 payload; the V
-    row is V's q4_0 payload, V's float16 scales, K's float16 scales, then zeros."""
+def pack_cache_pair(k: np.ndarray, v: np.ndarray, v_format: str = "q4_0") -> tuple[np.ndarray, np.ndarray]:
+    """(K rows, V rows) [..., D] uint8 of the "pair" layout (K q8_0, V q4_0 or q6_0): the K row is K's int8
+    payload; the V row is V's payload, V's float16 scales, K's float16 scales, then zeros."""
     d = k.shape[-1]
+    payload, v_sc, k_sc = formats.pair_v_row_parts(d, v_format)
     kp, ks = pack_k(k)
-    vp, vs = pack_v(v, "q4_0")
-    payload, v_sc, k_sc = formats.pair_v_row_parts(d)
+    vp, vs = pack_v(v, v_format)
     k_rows = np.ascontiguousarray(kp).view(np.uint8)
     v_rows = np.zeros((*v.shape[:-1], d), np.uint8)
     v_rows[..., payload] = vp
@@ -254,9 +294,9 @@ def pack_cache_pair(k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return k_rows, v_rows
 
 
-def unpack_cache_pair(k_rows: np.ndarray, v_rows: np.ndarray, d: int):
+def unpack_cache_pair(k_rows: np.ndarray, v_rows: np.ndarray, d: int, v_format: str = "q4_0"):
     """(K payload int8, K scales, V payload uint8, V scales) of "pair" layout rows."""
-    payload, v_sc, k_sc = formats.pair_v_row_parts(d)
+    payload, v_sc, k_sc = formats.pair_v_row_parts(d, v_format)
     kp = np.ascontiguousarray(k_rows[..., :d]).view(np.int8)
     vp = np.ascontiguousarray(v_rows[..., payload])
     vs = np.ascontiguousarray(v_rows[..., v_sc]).view(np.float16)
@@ -297,7 +337,7 @@ def group_query_attention_packed(query, key, value, past_key, past_value, seqlen
     (its padding rows output zeros), otherwise the S new tokens take positions total - S .. total - 1. The new
     rows are packed into present (past copied when present is a new buffer). q_norm / k_norm use q_norm_epsilon /
     k_norm_epsilon where given, else qk_norm_epsilon (GroupQueryAttention's rule). cache_layout: "rows" or "pair"
-    (q4_0 V only; dot4attn.formats)."""
+    (q4_0 / q6_0 V only; dot4attn.formats)."""
     formats.check_cache_layout(cache_layout, v_format)
     B, S = query.shape[:2]
     hq, hkv = num_heads, kv_num_heads
@@ -330,7 +370,8 @@ def group_query_attention_packed(query, key, value, past_key, past_value, seqlen
         kf = rotary(kf, np.broadcast_to(pos[:, :, None], kf.shape[:3]), cos_cache, sin_cache,
                     bool(rotary_interleaved))
     if cache_layout == "pair":
-        k_rows, v_rows = pack_cache_pair(kf.transpose(0, 2, 1, 3), v.astype(np.float32).transpose(0, 2, 1, 3))
+        k_rows, v_rows = pack_cache_pair(kf.transpose(0, 2, 1, 3), v.astype(np.float32).transpose(0, 2, 1, 3),
+                                         v_format)
     else:
         k_rows = pack_cache_rows(kf.transpose(0, 2, 1, 3), "q8_0")  # [B, Hkv, S, row]
         v_rows = pack_cache_rows(v.astype(np.float32).transpose(0, 2, 1, 3), v_format)
@@ -343,7 +384,7 @@ def group_query_attention_packed(query, key, value, past_key, past_value, seqlen
         sq = min(S, int(total[b])) if first else S
         sk = int(total[b])
         if cache_layout == "pair":
-            kp, ks, vp, vs = unpack_cache_pair(present_k[b:b + 1, :, :sk], present_v[b:b + 1, :, :sk], d)
+            kp, ks, vp, vs = unpack_cache_pair(present_k[b:b + 1, :, :sk], present_v[b:b + 1, :, :sk], d, v_format)
         else:
             kp, ks = unpack_cache_rows(present_k[b:b + 1, :, :sk], d, "q8_0")
             vp, vs = unpack_cache_rows(present_v[b:b + 1, :, :sk], d, v_format)

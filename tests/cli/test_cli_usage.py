@@ -60,7 +60,8 @@ def test_help_shows_every_default(verb):
 def test_compare_help_states_exit_codes_and_defaults():
     text = VERBS["compare"].format_help()
     flat = " ".join(text.split())  # argparse wraps the help lines
-    assert "(default: 32)" in text and "(default: 0.95 for float / q8_0 V" in flat and "0.1 for q4_0 V)" in flat
+    assert "(default: 32)" in text and "(default: 0.95 for float / q8_0 V" in flat
+    assert "0.1 for q4_0 V, 5e-3 for q6_0 V)" in flat
     assert "1 they disagree" in text and "2 the comparison could not run" in text
 
 
@@ -154,20 +155,23 @@ def test_compare_disagree_exits_1_and_agree_0(tmp_path, capsys):
 
 def test_compare_judges_a_rewrite_by_its_v_formats_bars(tmp_path, capsys):
     """Without --min-top1 / --max-kl a rewrite meets its V format's bars (compare.quality_failures): q4_0 V by mean
-    KL <= 0.1 alone, float / q8_0 V by top-1 >= 0.95 and KL <= 1e-3; the format is read off the rewritten model."""
+    KL <= 0.1 alone (q6_0: 5e-3), float / q8_0 V by top-1 >= 0.95 and KL <= 1e-3; the format is read off the
+    rewritten model (q4_0 and q6_0 payloads both uint8, told apart by their width)."""
     from conftest_models import exported, need_ops
 
     from dot4attn.quality.compare import rewritten_v_format
 
     need_ops()
     tiny = exported("qwen3", "tiny", "dynamo")
-    for vf in ("float", "q8_0", "q4_0"):
+    for vf in ("float", "q8_0", "q4_0", "q6_0"):
         out = tmp_path / f"{vf}.onnx"
         assert main(["rewrite", str(tiny), str(out), "--v-format", vf]) == 0
         assert rewritten_v_format(out) == vf
     assert rewritten_v_format(tiny) == "float"
     capsys.readouterr()
     assert main(["compare", str(tiny), str(tmp_path / "q4_0.onnx"), "--prompt-len", "8", "--steps", "24"]) == 0
+    assert capsys.readouterr().out.endswith("PASS\n")
+    assert main(["compare", str(tiny), str(tmp_path / "q6_0.onnx"), "--prompt-len", "8", "--steps", "24"]) == 0
     assert capsys.readouterr().out.endswith("PASS\n")
     # a bar given explicitly replaces the format's: a zero KL bound fails the same q4_0 rewrite
     assert main(["compare", str(tiny), str(tmp_path / "q4_0.onnx"), "--prompt-len", "8", "--steps", "24",

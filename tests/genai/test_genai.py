@@ -33,7 +33,8 @@ def rewritten(tmp_path_factory):
             src = genai_model(shape, precision)
             out = tmp_path_factory.mktemp("genai") / f"{shape}-{precision}-{v_format}"
             before = tree_digest(src)
-            inplace = ["--for-inplace-runner"] if v_format == "q4_0" else []  # og cannot allocate a q4_0 V cache
+            # the rows layout: og cannot allocate a q4_0 / q6_0 V cache narrower than K's
+            inplace = ["--for-inplace-runner"] if v_format in ("q4_0", "q6_0") else []
             assert cli(["rewrite", str(src), str(out), "--v-format", v_format] + inplace) == 0
             assert tree_digest(src) == before, "IN must stay untouched"
             made[key] = (src, out)
@@ -360,24 +361,25 @@ def test_out_must_be_new(rewritten, tmp_path, capsys):
     assert (out / "keep.txt").read_text() == "mine"
 
 
-def test_q4_0_folder_runs_under_og_generator_in_the_pair_layout(rewritten, tmp_path, capsys):
-    """--v-format q4_0 without --for-inplace-runner: K and V caches of one width (head_size bytes: K's int8 payload;
-    V's q4_0 payload and scales with K's scales), which genai allocates. og.Generator runs it, and its logits are
-    the in-place runner's over the narrower rows layout of the same model (the same packed values, placed apart),
-    prompt and decode steps alike; greedy generation runs; 256 cache bytes per token and KV head at D = 128."""
+@pytest.mark.parametrize("v_format", ["q4_0", "q6_0"])
+def test_q4_0_and_q6_0_folders_run_under_og_generator_in_the_pair_layout(rewritten, tmp_path, capsys, v_format):
+    """--v-format q4_0 / q6_0 without --for-inplace-runner: K and V caches of one width (head_size bytes: K's int8
+    payload; V's payload and scales with K's scales), which genai allocates. og.Generator runs it, and its logits are
+    the in-place runner's over the rows layout of the same model (the same packed values, placed apart), prompt and
+    decode steps alike; greedy generation runs; 256 cache bytes per token and KV head at D = 128 (ORT int8's)."""
     from dot4attn import formats
     from dot4attn.runtime import open_decoder
 
     src = genai_model("qwen3-d128", "fp32")
-    pair = tmp_path / "q4_0-pair"
-    assert cli(["rewrite", str(src), str(pair), "--v-format", "q4_0"]) == 0
-    assert "note: q4_0 V in the pair cache layout" in capsys.readouterr().out
+    pair = tmp_path / f"{v_format}-pair"
+    assert cli(["rewrite", str(src), str(pair), "--v-format", v_format]) == 0
+    assert f"note: {v_format} V in the pair cache layout" in capsys.readouterr().out
     facts = json.loads((pair / "dot4attn.json").read_text())
     d = facts["head_size"]
     assert facts["cache_layout"] == "pair" and facts["runner"] == "og"
     assert facts["k_row_bytes"] == facts["v_row_bytes"] == d
     assert json.loads((pair / "genai_config.json").read_text())["model"]["type"] == "qwen3"
-    rows = rewritten("qwen3-d128", "fp32", "q4_0")[1]
+    rows = rewritten("qwen3-d128", "fp32", v_format)[1]
     assert json.loads((rows / "dot4attn.json").read_text())["cache_layout"] == "rows"
     prompt = np.random.default_rng(3).integers(3, 256, size=(1, 20)).astype(np.int64)
     logits = {}
@@ -388,7 +390,7 @@ def test_q4_0_folder_runs_under_og_generator_in_the_pair_layout(rewritten, tmp_p
         logits[name] = np.concatenate(out)
         if name == "og":
             L, h = facts["layers"], facts["kv_heads"]
-            assert dec.cache_bytes_per_token() == formats.bytes_per_token(L, h, d, v="q4_0", layout="pair")
+            assert dec.cache_bytes_per_token() == formats.bytes_per_token(L, h, d, v=v_format, layout="pair")
             assert dec.cache_bytes_per_token() == L * h * 2 * d  # 256 B per token and KV head at D = 128
             assert dec.cache_bytes_per_token() < formats.bytes_per_token(L, h, d, v="q8_0")
         dec.close()
@@ -416,11 +418,11 @@ def test_q4_0_folder_runs_under_og_generator_in_the_pair_layout(rewritten, tmp_p
     assert seq == want
 
 
-def test_for_inplace_runner_is_for_q4_0(tmp_path, capsys):
+def test_for_inplace_runner_is_for_q4_0_and_q6_0(tmp_path, capsys):
     src = genai_model("qwen3-d128", "fp32")
-    # asked for without q4_0, it would bar og.Generator from a folder it runs
+    # asked for without q4_0 / q6_0, it would bar og.Generator from a folder it runs
     _rewrite_fails(src, tmp_path / "out", capsys, "--for-inplace-runner (inplace_runner=True) is for --v-format "
-                   "q4_0; a q8_0 V folder runs under og.Generator", args=["--for-inplace-runner"])
+                   "q4_0 or q6_0; a q8_0 V folder runs under og.Generator", args=["--for-inplace-runner"])
 
 
 @pytest.mark.parametrize("args, match", [(["--route", "decode"], "--route decode is for .onnx files"),

@@ -264,3 +264,21 @@ def test_sanitizer_set(name):
     x = _pack_inputs("float16")
     for op, fmt in (("PackK", None), ("PackV", "q4_0")):
         gpu_pack(x, op, fmt)
+
+
+@pytest.mark.parametrize("model, message", [
+    (lambda: ob.attention_model(np.float16, "q6_0"),
+     "Dot4Attention: attribute 'v_format' = 'q6_0' runs on the CPU execution provider only (GPU kernels take float, "
+     "q8_0 and q4_0), got a node assigned to CUDAExecutionProvider"),
+    (lambda: ob.pack_model("PackV", np.float16, "q6_0"),
+     "PackV: attribute 'format' = 'q6_0' runs on the CPU execution provider only (GPU kernels take q8_0 and q4_0)"),
+    (lambda: ob.cache_attention_model(np.float16, num_heads=4, kv_num_heads=2, v_format="q6_0", cache_layout="pair"),
+     "Dot4GroupQueryAttention: attribute 'v_format' = 'q6_0' runs on the CPU execution provider only"),
+], ids=["Dot4Attention", "PackV", "Dot4GroupQueryAttention"])
+def test_q6_0_is_refused_on_cuda_when_the_session_is_created(model, message):
+    """q6_0 V has CPU kernels only: each op refuses it on the CUDA EP when its kernel is created, naming the op and
+    the attribute, before any GPU planner or kernel sees the format."""
+    import re
+
+    with pytest.raises(Exception, match=re.escape(message)):
+        _session_uncached(model())

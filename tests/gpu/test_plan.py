@@ -254,6 +254,8 @@ def test_info_plan_prints_the_plan(capsys):
     (["--plan", "1,32,8,1,131072"],
      re.escape("expected B,Hq,Hkv,Sq,Sk,D[,float|q8_0|q4_0] (integers >= 1), got '1,32,8,1,131072'")),
     (["--plan", "1,32,8,1,1024,128,q5", "--gpu", H200], "got '1,32,8,1,1024,128,q5'"),
+    (["--plan", "1,32,8,1,1024,128,q6_0", "--gpu", H200],
+     re.escape("got '1,32,8,1,1024,128,q6_0' (q6_0 V has CPU kernels only)")),
     (["--plan", "1,32,8,1,1024,128", "--gpu", "sm=90a"], "sms .* and smem are required"),
     (["--plan", "1,32,8,1,1024,128", "--gpu", H200, "--overrides", "kernel=mma", "--dtype", "float32"],
      "kernel=mma cannot run this call"),

@@ -14,8 +14,8 @@ import zlib
 import numpy as np
 import pytest
 
-from attention_cases import (ALL_CASES, CASE_BY_NAME, CASES, QUALITY, QUALITY_TOL, REF_TOL, ROUTES, Case,
-                             case_data, quality_data, routes_for)
+from attention_cases import (CASE_BY_NAME, CASES, CPU_CASES, CPU_ONLY_CASES, QUALITY_CPU as QUALITY, QUALITY_TOL,
+                             REF_TOL, ROUTES, Case, case_data, quality_data, routes_for)
 from conftest import (check_nmse, gaussian_qkv, pack_value, run_attention, run_pack, attention_session,
                       attention_feeds, new_session)
 from dot4attn import onnx_builders as ob
@@ -48,7 +48,16 @@ def test_case_table_covers_the_issue():
     assert {True, False} <= {c.mask is None for c in small}
 
 
-@pytest.mark.parametrize("name,route", [(c.name, r) for c in ALL_CASES for r in routes_for(c)])
+def test_q6_cases_cover_every_route_and_head_dim():
+    """The CPU-only q6_0 cases reach every route, every D the decoders tile differently, both dtypes, masks."""
+    q6 = [c for c in CPU_ONLY_CASES if c.v_format == "q6_0"]
+    assert {32, 64, 96, 128, 160, 192, 224, 256} <= {c.D for c in q6}
+    assert any(c.Sq > 8 for c in q6) and any(c.Sq <= 8 and c.Sk >= 2048 for c in q6)
+    assert {"float32", "float16"} <= {c.dtype for c in q6} and {0, 1} <= {c.causal for c in q6}
+    assert any(c.mask for c in q6) and any(c.Sk == 0 for c in q6) and any(c.dead_rows for c in q6)
+
+
+@pytest.mark.parametrize("name,route", [(c.name, r) for c in CPU_CASES for r in routes_for(c)])
 def test_matches_reference(name, route, isa):
     c = CASE_BY_NAME[name]
     inputs, ref, dead = case_data(name)
@@ -62,7 +71,7 @@ def test_matches_reference(name, route, isa):
             f"{what}: {np.count_nonzero(out[dead] != 0)} values of rows with no visible key are not 0")
 
 
-@pytest.mark.parametrize("name", [c.name for c in ALL_CASES if c.Sq <= 8 and c.Sk > 0 and c.dtype == "float32"])
+@pytest.mark.parametrize("name", [c.name for c in CPU_CASES if c.Sq <= 8 and c.Sk > 0 and c.dtype == "float32"])
 def test_routes_agree(name):
     """All routes give the same result up to float32 rounding (default ISA, float32 output)."""
     c = CASE_BY_NAME[name]
@@ -126,7 +135,7 @@ def test_empty_dims(shape, isa):
     """Empty B, Sq or heads give empty outputs of the right shape and dtype on every route."""
     B, Hq, Sq, D, Hkv, Sk = shape
     for dtype in ("float32", "float16"):
-        for vf in ("float", "q4_0"):
+        for vf in ("float", "q4_0", "q6_0"):
             rng = np.random.default_rng(0)
             q, k, v = gaussian_qkv(rng, B, Hq, Hkv, Sq, Sk, D, dtype)
             kp, ks = R.pack_k(k)

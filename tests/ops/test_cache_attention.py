@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cache_cases import CASES, assert_only_new_rows_changed, cache_with_garbage, case_id
+from cache_cases import CPU_CASES, assert_only_new_rows_changed, cache_with_garbage, case_id
 from cache_cases import bound_run as _bound_run, expect as _expect, make_inputs as _inputs, run as _run
 from dot4attn import reference as ref
 from dot4attn.onnx_builders import cache_attention_model, session
 
-@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("case", CPU_CASES, ids=case_id)
 def test_prompt_then_decode_matches_reference(case):
     """A right-padded batch prompt, then decode steps with past != present (the buffers grow), every step against
     the reference fed the op's own previous caches."""
@@ -116,53 +116,75 @@ def test_bad_inputs_are_clear_errors(bad, message):
 
 
 @pytest.mark.parametrize("layout, v_format, past, message", [
-    ("pair", "q8_0", None, "attribute 'cache_layout' = 'pair' needs v_format 'q4_0'"),
+    ("pair", "q8_0", None, "attribute 'cache_layout' = 'pair' needs v_format 'q4_0' or 'q6_0' (K and q4_0 / q6_0 V "
+                           "in two rows of D bytes), got v_format 'q8_0'"),
+    ("rows", "q5_0", None, "attribute 'v_format': expected 'q8_0', 'q4_0' or 'q6_0', got 'q5_0'"),
+    ("rows", "float", None, "attribute 'v_format': expected 'q8_0', 'q4_0' or 'q6_0', got 'float'"),
+    ("pair", "q6_0", "rows", "input 'past_key' (3): expected shape [B, kv_num_heads, rows, 64] with B = 1, "
+                             "kv_num_heads = 2 (K payloads of D = 64, cache_layout 'pair': both caches D bytes wide)"),
     ("columns", "q4_0", None, "attribute 'cache_layout': expected 'rows' or 'pair', got 'columns'"),
     ("pair", "q4_0", "rows", "input 'past_key' (3): expected shape [B, kv_num_heads, rows, 64] with B = 1, "
                              "kv_num_heads = 2 (K payloads of D = 64, cache_layout 'pair': both caches D bytes wide)"),
 ])
 def test_bad_cache_layouts_are_clear_errors(layout, v_format, past, message):
-    """cache_layout 'pair' is for q4_0 V only, names outside rows / pair are refused, and a pair-layout node fed
-    rows-layout caches says which widths it expects."""
+    """cache_layout 'pair' is for q4_0 / q6_0 V only, names outside rows / pair and V formats the op lacks are
+    refused, and a pair-layout node fed rows-layout caches says which widths it expects."""
     B, hq, hkv, d = 1, 4, 2, 64
     model = cache_attention_model(np.float32, num_heads=hq, kv_num_heads=hkv, v_format=v_format,
                                   cache_layout=layout)
     with pytest.raises(Exception, match=r"Dot4GroupQueryAttention: " + _re(message)):
         sess = session(model)
-        feeds = _inputs(B, 1, hq, hkv, d, past_rows=16, v_format=v_format, cache_layout=past or layout)
+        feeds = _inputs(B, 1, hq, hkv, d, past_rows=16, v_format=v_format if v_format in ("q4_0", "q6_0") else "q8_0",
+                        cache_layout=past or layout)
         _run(sess, feeds, [8], 9)
 
 
-def test_pair_layout_appends_in_place_and_holds_the_rows_layouts_values():
+@pytest.mark.parametrize("vf, d", [("q4_0", 128), ("q6_0", 128), ("q6_0", 64)])
+def test_pair_layout_appends_in_place_and_holds_the_rows_layouts_values(vf, d):
     """The pair layout on a shared buffer: only the new rows change, rows past each batch row's valid length
     (huge values) are never read, and the output is the rows layout's to the last bit (same values, other places)."""
     valid = [20, 33, 7]
-    B, hq, hkv, d, L = len(valid), 8, 2, 128, 48
+    B, hq, hkv, L = len(valid), 8, 2, 48
     rng = np.random.default_rng(11)
     k = rng.standard_normal((B, hkv, L, d)).astype(np.float32)
     v = rng.standard_normal((B, hkv, L, d)).astype(np.float32)
-    pk, pv = ref.pack_cache_pair(k, v)
-    rk, rv = ref.pack_cache_rows(k), ref.pack_cache_rows(v, "q4_0")
-    gk, gv = ref.pack_cache_pair(np.full((d,), 6e4, np.float32), np.full((d,), 6e4, np.float32))
+    pk, pv = ref.pack_cache_pair(k, v, vf)
+    rk, rv = ref.pack_cache_rows(k), ref.pack_cache_rows(v, vf)
+    gk, gv = ref.pack_cache_pair(np.full((d,), 6e4, np.float32), np.full((d,), 6e4, np.float32), vf)
     for b, n in enumerate(valid):
         pk[b, :, n:], pv[b, :, n:] = gk, gv
-    feeds = _inputs(B, 1, hq, hkv, d, rotary=True, past_rows=L, seed=12, v_format="q4_0", cache_layout="pair")
-    outs = {}
+    feeds = _inputs(B, 1, hq, hkv, d, rotary=True, past_rows=L, seed=12, v_format=vf, cache_layout="pair")
+    outs, new_rows = {}, {}
     for layout, ck, cv in (("pair", pk, pv), ("rows", rk, rv)):
         sess = session(cache_attention_model(np.float32, num_heads=hq, kv_num_heads=hkv, rotary=True,
-                                             v_format="q4_0", cache_layout=layout))
+                                             v_format=vf, cache_layout=layout))
         f = dict(feeds, past_key=ck, past_value=cv)
         before_k, before_v = ck.copy(), cv.copy()
         out, nk, nv = _bound_run(sess, f, valid, max(valid) + 1, ck, cv)
         assert_only_new_rows_changed(before_k, before_v, nk, nv, valid)
         outs[layout] = out
+        new_rows[layout] = _appended_rows(nk, nv, valid, d, vf, layout)
         if layout == "pair":
             ff = dict(f, past_key=before_k, past_value=before_v, seqlens_k=np.asarray(valid, np.int32),
                       total_sequence_length=np.asarray(max(valid) + 1, np.int32))
-            want = _expect(ff, dict(num_heads=hq, kv_num_heads=hkv, do_rotary=1, v_format="q4_0",
+            want = _expect(ff, dict(num_heads=hq, kv_num_heads=hkv, do_rotary=1, v_format=vf,
                                     cache_layout="pair"), (out, nk, nv), 1e-4)
             assert np.mean(nk != want[1]) < 1e-3 and np.mean(nv != want[2]) < 1e-3
     assert np.array_equal(outs["pair"], outs["rows"])
+    for got_pair, got_rows, part in zip(new_rows["pair"], new_rows["rows"], ("K payload", "K scales", "V payload",
+                                                                            "V scales")):
+        assert np.array_equal(got_pair.view(np.uint8), got_rows.view(np.uint8)), f"appended {part}: pair != rows"
+
+
+def _appended_rows(k_rows, v_rows, valid, d, vf, layout):
+    """(K payload, K scales, V payload, V scales) of the row each batch row appended, whichever the layout."""
+    idx = (np.arange(len(valid))[:, None], np.arange(k_rows.shape[1])[None, :], np.asarray(valid)[:, None])
+    k, v = k_rows[idx], v_rows[idx]
+    if layout == "pair":
+        return ref.unpack_cache_pair(k, v, d, vf)
+    kp, ks = ref.unpack_cache_rows(k, d, "q8_0")
+    vp, vs = ref.unpack_cache_rows(v, d, vf)
+    return kp, ks, vp, vs
 
 
 def _re(s):
@@ -178,7 +200,8 @@ def _with_rotary_attr_but_no_cos(hq, hkv):
     return session(m)
 
 
-@pytest.mark.parametrize("vf, layout", [("q8_0", "rows"), ("q4_0", "rows"), ("q4_0", "pair")])
+@pytest.mark.parametrize("vf, layout", [("q8_0", "rows"), ("q4_0", "rows"), ("q4_0", "pair"), ("q6_0", "rows"),
+                                        ("q6_0", "pair")])
 def test_nonfinite_tokens_follow_the_policy(vf, layout):
     """docs/ops.md's non-finite policy through the in-place pack: a NaN in one token's key and an inf in a later
     token's value pack to NaN scales (that block only) and make exactly the query rows that see them NaN; a token
@@ -203,7 +226,7 @@ def test_nonfinite_tokens_follow_the_policy(vf, layout):
     want[6:, 2:] = True
     assert np.array_equal(nan_rows[0], want)
     if layout == "pair":
-        _, ks, _, vs = ref.unpack_cache_pair(out[1], out[2], d)
+        _, ks, _, vs = ref.unpack_cache_pair(out[1], out[2], d, vf)
     else:
         _, ks = ref.unpack_cache_rows(out[1], d, "q8_0")
         _, vs = ref.unpack_cache_rows(out[2], d, vf)

@@ -21,6 +21,7 @@ from conftest import INVALID_ARGUMENT, expect_error, free_rank, new_session, set
 from dot4attn import native
 from dot4attn import onnx_builders as ob
 from dot4attn import reference as R
+from dot4attn.formats import payload_bytes
 
 OP = r"Dot4Attention: "
 
@@ -41,8 +42,8 @@ def inputs(B=1, Hq=2, Hkv=2, Sq=4, Sk=16, D=64, dtype=np.float32, v_format="floa
     elif v_format == "q8_0":
         feeds["value"] = rng.integers(-127, 128, (B, Hkv, Sk, D)).astype(np.int8)
         feeds["v_scales"] = ks.copy()
-    else:
-        feeds["value"] = rng.integers(0, 256, (B, Hkv, Sk, D // 2)).astype(np.uint8)
+    else:  # q4_0 / q6_0: any bytes are valid levels
+        feeds["value"] = rng.integers(0, 256, (B, Hkv, Sk, payload_bytes(D, v_format))).astype(np.uint8)
         feeds["v_scales"] = ks.copy()
     return feeds
 
@@ -114,6 +115,8 @@ def test_shapes_disagree_float_v(what, mutate, pattern):
      "input 'v_scales' (4): expected shape [B, Hkv, Sk, D/32] = [1, 2, 16, 2], got [1, 2, 8, 2]"),
     ("q4_0", lambda f: f.update(v_scales=np.zeros((1, 2, 16, 1), np.float16)),
      "input 'v_scales' (4): expected shape [B, Hkv, Sk, D/32] = [1, 2, 16, 2], got [1, 2, 16, 1]"),
+    ("q6_0", lambda f: f.update(value=np.zeros((1, 2, 16, 32), np.uint8)),
+     "input 'value' (3): expected shape [B, Hkv, Sk, 3D/4] = [1, 2, 16, 48], got [1, 2, 16, 32]"),
 ])
 def test_shapes_disagree_quantized_v(v_format, mutate, pattern):
     f = inputs(v_format=v_format)
@@ -133,7 +136,7 @@ def test_rank(name, shape, pattern):
 
 # ---- v_scales ---------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("v_format", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("v_format", ["q8_0", "q4_0", "q6_0"])
 def test_v_scales_missing(v_format):
     f = inputs(v_format=v_format)
     del f["v_scales"]
@@ -170,6 +173,7 @@ def test_v_scales_unexpected():
     (np.float16, "q8_0", np.uint8, "input 'value' (3): expected dtype int8 for v_format 'q8_0', got uint8"),
     (np.float32, "q4_0", np.int8, "input 'value' (3): expected dtype uint8 for v_format 'q4_0', got int8"),
     (np.float16, "q4_0", np.float16, "input 'value' (3): expected dtype uint8 for v_format 'q4_0', got float16"),
+    (np.float32, "q6_0", np.int8, "input 'value' (3): expected dtype uint8 for v_format 'q6_0', got int8"),
 ])
 def test_value_dtype(q_dtype, v_format, v_dtype, pattern):
     f = inputs(dtype=q_dtype, v_format=v_format)
@@ -221,8 +225,8 @@ def test_query_dtype(bad):
 @pytest.mark.parametrize("kw,pattern", [
     ({"route": "fast"}, "attribute 'route': expected 'auto', 'prefill', 'decode' or 'split_k', got 'fast'"),
     ({"route": ""}, "attribute 'route': expected 'auto', 'prefill', 'decode' or 'split_k', got ''"),
-    ({"v_format": "q5_1"}, "attribute 'v_format': expected 'float', 'q8_0' or 'q4_0', got 'q5_1'"),
-    ({"v_format": "Q8_0"}, "attribute 'v_format': expected 'float', 'q8_0' or 'q4_0', got 'Q8_0'"),
+    ({"v_format": "q5_1"}, "attribute 'v_format': expected 'float', 'q8_0', 'q4_0' or 'q6_0', got 'q5_1'"),
+    ({"v_format": "Q8_0"}, "attribute 'v_format': expected 'float', 'q8_0', 'q4_0' or 'q6_0', got 'Q8_0'"),
     ({"causal": 2}, "attribute 'causal': expected 0 or 1, got 2"),
     ({"scale": -1.0}, "attribute 'scale': expected a finite positive float, got -1"),
     ({"split_k_min_keys": 0}, "attribute 'split_k_min_keys': expected >= 1, got 0"),
@@ -330,7 +334,8 @@ def pack_model_any_rank(op, fmt=None, dtype=np.float32):
 @pytest.mark.parametrize("fmt", ["q5_1", "Q4_0", "", "q8"])
 def test_packv_unknown_format(fmt):
     m = ob.pack_model("PackV", np.float32, fmt)
-    expect_error(lambda: new_session(m), esc(f"PackV: attribute 'format': expected 'q8_0' or 'q4_0', got '{fmt}'"))
+    expect_error(lambda: new_session(m),
+                 esc(f"PackV: attribute 'format': expected 'q8_0', 'q4_0' or 'q6_0', got '{fmt}'"))
 
 
 @pytest.mark.parametrize("op,fmt", [("PackK", None), ("PackV", "q4_0")])

@@ -13,7 +13,7 @@ from dot4attn import formats
 from dot4attn.onnx_builders import cache_attention_model, session
 
 
-@pytest.mark.parametrize("v_format", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("v_format", ["q8_0", "q4_0", "q6_0"])
 @pytest.mark.parametrize("d", [32, 64, 96, 128, 160, 192, 224, 256])
 def test_the_op_asks_for_the_row_widths_formats_defines(d, v_format):
     sess = session(cache_attention_model(np.float32, num_heads=2, kv_num_heads=1, v_format=v_format))
@@ -41,3 +41,17 @@ def test_bytes_per_token_is_the_rows_of_every_layer_and_head():
     with pytest.raises(ValueError, match="needs static heads"):
         formats.cache_input_bytes([("past_key_values.0.key", ("b", "h", "s", 64), 2)])
     assert formats.cache_input_bytes([("past_key_values.0.key", (1, 2, "s", "d"), 2)], head_size=64) == 256
+
+
+def test_q6_0_widths_and_the_pair_layouts_bytes():
+    """q6_0: 3D/4 payload bytes; its rows pad to 16 (D = 64: 52 -> 64, D = 128: 104 -> 112); in the pair layout a
+    token takes 2 D bytes per head, ORT's int8 cache's (SmolLM2: D = 64, 30 layers, 3 KV heads: 11,520 bytes)."""
+    assert [formats.payload_bytes(d, "q6_0") for d in (32, 64, 128, 256)] == [24, 48, 96, 192]
+    assert formats.row_bytes(64, "q6_0") == 64 and formats.row_bytes(128, "q6_0") == 112
+    assert formats.cache_row_widths(64, "q6_0", "pair") == (64, 64)
+    assert formats.bytes_per_token(30, 3, 64, v="q6_0", layout="pair") == 30 * 3 * 2 * 64 == 11520
+    payload, v_sc, k_sc = formats.pair_v_row_parts(64, "q6_0")
+    assert (payload, v_sc, k_sc) == (slice(0, 48), slice(48, 52), slice(52, 56))
+    assert formats.pair_v_row_parts(128, "q4_0") == (slice(0, 64), slice(64, 72), slice(72, 80))
+    with pytest.raises(ValueError, match="cache_layout 'pair' needs v_format q4_0 or q6_0, got 'q8_0'"):
+        formats.pair_v_row_parts(64, "q8_0")

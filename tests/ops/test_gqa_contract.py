@@ -100,7 +100,7 @@ def _ort_feeds(feeds: dict, past_k, past_v) -> dict:
 
 @pytest.mark.parametrize("variant", ["builder", "defaults-smooth-softmax--1", "defaults-smooth-softmax-0",
                                      "every-position-written"])
-@pytest.mark.parametrize("v_format", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("v_format", ["q8_0", "q4_0", "q6_0"])
 def test_default_attributes_are_accepted_and_compute_group_query_attention(variant, v_format):
     """The node as the builder writes it, with every refused attribute written at its default, or with all 17
     inputs and 4 outputs written ("" where omitted): a prompt of a right-padded batch and two decode steps agree

@@ -43,7 +43,7 @@ def _rows(spec):
 
 
 @pytest.mark.parametrize("route", ROUTES)
-@pytest.mark.parametrize("v_format", ["float", "q8_0", "q4_0"])
+@pytest.mark.parametrize("v_format", ["float", "q8_0", "q4_0", "q6_0"])
 @pytest.mark.parametrize("where,bad", [("k", np.nan), ("k", np.inf), ("v", np.nan), ("v", -np.inf)])
 def test_a_poisoned_key_makes_exactly_the_rows_that_see_it_nan(where, bad, v_format, route, isa):
     q, k, v = _qkv()
@@ -89,12 +89,12 @@ def test_hidden_poisoned_keys_do_not_poison(mask_kind, route, isa):
         assert not full.any(), "keys hidden by the mask must not reach any row"
 
 
-@pytest.mark.parametrize("fmt,limit", [("q8_0", 65504 * 127), ("q4_0", 65504 * 8)])
+@pytest.mark.parametrize("fmt,limit", [("q8_0", 65504 * 127), ("q4_0", 65504 * 8), ("q6_0", 65504 * 32)])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_blocks_past_the_float16_scale_range_saturate(fmt, limit, dtype):
-    """Above 65504 * 127 (q8_0) or 65504 * 8 (q4_0) the float16 scale would round to inf: it saturates at 65504
-    and the values clamp, so the round trip stays finite (float16 inputs never get there). q4_0's scale is the
-    signed max over -8: a positive max gives -65504, a negative one +65504."""
+    """Above 65504 * 127 (q8_0), 65504 * 8 (q4_0) or 65504 * 32 (q6_0) the float16 scale would round to inf: it
+    saturates at 65504 and the values clamp, so the round trip stays finite (float16 inputs never get there). q4_0's
+    and q6_0's scales are the signed max over -8 / -32: a positive max gives -65504, a negative one +65504."""
     x = np.random.default_rng(3).standard_normal((1, 1, 4, 64), dtype=np.float32)
     if dtype == "float32":
         x[0, 0, 0, 3] = 1.01 * limit
@@ -105,7 +105,7 @@ def test_blocks_past_the_float16_scale_range_saturate(fmt, limit, dtype):
     ref_p, ref_s = R.pack_v(x, fmt)
     assert np.array_equal(scales.view(np.uint16), ref_s.view(np.uint16)) and np.array_equal(payload, ref_p)
     assert np.isfinite(scales).all() and np.isfinite(R.unpack(payload, scales, fmt)).all()
-    sign = -1 if fmt == "q4_0" else 1  # the block maxima: +1.01 * limit, -1e30
+    sign = -1 if fmt in ("q4_0", "q6_0") else 1  # the block maxima: +1.01 * limit, -1e30
     if dtype == "float32":
         assert scales[0, 0, 0, 0] == sign * 65504 and scales[0, 0, 1, 1] == 65504
     else:
@@ -115,7 +115,8 @@ def test_blocks_past_the_float16_scale_range_saturate(fmt, limit, dtype):
 def test_nonfinite_blocks_pack_to_a_nan_scale_and_zero_payload():
     x = np.ones((1, 1, 3, 64), np.float32)
     x[0, 0, 0, 1], x[0, 0, 1, 40], x[0, 0, 2, 63] = np.nan, np.inf, -np.inf
-    for op, fmt, zero in (("PackK", None, 0), ("PackV", "q4_0", 0x88)):
+    q6_zero = np.array([0] * 16 + [0xAA] * 8, np.uint8)  # u = 32: low nibbles 0, high pairs 2
+    for op, fmt, zero in (("PackK", None, 0), ("PackV", "q4_0", 0x88), ("PackV", "q6_0", q6_zero)):
         payload, scales = run_pack(x, op, fmt)
         assert np.isnan(scales).tolist() == [[[[True, False], [False, True], [False, True]]]]
         assert (scales.view(np.uint16)[np.isnan(scales)] == 0x7E00).all()

@@ -1,4 +1,4 @@
-"""PackK / PackV (q8_0, q4_0) against the numpy reference (docs/ops.md).
+"""PackK / PackV (q8_0, q4_0, q6_0) against the numpy reference (docs/ops.md).
 
 Scales must equal the reference bit for bit; payloads may differ from it only by exactly 1, in at most 0.1% of
 the elements (the contract's allowance).
@@ -11,12 +11,14 @@ import pytest
 from conftest import ALL_ISAS, check_packed, nibbles, pack_session, run_pack, supported_isas
 from dot4attn import native
 from dot4attn import reference as R
+from dot4attn.formats import payload_bytes, payload_dtype
 
 # (op, format attribute, reference format); PackV without the attribute is q8_0.
 VARIANTS = {
     "PackK": ("PackK", None, "q8_0"),
     "PackV-q8_0": ("PackV", "q8_0", "q8_0"),
     "PackV-q4_0": ("PackV", "q4_0", "q4_0"),
+    "PackV-q6_0": ("PackV", "q6_0", "q6_0"),
     "PackV-default": ("PackV", None, "q8_0"),
 }
 DTYPES = ("float32", "float16")
@@ -71,7 +73,7 @@ def test_pack_shapes(shape, variant, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("variant", ["PackK", "PackV-q8_0", "PackV-q4_0"])
+@pytest.mark.parametrize("variant", ["PackK", "PackV-q8_0", "PackV-q4_0", "PackV-q6_0"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_pack_values(kind, variant, dtype):
     """Value distributions: large / small / subnormal-scale magnitudes, zero blocks, outliers, rounding ties."""
@@ -132,16 +134,48 @@ def test_pack_q4_0_uses_16_levels(case, dtype):
     assert not s.reshape(-1, 2)[0].view(np.uint16).any(), "the zero blocks' scales must be +0"
 
 
+# (block values, expected q6_0 scale, expected levels n = u - 32): as q4_0's rule with 64 levels, s = v / -32.
+Q6_LEVEL_CASES = {
+    "negative-max": ([-32.0, 31.0, 16.0, -5.0, 1.0], 1.0, [-32, 31, 16, -5, 1]),
+    "positive-max": ([32.0, -31.0, 16.0, -5.0, 1.0], -1.0, [-32, 31, -16, 5, -1]),
+    "opposite-end-clamps": ([64.0, -64.0, -63.0, 2.0], -2.0, [-32, 31, 31, -1]),  # the tie: +64 -> level -32
+    "ties-to-even": ([-32.0, 0.5, 1.5, 2.5, -0.5, -1.5, 30.5], 1.0, [-32, 0, 2, 2, 0, -2, 30]),
+    "signed-zeros": ([-0.0, 0.0], 0.0, [0, 0]),  # a zero block: scale +0, every u = 32
+}
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("variant", ["PackK", "PackV-q8_0", "PackV-q4_0"])
+@pytest.mark.parametrize("case", list(Q6_LEVEL_CASES))
+def test_pack_q6_0_uses_64_levels(case, dtype):
+    """q6_0's scale and levels (docs/ops.md, PackV): the block's signed max on level -32, the other end clamped to
+    31, and where each level's 6 bits go: byte e / 2's nibble (e even: low) and bits 2 (e / 8) of byte 16 + e % 8."""
+    values, scale, levels = Q6_LEVEL_CASES[case]
+    x = np.zeros((1, 1, 2, 64), np.float32)
+    x[0, 0, 1, 32 + 3:32 + 3 + len(values)] = values  # the second block of the second row, from element 3
+    x = x.astype(dtype)
+    p, s = run_pack(x, "PackV", "q6_0")
+    check_packed(x, p, s, "q6_0", f"q6_0 {case} {dtype}")
+    got = s.reshape(-1, 2)[1, 1]
+    assert got.view(np.uint16) == np.float16(scale).view(np.uint16), f"scale {got!r}, expected {scale!r}"
+    block = p.reshape(2, 48)[1, 24:].astype(int)
+    for e, n in enumerate([0, 0, 0, *levels] + [0] * (29 - len(levels))):
+        u = n + 32
+        assert (block[e // 2] >> (4 * (e % 2))) & 15 == u & 15, f"element {e}: low nibble"
+        assert (block[16 + e % 8] >> (2 * (e // 8))) & 3 == u >> 4, f"element {e}: high bits"
+    assert not s.reshape(-1, 2)[0].view(np.uint16).any(), "the zero blocks' scales must be +0"
+    assert (p.reshape(2, 48)[0] == np.array(([0x00] * 16 + [0xAA] * 8) * 2, np.uint8)).all(), "zeros: u = 32"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", ["PackK", "PackV-q8_0", "PackV-q4_0", "PackV-q6_0"])
 @pytest.mark.parametrize("shape", EMPTY_SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_pack_empty(shape, variant, dtype):
     op, fmt, ref_fmt = VARIANTS[variant]
     x = np.zeros(shape, dtype)
     payload, scales = run_pack(x, op, fmt)
     d = shape[3]
-    assert payload.shape == (*shape[:3], d // 2 if ref_fmt == "q4_0" else d)
-    assert payload.dtype == (np.uint8 if ref_fmt == "q4_0" else np.int8)
+    assert payload.shape == (*shape[:3], payload_bytes(d, ref_fmt))
+    assert payload.dtype == np.dtype(payload_dtype(ref_fmt))
     assert scales.shape == (*shape[:3], d // 32) and scales.dtype == np.float16
 
 
@@ -153,7 +187,7 @@ def test_pack_same_on_every_isa():
         if isa_name not in supported_isas():
             continue
         native.force_cpu_isa(isa_name)
-        for variant in ("PackK", "PackV-q4_0"):
+        for variant in ("PackK", "PackV-q4_0", "PackV-q6_0"):
             op, fmt, ref_fmt = VARIANTS[variant]
             p, s = run_pack(x, op, fmt)
             check_packed(x, p, s, ref_fmt, f"{variant} ISA {isa_name}")
@@ -163,7 +197,7 @@ def test_pack_same_on_every_isa():
             assert np.array_equal(p, results[0][0]) and np.array_equal(s.view(np.uint16), results[0][1].view(np.uint16))
 
 
-@pytest.mark.parametrize("variant", ["PackK", "PackV-q4_0"])
+@pytest.mark.parametrize("variant", ["PackK", "PackV-q4_0", "PackV-q6_0"])
 def test_pack_does_not_modify_input(variant):
     op, fmt, _ = VARIANTS[variant]
     for dtype in DTYPES:
@@ -176,13 +210,13 @@ def test_pack_does_not_modify_input(variant):
 def test_pack_output_types_declared():
     """The session reports the outputs' dtypes (int8 / uint8 payload, float16 scales)."""
     for op, fmt, ptype in (("PackK", None, "tensor(int8)"), ("PackV", "q8_0", "tensor(int8)"),
-                           ("PackV", "q4_0", "tensor(uint8)")):
+                           ("PackV", "q4_0", "tensor(uint8)"), ("PackV", "q6_0", "tensor(uint8)")):
         outs = pack_session(op, "float32", fmt).get_outputs()
         assert [o.type for o in outs] == [ptype, "tensor(float16)"]
 
 
 @pytest.mark.parametrize("head_dim", ["static", "symbolic"])
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q6_0"])
 def test_pack_outputs_feed_attention_in_one_graph(fmt, head_dim):
     """PackK / PackV outputs feed Dot4Attention inside one graph: their types must be inferred (docs/ops.md:
     "PackK/PackV outputs carry full type and shape inference"), also when the head dim D is symbolic."""

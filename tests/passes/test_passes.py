@@ -24,19 +24,20 @@ N_LAYERS = 2
 
 # (exporter, arch, preset, v_formats): every form on both archs at head dim 64; 128/256 on the default exporter
 # for both archs plus native-GQA opset 23 and TorchScript for one arch each.
-CASES = [(ex, arch, "tiny", ("float", "q8_0", "q4_0"))
+CASES = [(ex, arch, "tiny", ("float", "q8_0", "q4_0") + (("q6_0",) if ex == "dynamo" else ()))
          for ex in ("dynamo", "dynamo23", "dynamo23gqa", "torchscript", "optimum", "transformers", "dynamo_ort")
          for arch in ("qwen2", "qwen3")]
 CASES += [("dynamo", arch, preset, ("float", "q8_0", "q4_0")) for arch in ("qwen2", "qwen3")
           for preset in ("hd128", "hd256")]
-CASES += [("dynamo23gqa", "qwen3", "hd256", ("q8_0",)), ("torchscript", "qwen2", "hd128", ("q4_0",))]
+CASES += [("dynamo23gqa", "qwen3", "hd256", ("q8_0",)), ("torchscript", "qwen2", "hd128", ("q4_0", "q6_0"))]
 
 
 def expected_bytes_per_token(preset: str, v_format: str) -> tuple[int, int]:
     hkv, d = PRESET_SHAPE[preset]
     before = N_LAYERS * hkv * 2 * 4 * d
     k = d + 2 * d // 32
-    v = {"float": 4 * d, "q8_0": d + 2 * d // 32, "q4_0": d // 2 + 2 * d // 32}[v_format]
+    v = {"float": 4 * d, "q8_0": d + 2 * d // 32, "q4_0": d // 2 + 2 * d // 32,
+         "q6_0": 3 * d // 4 + 2 * d // 32}[v_format]
     return before, N_LAYERS * hkv * (k + v)
 
 

@@ -80,6 +80,10 @@ def test_failures_name_the_missed_bars():
         "q4 context 512 decode: mean KL 8.000e-03 > ORT int8 KV's 2.500e-03",
         "q4 context 512 all: mean KL 8.000e-03 > ORT int8 KV's 2.500e-03"]
     assert E.failures(result, {"q4": "q4_0"}) == []  # no int8 cache evaluated: the PPL ratio bar alone
+    q6 = dict(positions=10, ppl_ratio=1.001, mean_kl=1.2e-3, top1=0.98)
+    result["contexts"]["512"]["candidates"]["q6"] = {"decode": q6, "all": dict(q6, mean_kl=3e-3)}
+    assert E.failures(result, {"int8": "int8kv", "q6": "q6_0"}) == [  # q6_0 too: at ORT int8's bytes, its KL
+        "q6 context 512 all: mean KL 3.000e-03 > ORT int8 KV's 2.500e-03"]
 
 
 # ---- runners on random-weight models ----------------------------------------------------------------------------

@@ -13,6 +13,7 @@ GroupQueryAttention (share-buffer KV cache) vs numpy, in one process.
   d4a_f32    Dot4Attention, T=float32: query f32, packed int8 K, value float32
   d4a_q8_0   Dot4Attention, T=float32: query f32, packed int8 K, value q8_0 (int8 + fp16 scales)
   d4a_q4_0   Dot4Attention, T=float32: query f32, packed int8 K, value q4_0 (nibbles + fp16 scales)
+  d4a_q6_0   Dot4Attention, T=float32: query f32, packed int8 K, value q6_0 (6-bit levels + fp16 scales; CPU only)
   gqa_f32    com.microsoft.GroupQueryAttention, float32 cache, past/present bound to one buffer (baseline)
   gqa_f16    com.microsoft.GroupQueryAttention, float16 cache, past/present bound to one buffer
   numpy      dot4attn.reference.float_attention on float32 (the naive baseline; small Sk only)
@@ -23,7 +24,7 @@ GroupQueryAttention (share-buffer KV cache) vs numpy, in one process.
   ========== ==========================================================================================
 
   cache_q4_0_pair is cache_q4_0 in the pair layout (K and V rows of D bytes), as q4_0 V folders hold it under
-  og.Generator.
+  og.Generator; cache_q6_0_pair the same with V q6_0 (ORT int8's bytes per token).
 
   The op contract ties V's float dtype to the query dtype (``value: T``), so the "float16 V" line is T=float16.
 
@@ -64,12 +65,14 @@ CANDIDATES = {
     "d4a_f32": "Dot4Attention Q f32, K int8, V f32",
     "d4a_q8_0": "Dot4Attention Q f32, K int8, V q8_0",
     "d4a_q4_0": "Dot4Attention Q f32, K int8, V q4_0",
+    "d4a_q6_0": "Dot4Attention Q f32, K int8, V q6_0",
     "gqa_f32": "ORT GQA f32 share-buffer",
     "gqa_f16": "ORT GQA f16 share-buffer",
     "numpy": "numpy float_attention f32",
     "cache_q8_0": "Dot4GroupQueryAttention in-place packed cache, V q8_0",
     "cache_q4_0": "Dot4GroupQueryAttention in-place packed cache, V q4_0",
     "cache_q4_0_pair": "Dot4GroupQueryAttention in-place packed cache, V q4_0, pair layout (og.Generator's)",
+    "cache_q6_0_pair": "Dot4GroupQueryAttention in-place packed cache, V q6_0, pair layout (og.Generator's)",
 }
 DOT4_CANDIDATES = [c for c in CANDIDATES if c.startswith("d4a_")]
 CACHE_CANDIDATES = [c for c in CANDIDATES if c.startswith("cache_")]
@@ -77,7 +80,8 @@ BASELINE = "gqa_f32"
 
 
 def cache_candidate(name: str) -> tuple[str, str]:
-    """(V format, cache layout) of a cache_* candidate: cache_q8_0, cache_q4_0 (rows), cache_q4_0_pair."""
+    """(V format, cache layout) of a cache_* candidate: cache_q8_0, cache_q4_0 (rows), cache_q4_0_pair,
+    cache_q6_0_pair."""
     body = name[len("cache_"):]
     return (body[:-len("_pair")], "pair") if body.endswith("_pair") else (body, "rows")
 
@@ -288,7 +292,8 @@ class CacheRunner:
         ck = np.zeros((B, Hkv, rows, k_row), np.uint8)
         cv = np.zeros((B, Hkv, rows, v_row), np.uint8)
         if cache_layout == "pair":
-            ck[:, :, :Sk - Sq], cv[:, :, :Sk - Sq] = ref.pack_cache_pair(k[:, :, :Sk - Sq], v[:, :, :Sk - Sq])
+            ck[:, :, :Sk - Sq], cv[:, :, :Sk - Sq] = ref.pack_cache_pair(k[:, :, :Sk - Sq], v[:, :, :Sk - Sq],
+                                                                         v_format)
         else:
             ck[:, :, :Sk - Sq] = ref.pack_cache_rows(k[:, :, :Sk - Sq])
             cv[:, :, :Sk - Sq] = ref.pack_cache_rows(v[:, :, :Sk - Sq], v_format)

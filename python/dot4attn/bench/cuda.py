@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import native
 from .. import reference as ref
-from ..formats import PACKED_FORMATS, V_FORMATS, pair_v_row_parts
+from ..formats import GPU_PACKED_FORMATS as PACKED_FORMATS, GPU_V_FORMATS as V_FORMATS, pair_v_row_parts
 from ..argtypes import positive_int
 from . import report
 

@@ -34,10 +34,10 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random prompt tokens")
     p.add_argument("--min-top1", type=fraction, default=None,
                    help="disagree below this top-1 agreement (default: 0.95 for float / q8_0 V; not checked for "
-                        "q4_0 V, whose error moves near-tied argmaxes of random-weight models)")
+                        "q4_0 / q6_0 V, whose error moves near-tied argmaxes of random-weight models)")
     p.add_argument("--max-kl", type=nonnegative_float, default=None,
                    help="disagree above this mean KL (default: the rewritten model's V format's bar: 1e-3 for "
-                        "float / q8_0 V, 0.1 for q4_0 V)")
+                        "float / q8_0 V, 0.1 for q4_0 V, 5e-3 for q6_0 V)")
     p.add_argument("--max-logit-diff", type=nonnegative_float, default=None,
                    help="disagree above this max |logit diff| (default: not checked)")
 
@@ -83,10 +83,10 @@ def run(args) -> int:
     for line in c.lines():
         print(line)
     # unset bars are the project's for the rewritten model's V format (compare.quality_failures)
-    from ..quality.compare import MAX_MEAN_KL, MIN_TOP1, rewritten_v_format
+    from ..quality.compare import KL_ONLY_FORMATS, MAX_MEAN_KL, MIN_TOP1, rewritten_v_format
 
     v_format = rewritten_v_format(args.rewritten)
-    min_top1 = args.min_top1 if args.min_top1 is not None else 0.0 if v_format == "q4_0" else MIN_TOP1
+    min_top1 = args.min_top1 if args.min_top1 is not None else 0.0 if v_format in KL_ONLY_FORMATS else MIN_TOP1
     max_kl = args.max_kl if args.max_kl is not None else MAX_MEAN_KL[v_format]
     bad = []
     if c.top1 < min_top1:

@@ -48,7 +48,7 @@ def run(args) -> int:
 
     from ..models.export import cached_export, model_cache_dir
     from ..passes import RewriteError, RewriteOptions, rewrite_file
-    from ..quality.compare import compare
+    from ..quality.compare import MAX_MEAN_KL, compare
     from ..runtime.session import DecoderSession, generate
 
     con = console()
@@ -113,6 +113,6 @@ def run(args) -> int:
     sp.add_row("dot4attn", f"{gb['prefill_tok_s']:.0f}", f"{gb['decode_tok_s']:.0f}")
     con.print(sp)
     con.print("(a tiny model is dominated by per-op overhead; `dot4attn bench` measures the attention op itself)")
-    ok = c.top1 >= 0.95 and c.mean_kl <= (0.1 if args.v_format == "q4_0" else 1e-3)
+    ok = c.top1 >= 0.95 and c.mean_kl <= MAX_MEAN_KL[args.v_format]
     con.print("[green]demo OK" if ok else "[red]demo: agreement below the acceptance thresholds")
     return 0 if ok else 1

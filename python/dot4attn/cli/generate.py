@@ -151,8 +151,8 @@ def _run_genai(args) -> int:
         return _run_inplace(args)
     if _written_for_inplace_runner(args.model):
         print(f"dot4attn generate: {args.model} was rewritten for dot4attn's in-place runner (--for-inplace-runner: "
-              "its q4_0 V cache is narrower than K's, which onnxruntime-genai cannot allocate): use --runner inplace "
-              "or auto", file=sys.stderr)
+              "its q4_0 / q6_0 V cache is narrower than K's, which onnxruntime-genai cannot allocate): use --runner "
+              "inplace or auto", file=sys.stderr)
         return EXIT_COULD_NOT_RUN
     if args.batch != 1:
         print("dot4attn generate: --batch needs --runner inplace", file=sys.stderr)

@@ -81,11 +81,12 @@ def _plan(args) -> int:
         fields = args.plan.split(",")
         B, Hq, Hkv, Sq, Sk, D = (int(x) for x in fields[:6])
         v_format = fields[6] if len(fields) > 6 else "q8_0"
-        if len(fields) not in (6, 7) or v_format not in formats.V_FORMATS or min(B, Hq, Hkv, Sq, Sk, D) < 1:
+        if len(fields) not in (6, 7) or v_format not in formats.GPU_V_FORMATS or min(B, Hq, Hkv, Sq, Sk, D) < 1:
             raise ValueError
     except ValueError:
-        print(f"dot4attn info --plan: expected B,Hq,Hkv,Sq,Sk,D[,float|q8_0|q4_0] (integers >= 1), got '{args.plan}'",
-              file=sys.stderr)
+        cpu_only = next((f for f in formats.CPU_ONLY_FORMATS if args.plan.endswith("," + f)), None)
+        print(f"dot4attn info --plan: expected B,Hq,Hkv,Sq,Sk,D[,{'|'.join(formats.GPU_V_FORMATS)}] (integers >= 1), "
+              f"got '{args.plan}'" + (f" ({cpu_only} V has CPU kernels only)" if cpu_only else ""), file=sys.stderr)
         return EXIT_COULD_NOT_RUN
     if not native.has_gpu_entries():
         print("dot4attn info --plan: this build of the op library has no GPU kernels", file=sys.stderr)

