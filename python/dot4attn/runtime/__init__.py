@@ -3,7 +3,7 @@ close, and the cache's bytes per token) over the three ways dot4attn runs a mode
 
     DecoderSession(path)            an exported .onnx decoder, the cache fed back as numpy arrays (runtime.session)
     InPlaceDecoder(folder, device)  a genai folder, the cache resident on the device and appended in place
-                                    (runtime.inplace; runs q4_0 V folders too)
+                                    (runtime.inplace; runs q4_0 / q6_0 V rows folders too)
     OgDecoder(folder, device)       a genai folder through onnxruntime-genai's og.Generator (runtime.og)
 
 `open_decoder(path, runner=...)` picks by what `path` is. Each module imports onnxruntime (and og) when used.

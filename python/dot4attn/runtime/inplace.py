@@ -15,7 +15,8 @@ past_key_values.N.key / .value in, present.N.key / .value out, written in place 
 OrtValue on the device, [B, kv_heads, max_length, last] (last: head size for float caches, the packed row bytes
 for dot4attn's), and bound as both the past input and the present output. A step moves only the new token ids,
 the attention mask and the last position's logits between host and device: no cache byte crosses, whatever the
-context. Unlike onnxruntime-genai it also runs folders whose K and V caches differ in width (--v-format q4_0).
+context. Unlike onnxruntime-genai it also runs folders whose K and V caches differ in width (--v-format q4_0 or q6_0
+with --for-inplace-runner).
 
 On CUDA the decode step is a CUDA graph (cuda_graph, on by default there): ONNX Runtime captures the step's kernels
 once and replays them, so a step costs the GPU's time instead of a few microseconds of host work per kernel
