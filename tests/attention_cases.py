@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from conftest import gaussian_qkv, pack_value
+from dot4attn import formats
 from dot4attn import reference as R
 
 REF_TOL = 1e-6                                            # vs reference.attention
@@ -94,7 +95,7 @@ CASES = [
 ]
 
 
-def _random_cases(n: int, seed: int = 20240531, v_formats=("float", "q8_0", "q4_0"), prefix: str = "rand"):
+def _random_cases(n: int, seed: int = 20240531, v_formats=formats.GPU_V_FORMATS, prefix: str = "rand"):
     """Seeded random mixes of every dimension (tile-unfriendly sizes included), cost-capped."""
     rng = np.random.default_rng(seed)
     heads = [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (6, 1), (6, 2), (6, 3), (6, 6), (8, 1), (8, 2),

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from attention_cases import REF_TOL
+from dot4attn import formats
 from dot4attn import reference as R
 
 LONG = os.environ.get("DOT4ATTN_FUZZ", "") == "long"
@@ -87,8 +88,8 @@ def fill(draw, shape, dtype: str, kind: str, *, max_outlier: float | None = None
 
 PACK_OPS = (("PackK", None, "q8_0"), ("PackV", "q8_0", "q8_0"), ("PackV", "q4_0", "q4_0"), ("PackV", None, "q8_0"))
 PACK_OPS_CPU = PACK_OPS + (("PackV", "q6_0", "q6_0"),)  # q6_0: the CPU EP only
-V_FORMATS = ("float", "q8_0", "q4_0")  # what every EP takes
-V_FORMATS_CPU = V_FORMATS + ("q6_0",)
+V_FORMATS = formats.GPU_V_FORMATS  # what every EP takes
+V_FORMATS_CPU = formats.V_FORMATS  # q6_0 too
 LEVEL_MAX = {"q8_0": 127, "q4_0": 7, "q6_0": 31}  # the end opposite q4_0's / q6_0's signed max clamps here
 
 
