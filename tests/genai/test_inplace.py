@@ -22,10 +22,11 @@ def _steps(folder, tokens):
 def folders(tmp_path_factory):
     src = genai_model("qwen3-d128", "fp32")
     out = {}
-    for fmt in ("q8_0", "q4_0"):
+    for fmt in ("q8_0", "q4_0", "q6_0"):
         dst = tmp_path_factory.mktemp("inplace") / fmt
-        # q4_0 V: a folder for the in-place runner only (og.Generator cannot allocate its V cache)
-        assert cli(["rewrite", str(src), str(dst), "--v-format", fmt] + ["--for-inplace-runner"] * (fmt == "q4_0")) == 0
+        # q4_0 / q6_0 V: folders for the in-place runner only (og.Generator cannot allocate their V caches)
+        narrow = fmt in ("q4_0", "q6_0")
+        assert cli(["rewrite", str(src), str(dst), "--v-format", fmt] + ["--for-inplace-runner"] * narrow) == 0
         out[fmt] = dst
     return src, out
 
@@ -38,19 +39,21 @@ def test_same_logits_as_og_generator(folders):
                                    atol=1e-5, rtol=0)
 
 
-def test_q4_0_values_run_in_place(folders, capsys):
-    """V q4_0 (a narrower V cache than K's, which genai 0.18 cannot allocate): dot4attn generate picks the in-place
-    runner; teacher-forced KL vs the original within the q4_0 bar of the rewrite tests."""
+@pytest.mark.parametrize("fmt", ["q4_0", "q6_0"])
+def test_q4_0_and_q6_0_values_run_in_place(folders, capsys, fmt):
+    """V q4_0 / q6_0 written --for-inplace-runner (a narrower V cache than K's, which genai 0.18 cannot allocate):
+    dot4attn generate picks the in-place runner; teacher-forced KL vs the original within the format's bar of the
+    rewrite tests."""
     src, out = folders
     tokens = [int(t) for t in np.random.default_rng(4).integers(0, 256, 64)]
-    _, kl = agreement(_steps(src, tokens), _steps(out["q4_0"], tokens))
-    assert kl <= MAX_MEAN_KL["q4_0"], kl
-    assert cli(["generate", str(out["q4_0"]), "--token-ids", "5,6,7", "--max-new-tokens", "16"]) == 0
+    _, kl = agreement(_steps(src, tokens), _steps(out[fmt], tokens))
+    assert kl <= MAX_MEAN_KL[fmt], kl
+    assert cli(["generate", str(out[fmt]), "--token-ids", "5,6,7", "--max-new-tokens", "16"]) == 0
     printed = capsys.readouterr().out
     assert "in-place cache" in printed and len(printed.splitlines()[0].split()) == 17
     # og.Generator cannot allocate its V cache: asked for, the folder is refused with the reason, not run into
     # genai's 'invalid dimensions'
-    assert cli(["generate", str(out["q4_0"]), "--runner", "og", "--token-ids", "5,6,7"]) == 2
+    assert cli(["generate", str(out[fmt]), "--runner", "og", "--token-ids", "5,6,7"]) == 2
     assert "rewritten for dot4attn's in-place runner" in capsys.readouterr().err
 
 
@@ -90,6 +93,7 @@ def test_device_cuda_picks_the_in_place_runner_for_rewritten_folders(folders):
     assert _genai_runner(args(out["q8_0"], "cuda")) == "inplace"
     assert _genai_runner(args(out["q8_0"], "cpu")) == "og"
     assert _genai_runner(args(out["q4_0"], "cpu")) == "inplace"
+    assert _genai_runner(args(out["q6_0"], "cpu")) == "inplace"  # written for it
     assert _genai_runner(args(src, "cuda")) == "og"
 
 

@@ -33,8 +33,9 @@ def add_arguments(p) -> None:
     p.add_argument("--runner", choices=["auto", "og", "inplace"], default="auto",
                    help="genai folders: og (onnxruntime-genai's Generator; its genai_config picks the device) or "
                         "inplace (dot4attn.runtime.inplace: ORT with the caches bound in place on --device; runs q4_0 V "
-                        "folders too). auto: inplace for --device cuda on a rewritten folder, for q4_0 V folders "
-                        "and without onnxruntime-genai; og otherwise")
+                        "folders and --for-inplace-runner folders too). auto: inplace for --device cuda on a rewritten "
+                        "folder, for q4_0 V folders, for folders written for the in-place runner and without "
+                        "onnxruntime-genai; og otherwise")
     p.add_argument("--batch", type=positive_int, default=1, help="--runner inplace: decode this many copies of the "
                    "prompt as one batch (default 1)")
     p.add_argument("--no-cuda-graph", action="store_true", help="--runner inplace on --device cuda: launch every "
@@ -98,8 +99,8 @@ def _genai_runner(args) -> str:
     if args.runner != "auto":
         return args.runner
     facts = folder_facts(args.model)
-    if facts.get("v_format") == "q4_0":
-        return "inplace"  # genai 0.18 gives V the K tensor's width
+    if facts.get("v_format") == "q4_0" or _written_for_inplace_runner(args.model):
+        return "inplace"  # genai 0.18 gives V the K tensor's width (a q6_0 rows folder's V is narrower too)
     if facts and args.device == "cuda":
         return "inplace"  # --device cuda asks for the cache on the GPU, bound in place: no per-token host copy
     try:
