@@ -151,7 +151,8 @@ class InPlaceDecoder:
                                  for name, (_, dt, h, last) in self.caches.items())
 
     def reset(self, batch: int, max_length: int) -> None:
-        """Allocates the caches on the device: [batch, heads, max_length, last] each (contents undefined)."""
+        """Allocates the caches on the device: [batch, heads, max_length, last] each, zeroed (a runtime that reads
+        past a row's valid length, such as a masked key's V, then reads zeros, never a reused buffer's NaN)."""
         import onnxruntime as ort
 
         if max_length > self.context_length:
@@ -161,6 +162,7 @@ class InPlaceDecoder:
         for name, (_, dt, h, last) in self.caches.items():
             self.values[name] = ort.OrtValue.ortvalue_from_shape_and_type([batch, h, max_length, last], dt,
                                                                           self.device, 0)
+            _zero_value(self.values[name], batch * h * max_length * last * np.dtype(dt).itemsize, self.device)
         # Per-step inputs and outputs that live on the device for the whole run, so that a decode step allocates
         # nothing and moves only the token ids in and the logits out: an all-ones attention mask as long as the
         # cache (a step binds its first batch x length values: all ones, whatever their row layout), the ids of a
@@ -426,6 +428,24 @@ def _cudart():
         except OSError:
             continue
     return None
+
+
+def _zero_value(value, nbytes: int, device: str) -> None:
+    """Fills an OrtValue's nbytes with zeros, on its device (ONNX Runtime's allocators hand out reused memory)."""
+    if device == "cpu":
+        value.numpy().fill(0)  # a CPU OrtValue's numpy() is a view of its buffer
+        return
+    import ctypes
+
+    lib = _cudart()
+    if lib is None:
+        raise RuntimeError("zeroing a cache on the device needs the CUDA runtime library (libcudart)")
+    lib.cudaMemset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+    lib.cudaMemset.restype = ctypes.c_int
+    lib.cudaDeviceSynchronize.restype = ctypes.c_int
+    err = lib.cudaMemset(value.data_ptr(), 0, nbytes) or lib.cudaDeviceSynchronize()
+    if err != 0:
+        raise RuntimeError(f"zeroing a cache of {nbytes} bytes on the device failed (CUDA error {err})")
 
 
 def _copy_row_to_batch(value, batch: int, row_bytes: int, device: str) -> None:
