@@ -418,16 +418,32 @@ class InPlaceDecoder:
 
 
 def _cudart():
-    """The CUDA runtime library through ctypes, or None where none can be loaded (ONNX Runtime's CUDA EP has
-    loaded libcudart into the process by the time a session runs, or torch has)."""
+    """The CUDA runtime library through ctypes, with the signatures of the calls used here declared, or None where
+    none can be loaded (ONNX Runtime's CUDA EP has loaded libcudart into the process by the time a session runs, or
+    torch has)."""
     import ctypes
 
     for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
         try:
-            return ctypes.CDLL(name)
+            lib = ctypes.CDLL(name)
         except OSError:
             continue
+        ptr, size = ctypes.c_void_p, ctypes.c_size_t
+        for fn, args in ((lib.cudaMemset, [ptr, ctypes.c_int, size]),
+                         (lib.cudaMemcpy, [ptr, ptr, size, ctypes.c_int]),
+                         (lib.cudaMemcpy2D, [ptr, size, ptr, size, size, size, ctypes.c_int]),
+                         (lib.cudaDeviceSynchronize, [])):
+            fn.argtypes, fn.restype = args, ctypes.c_int
+        return lib
     return None
+
+
+def _required_cudart(what: str):
+    """_cudart(), or a RuntimeError saying that `what` needs it."""
+    lib = _cudart()
+    if lib is None:
+        raise RuntimeError(f"{what} on the device needs the CUDA runtime library (libcudart)")
+    return lib
 
 
 def _zero_value(value, nbytes: int, device: str) -> None:
@@ -435,14 +451,7 @@ def _zero_value(value, nbytes: int, device: str) -> None:
     if device == "cpu":
         value.numpy().fill(0)  # a CPU OrtValue's numpy() is a view of its buffer
         return
-    import ctypes
-
-    lib = _cudart()
-    if lib is None:
-        raise RuntimeError("zeroing a cache on the device needs the CUDA runtime library (libcudart)")
-    lib.cudaMemset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
-    lib.cudaMemset.restype = ctypes.c_int
-    lib.cudaDeviceSynchronize.restype = ctypes.c_int
+    lib = _required_cudart("zeroing a cache")
     err = lib.cudaMemset(value.data_ptr(), 0, nbytes) or lib.cudaDeviceSynchronize()
     if err != 0:
         raise RuntimeError(f"zeroing a cache of {nbytes} bytes on the device failed (CUDA error {err})")
@@ -456,14 +465,7 @@ def _copy_row_to_batch(value, batch: int, row_bytes: int, device: str) -> None:
         arr = value.numpy()  # a CPU OrtValue's numpy() is a view of its buffer
         arr[1:] = arr[:1]
         return
-    import ctypes
-
-    lib = _cudart()
-    if lib is None:
-        raise RuntimeError("copying a cache row on the device needs the CUDA runtime library (libcudart)")
-    lib.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    lib.cudaMemcpy.restype = ctypes.c_int
-    lib.cudaDeviceSynchronize.restype = ctypes.c_int
+    lib = _required_cudart("copying a cache row")
     ptr = value.data_ptr()
     err = lib.cudaDeviceSynchronize()  # ONNX Runtime's stream is not the legacy one the copies go on
     for b in range(1, batch):
@@ -477,17 +479,10 @@ def _column_writer():
     """A function writing column `col` of a host [B, N] array into the same-shaped device buffer at `ptr` (one
     cudaMemcpy2D of B elements), or None where no CUDA runtime library can be loaded (the caller then copies the
     whole mask)."""
-    import ctypes
-
     lib = _cudart()
     if lib is None:
         return None
-    fn = lib.cudaMemcpy2D
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
-                   ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    sync = lib.cudaDeviceSynchronize
-    sync.restype = ctypes.c_int
+    fn, sync = lib.cudaMemcpy2D, lib.cudaDeviceSynchronize
 
     def write(ptr: int, host: np.ndarray, col: int) -> None:
         item, pitch = host.itemsize, host.strides[0]
