@@ -20,8 +20,8 @@
 //  * online softmax in registers (log2 domain, ex2.approx), each thread owns 2 rows x 16 keys of the tile; the
 //    row sum stays per thread until the end (quad reduce once). At D >= 128 the running max moves only by more
 //    than 2^8 (kMaxSlack, kLazyMax), so O is rescaled on few tiles: 6 % fewer instructions, an 8k causal prefill
-//    (32, 8, 128) 2-3 % faster, the output within NMSE 8e-8 of the exact max's. Prefix tiles that every row of the warp sees
-//    skip all masking; only the causal diagonal / Sk tail / explicit masks check per element.
+//    (32, 8, 128) 2-3 % faster, the output within NMSE 8e-8 of the exact max's. Prefix tiles that every row of the
+//    warp sees skip all masking; only the causal diagonal / Sk tail / explicit masks check per element.
 //  * P.V: P rounded to f16 in registers (the QK accumulator layout is the A fragment layout of m16n8k16), V as
 //    f16 in shared memory read by ldmatrix.trans, mma.m16n8k16.f32.f16.f16.f32 (float32 accumulation). On sm_90a
 //    (D = 64 / 128, TMA tiles) the block's 4 warps (one warpgroup) instead issue one wgmma.m64nDk16 per 16 keys
