@@ -17,7 +17,8 @@ the window and with the context capped to it (_sliding_window says why). A q4_0 
 the op's "pair" layout (K and V both head_size bytes wide, as genai allocates them). The one exception is asked for
 by name: `inplace_runner=True` (`--for-inplace-runner`) writes q4_0 / q6_0 V in the "rows" layout (V narrower than
 K, 224 / 256 instead of 256 bytes per token and head at head size 128), which only dot4attn's in-place runner
-(dot4attn.runtime.inplace, `dot4attn generate`) can run. q6_0 V runs on the CPU execution provider only."""
+(dot4attn.runtime.inplace, `dot4attn generate`) can run. On the GPU execution providers q6_0 V needs a head size that
+is a multiple of 64."""
 from __future__ import annotations
 
 import json

@@ -95,7 +95,7 @@ CASES = [
 ]
 
 
-def _random_cases(n: int, seed: int = 20240531, v_formats=formats.GPU_V_FORMATS, prefix: str = "rand"):
+def _random_cases(n: int, seed: int = 20240531, v_formats=("float", "q8_0", "q4_0"), prefix: str = "rand"):
     """Seeded random mixes of every dimension (tile-unfriendly sizes included), cost-capped."""
     rng = np.random.default_rng(seed)
     heads = [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (6, 1), (6, 2), (6, 3), (6, 6), (8, 1), (8, 2),
@@ -119,12 +119,11 @@ def _random_cases(n: int, seed: int = 20240531, v_formats=formats.GPU_V_FORMATS,
     return out
 
 
-RANDOM_CASES = _random_cases(30)
-ALL_CASES = CASES + RANDOM_CASES
+RANDOM_CASES = _random_cases(30)  # float, q8_0 and q4_0 V; q6_0 has a mix of its own below
 
-# q6_0 V runs on the CPU only (the GPU EPs refuse it), so its cases stay out of the tables the GPU tests share: every
-# route (decode, split_k with several splits, prefill tile edges), every D, both dtypes, masks, dead rows, Sk = 0.
-CPU_ONLY_CASES = [
+# q6_0 V: every route (decode, split_k with several splits, prefill tile edges), every D, both dtypes, masks, dead
+# rows, Sk = 0.
+Q6_CASES = [
     C("q6_decode_gqa4", 3, 8, 2, 2, 300, 128, "float32", "q6_0", 1, "bool_pad_b11k"),
     C("q6_decode_d32_bhq1", 3, 4, 2, 7, 90, 32, "float16", "q6_0", 1, "bool_bhq1", dead_rows=True),
     C("q6_prefill_sq300", 1, 8, 1, 300, 300, 64, "float16", "q6_0", 1),
@@ -138,11 +137,17 @@ CPU_ONLY_CASES = [
     C("q6_peaky_prefill", 3, 2, 1, 64, 700, 224, "float16", "q6_0", 1, scale=0.5),
     C("q6_auto_splitk_min16", 1, 4, 2, 2, 100, 192, "float32", "q6_0", 1, split_k_min_keys=16),
 ] + _random_cases(10, seed=20261204, v_formats=("q6_0",), prefix="rand_q6_")
+# The GPU kernels take q6_0 V at D a multiple of 64 (formats.gpu_takes): those cases join the tables the GPU tests
+# share. The others (D = 32, 96, 160, 224) run in the CPU suite only: the GPU planner refuses them, and tests/gpu
+# check its message on them.
+ALL_CASES = CASES + RANDOM_CASES + [c for c in Q6_CASES if formats.gpu_takes(c.v_format, c.D)]
+CPU_ONLY_CASES = [c for c in Q6_CASES if not formats.gpu_takes(c.v_format, c.D)]
 CPU_CASES = ALL_CASES + CPU_ONLY_CASES  # what the CPU op tests run
 
 # GPU launch plans change with length and head shape: split counts (16k-128k keys), TMA staging and long per-warp
 # walks, the decode route's block clusters (512 keys), the tensor-core prefill's causal tiles (Sq % 64 == 0), its
-# masked tails and the tile-kernel fallback (D = 96).
+# masked tails and the tile-kernel fallback (D = 96). q6_0 V: the tensor-core decode's cp.async staging (q6_0 has no
+# TMA or register staging) and the tensor-core prefill over V's float16 copy (v_dequant), at D = 64, 128 and 256.
 LONG_CASES = [
     C("long_sk131072_q4", 1, 32, 8, 1, 131072, 128, "float16", "q4_0", 1),
     C("long_sk131072_f16v", 1, 32, 8, 1, 131072, 128, "float16", "float", 1),
@@ -170,6 +175,14 @@ LONG_CASES = [
     C("long_prefill_sq33_sk1000", 1, 16, 2, 33, 1000, 128, "float16", "q4_0", 1, "add_1h1k"),
     C("long_prefill_d96", 1, 8, 2, 200, 200, 96, "float16", "q8_0", 1),
     C("long_prefill_b2_257_d256", 2, 8, 1, 257, 257, 256, "float16", "float", 0),
+    C("long_sk131072_q6", 1, 32, 8, 1, 131072, 128, "float16", "q6_0", 1),
+    C("long_sk70000_d256_q6", 1, 24, 4, 1, 70000, 256, "float16", "q6_0", 1),
+    C("long_sk70000_d64_q6_mha", 1, 8, 8, 1, 70000, 64, "float16", "q6_0", 0),
+    C("long_sq4_sk4097_pad_q6", 1, 32, 8, 4, 4097, 128, "float16", "q6_0", 1, "bool_pad_b11k"),
+    C("long_sk512_q6", 1, 32, 8, 1, 512, 128, "float16", "q6_0", 1),
+    C("long_prefill_1000_q6", 1, 8, 2, 1000, 1000, 128, "float16", "q6_0", 1),
+    C("long_prefill_2048_d64_q6", 1, 8, 2, 2048, 2048, 64, "float16", "q6_0", 1),
+    C("long_prefill_b2_257_d256_q6", 2, 8, 1, 257, 257, 256, "float16", "q6_0", 0, "add_pad_b1qk", dead_rows=None),
 ]
 CASE_BY_NAME = {c.name: c for c in CPU_CASES + LONG_CASES}
 assert len(CASE_BY_NAME) == len(CPU_CASES) + len(LONG_CASES)
@@ -272,8 +285,6 @@ QUALITY = [  # D, v_format, (B, Hq, Hkv, Sq, Sk), dtype, causal
     (256, "float", (1, 2, 2, 300, 512), "float16", 0),
     (256, "q8_0", (3, 6, 2, 8, 1500), "float32", 1),
     (256, "q4_0", (1, 4, 1, 2, 3000), "float16", 1),
-]
-QUALITY_CPU = QUALITY + [  # q6_0: CPU only
     (64, "q6_0", (1, 8, 2, 300, 300), "float16", 1),
     (128, "q6_0", (3, 2, 1, 7, 600), "float32", 1),
 ]
@@ -281,7 +292,7 @@ QUALITY_CPU = QUALITY + [  # q6_0: CPU only
 
 @functools.lru_cache(maxsize=None)
 def quality_data(idx: int):
-    D, vf, (B, Hq, Hkv, Sq, Sk), dtype, causal = QUALITY_CPU[idx]
+    D, vf, (B, Hq, Hkv, Sq, Sk), dtype, causal = QUALITY[idx]
     rng = np.random.default_rng(zlib.crc32(f"{D}{vf}".encode()))
     q, k, v = gaussian_qkv(rng, B, Hq, Hkv, Sq, Sk, D, dtype)
     base = R.float_attention(q, k, v, causal=causal)

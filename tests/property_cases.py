@@ -86,10 +86,9 @@ def fill(draw, shape, dtype: str, kind: str, *, max_outlier: float | None = None
 
 # ---- PackK / PackV --------------------------------------------------------------------------------------------------
 
-PACK_OPS = (("PackK", None, "q8_0"), ("PackV", "q8_0", "q8_0"), ("PackV", "q4_0", "q4_0"), ("PackV", None, "q8_0"))
-PACK_OPS_CPU = PACK_OPS + (("PackV", "q6_0", "q6_0"),)  # q6_0: the CPU EP only
-V_FORMATS = formats.GPU_V_FORMATS  # what every EP takes
-V_FORMATS_CPU = formats.V_FORMATS  # q6_0 too
+PACK_OPS = (("PackK", None, "q8_0"), ("PackV", "q8_0", "q8_0"), ("PackV", "q4_0", "q4_0"), ("PackV", None, "q8_0"),
+            ("PackV", "q6_0", "q6_0"))
+V_FORMATS = formats.V_FORMATS
 LEVEL_MAX = {"q8_0": 127, "q4_0": 7, "q6_0": 31}  # the end opposite q4_0's / q6_0's signed max clamps here
 
 
@@ -207,11 +206,12 @@ def _bounded_logits(q: np.ndarray, kp: np.ndarray, ks: np.ndarray) -> np.ndarray
 
 
 @st.composite
-def attention_cases(draw, routes=ROUTES, v_formats=V_FORMATS) -> AttnCase:
-    """A Dot4Attention call."""
+def attention_cases(draw, routes=ROUTES, v_formats=V_FORMATS, gpu: bool = False) -> AttnCase:
+    """A Dot4Attention call; gpu: one the GPU kernels take (q6_0 V at D a multiple of 64, formats.gpu_takes)."""
     dtype = draw(st.sampled_from(("float32", "float16")))
     v_format = draw(st.sampled_from(v_formats))
-    D = 32 * draw(st.integers(1, 8))
+    step = formats.GPU_Q6_D_MULTIPLE if gpu and not formats.gpu_takes(v_format, 32) else 32
+    D = step * draw(st.integers(1, 256 // step))
     Hkv = draw(st.integers(1, 2))
     Hq = Hkv * draw(st.sampled_from((1, 2, 3, 4)))
     B = draw(st.integers(1, 2))

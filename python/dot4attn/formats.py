@@ -4,7 +4,8 @@ checks the two agree through the op library).
 
 K is always packed16 ("q8_0": int8 payload + one float16 scale per 32 values). V is "float" (as the model's
 dtype), "q8_0", "q4_0" (two 4-bit values per byte, one float16 scale per 32 values) or "q6_0" (6-bit values, 24
-bytes per 32-value block, one float16 scale per block; CPU only). Three layouts hold them:
+bytes per 32-value block, one float16 scale per block; the GPU kernels take it at D a multiple of 64: gpu_takes).
+Three layouts hold them:
 
   split  an exported model rewritten by `dot4attn rewrite` (Dot4Attention): per layer a payload tensor
          [B, Hkv, S, D, D/2 or 3D/4] and a scales tensor [B, Hkv, S, D/32] (float16), nothing padded;
@@ -23,9 +24,8 @@ K_FORMAT = "q8_0"
 V_FORMATS = ("float", "q8_0", "q4_0", "q6_0")
 V_FORMAT_CODES = {"float": 0, "q8_0": 1, "q4_0": 2, "q6_0": 3}  # the C entries' VFormat enum (common/formats.h)
 PACKED_FORMATS = ("q8_0", "q4_0", "q6_0")
-CPU_ONLY_FORMATS = ("q6_0",)  # V formats the GPU kernels do not take (the ops refuse them on CUDA / ROCm)
-GPU_V_FORMATS = tuple(f for f in V_FORMATS if f not in CPU_ONLY_FORMATS)
-GPU_PACKED_FORMATS = tuple(f for f in PACKED_FORMATS if f not in CPU_ONLY_FORMATS)
+# q6_0 V on the GPU: D a multiple of 64 (rows of 3D/4 bytes move in 16-byte pieces); the CPU EP takes every D
+GPU_Q6_D_MULTIPLE = 64
 CACHE_LAYOUTS = ("rows", "pair")  # Dot4GroupQueryAttention's attribute cache_layout
 PAIR_V_FORMATS = ("q4_0", "q6_0")  # the V formats the pair layout holds (payload and both scale runs fit D bytes)
 Q6_BLOCK_BYTES = 24  # a q6_0 block: 16 bytes of low nibbles (as q4_0's payload), 8 bytes of high 2-bit pairs
@@ -37,6 +37,12 @@ def check_v_format(v_format: str, what: str = "v_format") -> str:
     if v_format not in V_FORMATS:
         raise ValueError(f"{what}: expected one of {', '.join(V_FORMATS)}, got {v_format!r}")
     return v_format
+
+
+def gpu_takes(v_format: str, d: int) -> bool:
+    """Whether the GPU kernels (CUDA, ROCm) take V of this format at head size d: float, q8_0 and q4_0 at every D,
+    q6_0 at D a multiple of 64 (elsewhere the GPU planner fails the call, docs/ops.md; the CPU EP takes every D)."""
+    return check_v_format(v_format) != "q6_0" or d % GPU_Q6_D_MULTIPLE == 0
 
 
 def payload_bytes(d: int, fmt: str = K_FORMAT) -> int:

@@ -17,13 +17,13 @@ import functools
 import json
 
 from . import get_library_path
-from .formats import CPU_ONLY_FORMATS, V_FORMAT_CODES
+from .formats import V_FORMAT_CODES
 
 ROUTES = {"auto": 0, "prefill": 1, "decode": 2, "split_k": 3}
 MASK_KINDS = {None: 0, "bool": 1, "additive": 2}
 # The K / V row layout of a call (struct Dot4AttnGpuCall, AttentionParams): rows per (b, kv head) in storage (>= Sk),
 # then the distance between consecutive rows of K (bytes), K scales (halves), V (elements of T for float V, bytes
-# for q8_0 / q4_0) and V scales (halves). 0: the dense value.
+# for q8_0 / q4_0 / q6_0) and V scales (halves). 0: the dense value.
 KV_LAYOUT_FIELDS = ("kv_rows", "k_stride", "ks_stride", "v_stride", "vs_stride")
 _ERR_LEN = 1024
 _PLAN_LEN = 2048
@@ -91,9 +91,8 @@ def make_call(B: int, Hq: int, Hkv: int, Sq: int, Sk: int, D: int, *, half: bool
     dict of KV_LAYOUT_FIELDS (missing or 0: dense), e.g. a packed cache of D = 128 with rows of 144 bytes and 4096
     rows per head: {"kv_rows": 4096, "k_stride": 144, "ks_stride": 72, "v_stride": 144, "vs_stride": 72}. run_as: a
     described AMD device ("hip,cus=304,warp=64,smem=65536") whose plan the call runs on this CUDA GPU (docs/gpu.md,
-    "AMD GPUs"); gpu_plan(call) then gives that plan. A V format without GPU kernels (q6_0) is a ValueError."""
-    if v_format in CPU_ONLY_FORMATS:
-        raise ValueError(f"v_format {v_format!r} runs on the CPU only: the GPU entries take float, q8_0 and q4_0")
+    "AMD GPUs"); gpu_plan(call) then gives that plan. q6_0 V needs D a multiple of 64 on the GPU: the planner
+    refuses other D (formats.gpu_takes)."""
     c = GpuCall(B=B, Hq=Hq, Hkv=Hkv, Sq=Sq, Sk=Sk, split_k_min_keys=split_k_min_keys, D=D, half=int(half),
                 v_format=V_FORMAT_CODES[v_format], causal=int(causal), route=ROUTES[route],
                 mask_kind=MASK_KINDS[mask_kind], scale=scale, run_as=run_as.encode() if run_as else None)
@@ -110,10 +109,11 @@ def make_call(B: int, Hq: int, Hkv: int, Sq: int, Sk: int, D: int, *, half: bool
 
 def kv_layout_of(kp, ks, v, vs=None) -> dict:
     """The K / V row layout (KV_LAYOUT_FIELDS) of torch tensors or views kp [B, Hkv, Sk, D] int8, ks [B, Hkv, Sk,
-    D/32] float16, v [B, Hkv, Sk, D] T / int8 or [B, Hkv, Sk, D/2] uint8, vs [B, Hkv, Sk, D/32] float16 (or None),
-    read off their strides: each tensor's rows (last dimension contiguous) a fixed number of elements apart, each
-    (b, kv head)'s rows the same number of rows apart in every tensor (kv_rows), heads of a batch row next to each
-    other. Dense tensors give the dense layout; views into a packed cache give its strides, e.g. for a uint8 buffer
+    D/32] float16, v [B, Hkv, Sk, D] T / int8 or uint8 [B, Hkv, Sk, D/2] (q4_0) / [B, Hkv, Sk, 3D/4] (q6_0), vs [B,
+    Hkv, Sk, D/32] float16 (or None), read off their strides: each tensor's rows (last dimension contiguous) a fixed
+    number of elements apart, each (b, kv head)'s rows the same number of rows apart in every tensor (kv_rows), heads
+    of a batch row next to each other. Dense tensors give the dense layout; views into a packed cache give its
+    strides, e.g. for a uint8 buffer
     `buf` [B, Hkv, R, row_bytes] holding K rows (payload at byte 0, scales at byte D):
     kp = buf[:, :, :Sk, :D].view(torch.int8), ks = buf[:, :, :Sk, D:D + D // 16].view(torch.float16).
     Raises ValueError for tensors whose elements are not laid out that way."""

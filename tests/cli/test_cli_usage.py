@@ -65,6 +65,23 @@ def test_compare_help_states_exit_codes_and_defaults():
     assert "1 they disagree" in text and "2 the comparison could not run" in text
 
 
+def test_info_plan_takes_every_v_format(capsys):
+    """`dot4attn info --plan` parses every V format, q6_0 too (the GPU kernels take it at D a multiple of 64), and a
+    call that does not parse is told the formats; a build without GPU kernels then says it has none."""
+    from dot4attn import native
+
+    h200 = "sm=90a,sms=132,smem=232448"
+    assert main(["info", "--plan", "1,32,8,1,1024,128,q5", "--gpu", h200]) == 2
+    err = capsys.readouterr().err
+    assert "expected B,Hq,Hkv,Sq,Sk,D[,float|q8_0|q4_0|q6_0] (integers >= 1), got '1,32,8,1,1024,128,q5'" in err, err
+    rc = main(["info", "--plan", "1,32,8,1,1024,128,q6_0", "--gpu", h200])
+    out, err = capsys.readouterr()
+    if native.has_gpu_entries():
+        assert rc == 0 and "V=q6_0" in out and "decode_mma" in out, (out, err)
+    else:
+        assert rc == 2 and "dot4attn info --plan: this build of the op library has no GPU kernels" in err, err
+
+
 BAD_NUMBERS = [
     ("compare", ["a.onnx", "b.onnx"], "--batch", "0", "an integer >= 1"),
     ("compare", ["a.onnx", "b.onnx"], "--prompt-len", "0", "an integer >= 1"),

@@ -36,7 +36,7 @@ def test_pack_properties_gpu(case):
 
 @seed(P.FUZZ_SEED)
 @settings(max_examples=P.examples(1500))
-@given(case=P.attention_cases())
+@given(case=P.attention_cases(gpu=True))
 def test_attention_properties_gpu(case):
     out = gpu_attention(*case.inputs(), v_format=case.v_format, causal=case.causal, route=case.route)
     P.check_attention(out, case.reference(), case, f"{case!r} EP=CUDA")
@@ -61,7 +61,7 @@ def _v_poison_case(v_format, route, hidden):
 
 
 @pytest.mark.parametrize("route", ["prefill", "decode", "split_k"])
-@pytest.mark.parametrize("v_format", ["float", "q8_0", "q4_0"])
+@pytest.mark.parametrize("v_format", ["float", "q8_0", "q4_0", "q6_0"])
 @pytest.mark.parametrize("hidden", [True, False], ids=["hidden-key", "visible-key"])
 def test_nonfinite_v_gpu(hidden, v_format, route):
     case = _v_poison_case(v_format, route, hidden)
@@ -93,12 +93,14 @@ def test_prefill_v_scan_gpu(torch_cuda, overrides):
     P.check_attention(out.cpu().numpy(), case.reference(), case, f"{case!r} {overrides or 'auto'} EP=CUDA")
 
 
-# ---- float16 V blocks of +-65504 under q8_0 / q4_0 ------------------------------------------------------------------
-# Such a block's scale rounds up (fp16(65504 / 127) = 516), so its largest level dequantizes to 65532, past float16:
-# the tensor-core kernels, which dequantize V in float16, clamp such tiles to +-65504 (gpu/mma_primitives.cuh). The
-# case the property test first found: B = Hq = Hkv = Sq = 1, Sk = 513, D = 64, decode.
+# ---- float16 V blocks of +-65504 under q8_0 / q4_0 / q6_0 -----------------------------------------------------------
+# Such a q8_0 block's scale rounds up (fp16(65504 / 127) = 516), so its largest level dequantizes to 65532, past
+# float16: the tensor-core kernels, which dequantize V in float16, clamp such tiles to +-65504
+# (gpu/mma_primitives.cuh). The case the property test first found: B = Hq = Hkv = Sq = 1, Sk = 513, D = 64, decode.
+# q6_0's scale of such a block is 65504 / 32 = 2047 exactly, the largest its float16 dequantization takes.
 
-def test_fp16_max_v_blocks_gpu():
+@pytest.mark.parametrize("v_format", ["q8_0", "q6_0"])
+def test_fp16_max_v_blocks_gpu(v_format):
     rng = np.random.default_rng(3)
     Sk, D = 513, 64
     q = rng.standard_normal((1, 1, 1, D), dtype=np.float32).astype(np.float16)
@@ -106,7 +108,7 @@ def test_fp16_max_v_blocks_gpu():
     v = rng.standard_normal((1, 1, Sk, D), dtype=np.float32)
     v = np.where(rng.random(v.shape) < 0.05, np.sign(v) * np.float32(65504), v).astype(np.float16)
     kp, ks = R.pack_k(k)
-    value, vs = R.pack_v(v, "q8_0")
-    case = P.AttnCase("float16", "q8_0", 0, "auto", q, kp, ks, value, vs, None, ("normal", "normal", "fp16max"))
+    value, vs = R.pack_v(v, v_format)
+    case = P.AttnCase("float16", v_format, 0, "auto", q, kp, ks, value, vs, None, ("normal", "normal", "fp16max"))
     out = gpu_attention(*case.inputs(), v_format=case.v_format, causal=case.causal, route=case.route)
     P.check_attention(out, case.reference(), case, f"{case!r} EP=CUDA")

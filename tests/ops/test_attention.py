@@ -14,7 +14,7 @@ import zlib
 import numpy as np
 import pytest
 
-from attention_cases import (CASE_BY_NAME, CASES, CPU_CASES, CPU_ONLY_CASES, QUALITY_CPU as QUALITY, QUALITY_TOL,
+from attention_cases import (CASE_BY_NAME, CASES, CPU_CASES, Q6_CASES, QUALITY, QUALITY_TOL,
                              REF_TOL, ROUTES, Case, case_data, quality_data, routes_for)
 from conftest import (check_nmse, gaussian_qkv, pack_value, run_attention, run_pack, attention_session,
                       attention_feeds, new_session)
@@ -49,8 +49,8 @@ def test_case_table_covers_the_issue():
 
 
 def test_q6_cases_cover_every_route_and_head_dim():
-    """The CPU-only q6_0 cases reach every route, every D the decoders tile differently, both dtypes, masks."""
-    q6 = [c for c in CPU_ONLY_CASES if c.v_format == "q6_0"]
+    """The q6_0 cases reach every route, every D the decoders tile differently, both dtypes, masks."""
+    q6 = [c for c in Q6_CASES if c.v_format == "q6_0"]
     assert {32, 64, 96, 128, 160, 192, 224, 256} <= {c.D for c in q6}
     assert any(c.Sq > 8 for c in q6) and any(c.Sq <= 8 and c.Sk >= 2048 for c in q6)
     assert {"float32", "float16"} <= {c.dtype for c in q6} and {0, 1} <= {c.causal for c in q6}

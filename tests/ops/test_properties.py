@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import property_cases as P
 from conftest import check_packed, run_attention, run_pack, supported_isas
-from dot4attn import native
+from dot4attn import formats, native
 from dot4attn import reference as R
 
 PACK_EXAMPLES = P.examples(600)
@@ -24,7 +24,7 @@ ATTENTION_EXAMPLES = P.examples(1500)
 
 @seed(P.FUZZ_SEED)
 @settings(max_examples=PACK_EXAMPLES)
-@given(case=P.pack_cases(P.PACK_OPS_CPU))
+@given(case=P.pack_cases())
 def test_pack_properties(case):
     payload, scales = run_pack(case.x, case.op, case.fmt_attr)
     what = repr(case)
@@ -34,7 +34,7 @@ def test_pack_properties(case):
 
 @seed(P.FUZZ_SEED)
 @settings(max_examples=ATTENTION_EXAMPLES)
-@given(case=P.attention_cases(v_formats=P.V_FORMATS_CPU), isa=st.sampled_from(supported_isas()))
+@given(case=P.attention_cases(), isa=st.sampled_from(supported_isas()))
 def test_attention_properties(case, isa):
     native.force_cpu_isa(isa)
     try:
@@ -52,7 +52,7 @@ def test_the_generator_reaches_every_edge():
 
     @seed(P.FUZZ_SEED)
     @settings(max_examples=300)
-    @given(case=P.attention_cases(v_formats=P.V_FORMATS_CPU))
+    @given(case=P.attention_cases())
     def collect(case):
         seen["routes"].add(case.route)
         seen["masks"].add(None if case.mask is None else ("bool" if case.mask.dtype == np.bool_ else "add"))
@@ -68,14 +68,32 @@ def test_the_generator_reaches_every_edge():
     collect()
     assert seen["routes"] == set(P.ROUTES)
     assert seen["masks"] == {None, "bool", "add"}
-    assert seen["v"] == set(P.V_FORMATS_CPU)
+    assert seen["v"] == set(P.V_FORMATS)
     assert seen["fills"] == set(P.FILLS)
     assert all(seen[k] for k in ("sk0", "sq_gt_sk", "nan_rows", "dead_rows")), seen
 
 
+def test_the_gpu_generator_draws_what_the_gpu_kernels_take():
+    """The GPU suite's calls (tests/gpu/test_properties_cuda.py, attention_cases(gpu=True)) hold every V format, q6_0
+    at head sizes that are multiples of 64 only (formats.gpu_takes), and every one of those."""
+    seen = set()
+
+    @seed(P.FUZZ_SEED)
+    @settings(max_examples=300)
+    @given(case=P.attention_cases(gpu=True))
+    def collect(case):
+        D = case.query.shape[-1]
+        assert formats.gpu_takes(case.v_format, D), f"{case!r}: the GPU kernels do not take it"
+        seen.add((case.v_format, D))
+
+    collect()
+    assert {v for v, _ in seen} == set(P.V_FORMATS)
+    assert {D for v, D in seen if v == "q6_0"} == {64, 128, 192, 256}, seen
+
+
 @seed(P.FUZZ_SEED)
 @settings(max_examples=PACK_EXAMPLES)
-@given(case=P.pack_cases(P.PACK_OPS_CPU))
+@given(case=P.pack_cases())
 def test_reference_repacks_its_own_values_bit_for_bit(case):
     """reference.pack_v / unpack round trip: packing the dequantized values gives the same payload and scales bit
     for bit (the signed max lands on the lowest level exactly, so its scale is found again), for every format's

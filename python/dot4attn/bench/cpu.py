@@ -13,7 +13,7 @@ GroupQueryAttention (share-buffer KV cache) vs numpy, in one process.
   d4a_f32    Dot4Attention, T=float32: query f32, packed int8 K, value float32
   d4a_q8_0   Dot4Attention, T=float32: query f32, packed int8 K, value q8_0 (int8 + fp16 scales)
   d4a_q4_0   Dot4Attention, T=float32: query f32, packed int8 K, value q4_0 (nibbles + fp16 scales)
-  d4a_q6_0   Dot4Attention, T=float32: query f32, packed int8 K, value q6_0 (6-bit levels + fp16 scales; CPU only)
+  d4a_q6_0   Dot4Attention, T=float32: query f32, packed int8 K, value q6_0 (6-bit levels + fp16 scales)
   gqa_f32    com.microsoft.GroupQueryAttention, float32 cache, past/present bound to one buffer (baseline)
   gqa_f16    com.microsoft.GroupQueryAttention, float16 cache, past/present bound to one buffer
   numpy      dot4attn.reference.float_attention on float32 (the naive baseline; small Sk only)

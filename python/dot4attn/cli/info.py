@@ -16,7 +16,7 @@ CPU ISA the library chose. With --plan: the GPU launch plan of one attention cal
 
 def add_arguments(p) -> None:
     p.add_argument("--plan", metavar="B,Hq,Hkv,Sq,Sk,D[,V]", help="print the GPU launch plan of this call "
-                   "(V: float, q8_0 or q4_0; default q8_0) instead of the library facts")
+                   "(V: float, q8_0, q4_0 or q6_0; default q8_0) instead of the library facts")
     p.add_argument("--gpu", metavar="FACTS", help="with --plan: plan for a described GPU instead of this machine's, "
                    "e.g. sm=90a,sms=132,smem=232448 (no GPU needed)")
     p.add_argument("--dtype", choices=["float16", "float32"], default="float16",
@@ -81,12 +81,11 @@ def _plan(args) -> int:
         fields = args.plan.split(",")
         B, Hq, Hkv, Sq, Sk, D = (int(x) for x in fields[:6])
         v_format = fields[6] if len(fields) > 6 else "q8_0"
-        if len(fields) not in (6, 7) or v_format not in formats.GPU_V_FORMATS or min(B, Hq, Hkv, Sq, Sk, D) < 1:
+        if len(fields) not in (6, 7) or v_format not in formats.V_FORMATS or min(B, Hq, Hkv, Sq, Sk, D) < 1:
             raise ValueError
     except ValueError:
-        cpu_only = next((f for f in formats.CPU_ONLY_FORMATS if args.plan.endswith("," + f)), None)
-        print(f"dot4attn info --plan: expected B,Hq,Hkv,Sq,Sk,D[,{'|'.join(formats.GPU_V_FORMATS)}] (integers >= 1), "
-              f"got '{args.plan}'" + (f" ({cpu_only} V has CPU kernels only)" if cpu_only else ""), file=sys.stderr)
+        print(f"dot4attn info --plan: expected B,Hq,Hkv,Sq,Sk,D[,{'|'.join(formats.V_FORMATS)}] (integers >= 1), "
+              f"got '{args.plan}'", file=sys.stderr)
         return EXIT_COULD_NOT_RUN
     if not native.has_gpu_entries():
         print("dot4attn info --plan: this build of the op library has no GPU kernels", file=sys.stderr)

@@ -15,7 +15,7 @@ from ..argtypes import EXIT_COULD_NOT_RUN
 HELP = "rewrite an exported decoder or a genai folder onto dot4attn ops (packed KV cache)"
 DESCRIPTION = """\
 Rewrites the attention of an exported decoder (.onnx) onto dot4attn's ops with a packed KV cache (K int8 + fp16
-scale per 32 values; V float, q8_0, q4_0 or q6_0 (CPU only)), or an onnxruntime-genai model-builder folder onto
+scale per 32 values; V float, q8_0, q4_0 or q6_0), or an onnxruntime-genai model-builder folder onto
 Dot4GroupQueryAttention (a new folder that og.Generator runs). IN is never changed; OUT is written whole or not at
 all. docs/passes.md, docs/genai.md.
 
@@ -29,10 +29,11 @@ def add_arguments(p) -> None:
     p.add_argument("output", metavar="OUT", help="rewritten model (.onnx) or, for a genai folder, a new folder; "
                    "written atomically, IN is never changed")
     p.add_argument("--v-format", choices=V_FORMATS, default=None,
-                   help="V cache format: float (as exported), q8_0 (int8 + fp16 scale / 32), q4_0 or q6_0 (6-bit, "
-                        "CPU execution provider only) (default: float for .onnx files, where dot4attn's runners "
-                        "size each cache from the graph; q8_0 for genai folders, whose q4_0 / q6_0 V caches take "
-                        "the op's pair layout: K and V rows of head-size bytes, as onnxruntime-genai allocates them)")
+                   help="V cache format: float (as exported), q8_0 (int8 + fp16 scale / 32), q4_0 or q6_0 (6-bit; "
+                        "on the GPU execution providers at head sizes that are multiples of 64) (default: float for "
+                        ".onnx files, where dot4attn's runners size each cache from the graph; q8_0 for genai "
+                        "folders, whose q4_0 / q6_0 V caches take the op's pair layout: K and V rows of head-size "
+                        "bytes, as onnxruntime-genai allocates them)")
     # --route and --split-k-min-keys default to None so that a genai folder can tell them given from not given
     p.add_argument("--route", choices=["auto", "prefill", "decode", "split_k"], default=None,
                    help="Dot4Attention route attribute (default auto: Sq > 8 prefill, else decode / split_k); a "
