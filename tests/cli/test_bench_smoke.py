@@ -103,9 +103,11 @@ def test_bench_cuda_l2_flush_choices(capsys):
         cuda._Timer(None, 1, "sideways")
 
 
-def test_bench_pair_buffers_are_the_pair_layout():
-    """The CUDA bench's pair-layout candidate (d4a_pair_q4_0) reads the cache q4_0 V folders use under og.Generator:
-    its buffers hold reference.pack_cache_pair's rows, and its views give the op the strides of that layout."""
+@pytest.mark.parametrize("v_format", ["q4_0", "q6_0"])
+def test_bench_pair_buffers_are_the_pair_layout(v_format):
+    """The CUDA bench's pair-layout candidates (d4a_pair_q4_0, d4a_pair_q6_0) read the cache q4_0 / q6_0 V folders
+    use under og.Generator: its buffers hold reference.pack_cache_pair's rows, and its views give the op the strides
+    of that layout."""
     torch = pytest.importorskip("torch")
     from dot4attn import native, reference as R
     from dot4attn.bench.cuda import _pair_buffers
@@ -114,13 +116,37 @@ def test_bench_pair_buffers_are_the_pair_layout():
     B, H, S, D = 2, 3, 40, 128
     k, v = rng.standard_normal((2, B, H, S, D)).astype(np.float32)
     kp, ks = R.pack_k(k)
-    vp, vs = R.pack_v(v, "q4_0")
+    vp, vs = R.pack_v(v, v_format)
     t = [torch.from_numpy(np.ascontiguousarray(a)) for a in (kp, ks, vp, vs)]
-    bk, kpv, ksv, bv, vpv, vsv = _pair_buffers(torch, *t, extra_rows=8, device="cpu")
-    want_k, want_v = R.pack_cache_pair(k, v)
+    bk, kpv, ksv, bv, vpv, vsv = _pair_buffers(torch, *t, extra_rows=8, device="cpu", fmt=v_format)
+    want_k, want_v = R.pack_cache_pair(k, v, v_format)
     assert np.array_equal(bk[:, :, :S].numpy(), want_k) and np.array_equal(bv[:, :, :S].numpy(), want_v)
     for view, want in ((kpv, kp), (ksv, ks), (vpv, vp), (vsv, vs)):
         assert np.array_equal(view.numpy().view(np.uint8), np.ascontiguousarray(want).view(np.uint8))
     layout = native.kv_layout_of(kpv, ksv, vpv, vsv)
     assert layout == {**layout, "kv_rows": S + 8, "k_stride": D, "ks_stride": D // 2, "v_stride": D,
                       "vs_stride": D // 2}
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q6_0"])
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_bench_pack_is_packv(fmt, D):
+    """The CUDA bench packs K and V with torch (dot4attn.bench.cuda._pack, here on CPU tensors): PackV's payload and
+    scales bit for bit (reference.pack_v), float16 input as the bench's, ties at half a level included."""
+    torch = pytest.importorskip("torch")
+    from dot4attn import reference as R
+    from dot4attn.bench.cuda import _pack
+
+    rng = np.random.default_rng(D)
+    x = (rng.standard_normal((2, 3, 37, D)) * 2).astype(np.float16)
+    x[0, 0, 0, :32] = 0                                              # a zero block: scale +0, level 0
+    ties = np.arange(31) - 15 + 0.5                                   # halves of a step: round half to even
+    x[0, 1, 1, :32] = np.r_[127, ties]                                # q8_0: step 1
+    x[0, 1, 2, :32] = np.r_[-8, np.clip(ties, -7.5, 6.5)]             # q4_0: step 1 (v = -8 on level -8)
+    x[0, 1, 3, :32] = np.r_[-8, 0.25 * ties]                          # q6_0: step 0.25 (v = -8 on level -32)
+    x[1, 2, 4, :32] = -np.abs(x[1, 2, 4, :32])                        # all negative: a positive q4_0 / q6_0 scale
+    pay, sc = _pack(torch, torch.from_numpy(x), fmt)
+    want_pay, want_sc = R.pack_v(x, fmt)
+    assert pay.numpy().dtype == want_pay.dtype and pay.shape == want_pay.shape, (pay.dtype, pay.shape)
+    assert np.array_equal(pay.numpy(), want_pay), f"{fmt}: {np.count_nonzero(pay.numpy() != want_pay)} bytes differ"
+    assert np.array_equal(sc.numpy().view(np.uint16), want_sc.view(np.uint16)), f"{fmt}: scales differ"

@@ -6,7 +6,8 @@ GroupQueryAttention on the CUDA execution provider, in one process.
   (dot4attn.native.TorchAttention: device pointers, torch's current stream), so the time is the kernels' alone, and
   each row records the launch plan; ORT's session time for the same op (io_binding on device buffers, wall clock
   per run) is reported separately for decode.
-* Candidates: d4a_f16 / d4a_q8_0 / d4a_q4_0 (query f16, packed int8 K, V float16 / q8_0 / q4_0);
+* Candidates: d4a_f16 / d4a_q8_0 / d4a_q4_0 / d4a_q6_0 (query f16, packed int8 K, V float16 / q8_0 / q4_0 / q6_0;
+  q6_0 at head sizes that are multiples of 64, the GPU kernels' rule: formats.gpu_takes);
   sdpa_flash, sdpa_cudnn (torch.nn.functional.scaled_dot_product_attention, f16, GQA through enable_gqa);
   ort_gqa_f16 / ort_gqa_int8 (com.microsoft.GroupQueryAttention on the CUDA EP, f16 or ORT's own int8 (per-tensor
   scale) share-buffer cache, run on torch's stream
@@ -29,7 +30,7 @@ import numpy as np
 
 from .. import native
 from .. import reference as ref
-from ..formats import GPU_PACKED_FORMATS as PACKED_FORMATS, GPU_V_FORMATS as V_FORMATS, pair_v_row_parts
+from ..formats import PAIR_V_FORMATS, V_FORMATS, gpu_takes, pair_v_row_parts
 from ..argtypes import positive_int
 from . import report
 
@@ -91,17 +92,29 @@ def _quantize(torch, x, qmax):
     return q, s
 
 
+def _nibbles(u):
+    """Levels u (uint8 < 16 after masking) [..., 2n] -> n bytes: element 2i in the low nibble of byte i."""
+    return (u[..., 0::2] & 15) | ((u[..., 1::2] & 15) << 4)
+
+
 def _pack(torch, x, fmt):
-    if fmt == "q4_0":  # 16 levels: s = v / -8 with v the block's signed value of largest magnitude (docs/ops.md)
+    if fmt in ("q4_0", "q6_0"):  # 16 / 64 levels: s = v / -8 (-32), v the block's signed max (docs/ops.md)
+        half = 8 if fmt == "q4_0" else 32
         B, H, S, D = x.shape
         xb = x.float().reshape(B, H, S, D // 32, 32)
         hi, lo = xb.amax(-1), xb.amin(-1)
-        s = (torch.where(hi >= -lo, hi, lo) / -8).half()
+        s = (torch.where(hi >= -lo, hi, lo) / -half).half()
         s = torch.where(s == 0, torch.zeros_like(s), s)  # -0 -> +0
         sf = s.float().unsqueeze(-1)
         q = torch.where(sf == 0, torch.zeros_like(xb), torch.round(xb / torch.where(sf == 0, torch.ones_like(sf), sf)))
-        u = (q.clamp(-8, 7) + 8).to(torch.uint8).reshape(*x.shape)
-        return (u[..., 0::2] | (u[..., 1::2] << 4)).contiguous(), s.contiguous()
+        u = (q.clamp(-half, half - 1) + half).to(torch.uint8)  # [B, H, S, D/32, 32]
+        if fmt == "q4_0":
+            return _nibbles(u.reshape(*x.shape)).contiguous(), s.contiguous()
+        # q6_0: per block 16 bytes of low nibbles (as q4_0), then byte 16 + j: the high pairs of elements j, j + 8,
+        # j + 16, j + 24 at bits 0-1, 2-3, 4-5, 6-7
+        hp = (u >> 4).reshape(B, H, S, D // 32, 4, 8)
+        high = hp[..., 0, :] | (hp[..., 1, :] << 2) | (hp[..., 2, :] << 4) | (hp[..., 3, :] << 6)
+        return torch.cat([_nibbles(u), high], -1).reshape(B, H, S, 3 * D // 4).contiguous(), s.contiguous()
     q, s = _quantize(torch, x, 127.0)
     return q.clamp(-127, 127).to(torch.int8).reshape(*x.shape).contiguous(), s.contiguous()
 
@@ -312,14 +325,15 @@ def _decode_case(run, hq, hkv, d, sk):
     ref = _time_sdpa(run, case, q, k, v, False, kv_bytes=2 * k.numel() * 2)
     if run.ort is not None:
         _time_ort_gqa(run, case, q, k, v, ref)
-    for fmt in V_FORMATS:
+    for fmt in _v_formats(case):
         vp, vs = (v, None) if fmt == "float" else _pack(run.torch, v, fmt)
         r = _time_d4a(run, case, q, kp, ks, vp, vs, fmt, ref)
         caches = None if fmt == "float" else _cache_buffers(run.torch, kp, ks, vp, vs, fmt)
         if caches is not None:
             _time_d4a_cache(run, case, q, caches, fmt, r)
-        if fmt == "q4_0":  # the pair layout q4_0 V folders use under og.Generator
-            _time_d4a_cache(run, case, q, _pair_buffers(run.torch, kp, ks, vp, vs), fmt, r, name="d4a_pair_q4_0")
+        if fmt in PAIR_V_FORMATS:  # the pair layout q4_0 / q6_0 V folders use under og.Generator
+            _time_d4a_cache(run, case, q, _pair_buffers(run.torch, kp, ks, vp, vs, fmt=fmt), fmt, r,
+                            name=f"d4a_pair_{fmt}")
         if fmt == "q4_0" and run.ort is not None and sk in (512, 16384, 131072):
             _time_ort_d4a_session(run, case, q, kp, ks, vp, vs, fmt, r)
             _time_ort_cache_session(run, case, q, k, v, caches, fmt)
@@ -328,12 +342,26 @@ def _decode_case(run, hq, hkv, d, sk):
     run.torch.cuda.empty_cache()
 
 
+def _v_formats(case) -> list[str]:
+    """The V formats measured at this case's head size: every one the GPU kernels take there (q6_0 needs D a multiple
+    of 64); the others are skipped with a printed reason."""
+    kind, hq, hkv, d, sk = case
+    out = []
+    for fmt in V_FORMATS:
+        if gpu_takes(fmt, d):
+            out.append(fmt)
+        else:
+            print(f"{kind:7s} ({hq},{hkv},{d}) Sk={sk:6d} d4a_{fmt} skipped: {fmt} V on the GPU needs D a multiple of "
+                  f"64, got D={d}", flush=True)
+    return out
+
+
 def _prefill_case(run, hq, hkv, d, s):
     case = ("prefill", hq, hkv, d, s)
     q, k, v, kp, ks = _inputs(run, hq, hkv, d, s, s)
     flops = 4.0 * run.B * hq * s * s * d / 2  # causal: half the square
     ref = _time_sdpa(run, case, q, k, v, True, flops=flops, ref_max_sk=8192)
-    for fmt in V_FORMATS:
+    for fmt in _v_formats(case):
         vp, vs = (v, None) if fmt == "float" else _pack(run.torch, v, fmt)
         _time_d4a(run, case, q, kp, ks, vp, vs, fmt, ref, flops=flops)
     del q, k, v, kp, ks, ref
@@ -377,7 +405,7 @@ def _time_d4a(run, case, q, kp, ks, vp, vs, fmt, ref, flops=None):
     """Dot4Attention through the C entry point; decode rows carry KV bytes and splits, prefill rows FLOP/s."""
     r = native.TorchAttention(q, kp, ks, vp, vs, run.torch.empty_like(q), v_format=fmt)
     r()
-    name = {"float": "d4a_f16", "q8_0": "d4a_q8_0", "q4_0": "d4a_q4_0"}[fmt]
+    name = "d4a_f16" if fmt == "float" else f"d4a_{fmt}"
     nmse = _nmse(r.out.float(), ref) if ref is not None else None
     extra = {"nmse": nmse, "plan": r.plan}
     if flops is None:
@@ -402,12 +430,12 @@ def _cache_buffers(torch, kp, ks, vp, vs, fmt, extra_rows: int = 128):
     return out
 
 
-def _pair_buffers(torch, kp, ks, vp, vs, extra_rows: int = 128, device: str = "cuda"):
-    """The pair-layout cache (docs/ops.md: q4_0 V, K and V tensors both D bytes wide) holding the same K / V: uint8
-    [B, Hkv, Sk + extra, D] per K and V (rows past Sk are garbage) and the strided views of its valid rows, in
+def _pair_buffers(torch, kp, ks, vp, vs, extra_rows: int = 128, device: str = "cuda", fmt: str = "q4_0"):
+    """The pair-layout cache (docs/ops.md: q4_0 or q6_0 V, K and V tensors both D bytes wide) holding the same K / V:
+    uint8 [B, Hkv, Sk + extra, D] per K and V (rows past Sk are garbage) and the strided views of its valid rows, in
     _cache_buffers' order: K buffer, K payload, K scales (in the V rows), V buffer, V payload, V scales."""
     B, H, S, D = kp.shape
-    payload, v_sc, k_sc = pair_v_row_parts(D)
+    payload, v_sc, k_sc = pair_v_row_parts(D, fmt)
     bk = torch.full((B, H, S + extra_rows, D), 0x7F, dtype=torch.uint8, device=device)
     bv = torch.full((B, H, S + extra_rows, D), 0x7F, dtype=torch.uint8, device=device)
     bk[:, :, :S] = kp.view(torch.uint8)
@@ -508,6 +536,7 @@ GOAL_DECODE_16K_Q4_0 = 0.7    # decode 16k, q4_0 V: time <= 0.7x cuDNN
 GOAL_DECODE_512_US = 10.0     # decode 512 keys, q4_0 V: kernel time <= 10 us
 GOAL_PREFILL_8K_VS_FA2 = 1.0  # causal prefill 8k, f16 V: speed >= 1.0x FlashAttention-2
 GOAL_CACHE_128K = 1.05        # decode 128k over the packed cache (strided rows; in place, through ORT) <= 1.05x dense
+CACHE_GOAL_FORMATS = ("q8_0", "q4_0")  # the V formats GOAL_CACHE_128K is set for (q6_0's rows are measured, no goal)
 
 
 def _targets(results):
@@ -529,7 +558,7 @@ def _targets(results):
                     "met": a <= GOAL_DECODE_512_US})
     ratio("prefill", 8192, "d4a_f16", "sdpa_flash", GOAL_PREFILL_8K_VS_FA2, "prefill 8k causal speed vs FA2 (f16 V)",
           True)
-    for fmt in PACKED_FORMATS:
+    for fmt in CACHE_GOAL_FORMATS:
         ratio("decode", 131072, f"d4a_cache_{fmt}", f"d4a_{fmt}", GOAL_CACHE_128K,
               f"decode 128k {fmt}: packed-cache rows / dense, kernel time")
     ratio("decode", 131072, "ort_cache_q4_0_session", "ort_d4a_q4_0_session", GOAL_CACHE_128K,
