@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dot4attn import formats
+
 
 def to_device(torch, a: np.ndarray | None):
     """A numpy array as a CUDA tensor (bool masks as uint8, the C entry's bool)."""
@@ -24,12 +26,12 @@ def mask_strides(mask: np.ndarray | None, shape) -> tuple[int, int, int, int]:
 
 def packed_layout(D, v_format, kv_rows, half=True):
     """The row layout of a packed cache: K rows of D payload bytes + D/32 fp16 scales padded to 16 bytes, V rows the
-    same (q8_0), D/2 bytes + scales (q4_0), or float V as T rows padded by 16 bytes."""
-    k_row = -(-(D + D // 16) // 16) * 16
+    same (q8_0), D/2 (q4_0) or 3D/4 (q6_0) bytes + scales, or float V as T rows padded by 16 bytes."""
+    k_row = formats.row_bytes(D)
     if v_format == "float":
         v_stride, vs_stride = D + 16 // (2 if half else 4), 0
     else:
-        v_row = -(-((D if v_format == "q8_0" else D // 2) + D // 16) // 16) * 16
+        v_row = formats.row_bytes(D, v_format)
         v_stride, vs_stride = v_row, v_row // 2
     return {"kv_rows": kv_rows, "k_stride": k_row, "ks_stride": k_row // 2, "v_stride": v_stride,
             "vs_stride": vs_stride}
@@ -42,3 +44,9 @@ AMD_DEVICES = {"mi300": "hip,cus=304,warp=64,smem=65536", "mi250x": "hip,cus=110
                "mi250": "hip,cus=104,warp=64,smem=65536", "gfx1100_96": "hip,cus=96,warp=32,smem=65536",
                "gfx1100_48": "hip,cus=48,warp=32,smem=65536"}
 AMD_LDS = 65536
+
+
+def q6_d_message(D: int) -> str:
+    """The GPU planner's error for q6_0 V at a head size that is not a multiple of 64 (launch_plan.cu)."""
+    return (f"Dot4Attention GPU plan: q6_0 V on the GPU needs D a multiple of 64 (its rows of 3 D / 4 bytes move in "
+            f"16-byte pieces), got D={D} (the CPU execution provider takes every D)")

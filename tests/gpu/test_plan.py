@@ -10,7 +10,7 @@ import pytest
 
 from dot4attn import native
 
-from gpu_support import AMD_DEVICES, AMD_LDS, packed_layout
+from gpu_support import AMD_DEVICES, AMD_LDS, packed_layout, q6_d_message
 
 H200 = "sm=90a,sms=132,smem=232448"
 H100_PLAIN_SM90 = "sm=90,sms=132,smem=232448"
@@ -250,12 +250,20 @@ def test_info_plan_prints_the_plan(capsys):
         assert word in out, out
 
 
+def test_info_plan_takes_q6_0(capsys):
+    from dot4attn.cli import main
+
+    assert main(["info", "--plan", "1,32,8,1,131072,128,q6_0", "--gpu", H200]) == 0
+    out = capsys.readouterr().out
+    for word in ("split_k", "decode_mma", "cp_async", "V=q6_0"):
+        assert word in out, out
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--plan", "1,32,8,1,131072"],
-     re.escape("expected B,Hq,Hkv,Sq,Sk,D[,float|q8_0|q4_0] (integers >= 1), got '1,32,8,1,131072'")),
+     re.escape("expected B,Hq,Hkv,Sq,Sk,D[,float|q8_0|q4_0|q6_0] (integers >= 1), got '1,32,8,1,131072'")),
     (["--plan", "1,32,8,1,1024,128,q5", "--gpu", H200], "got '1,32,8,1,1024,128,q5'"),
-    (["--plan", "1,32,8,1,1024,128,q6_0", "--gpu", H200],
-     re.escape("got '1,32,8,1,1024,128,q6_0' (q6_0 V has CPU kernels only)")),
+    (["--plan", "1,32,8,1,1024,96,q6_0", "--gpu", H200], re.escape(q6_d_message(96))),
     (["--plan", "1,32,8,1,1024,128", "--gpu", "sm=90a"], "sms .* and smem are required"),
     (["--plan", "1,32,8,1,1024,128", "--gpu", H200, "--overrides", "kernel=mma", "--dtype", "float32"],
      "kernel=mma cannot run this call"),
@@ -265,6 +273,115 @@ def test_info_plan_bad_input(capsys, argv, message):
 
     assert main(["info", *argv]) == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+# ---- q6_0 V ----------------------------------------------------------------------------------------------------------
+
+Q6_NO_COPY = "tensor-core prefill: q6_0 V runs on its float16 copy (v_dequant=0)"
+Q6_NO_TMA = "tensor-core decode: q6_0 V has no TMA staging, cp_async staging"
+
+
+@pytest.mark.parametrize("device", [H200, A100], ids=["sm90a", "sm80"])
+def test_q6_0_prefill_runs_on_its_float16_copy(device):
+    """q6_0 V has no tensor-core prefill of its own: on CUDA sm_80+ with float16 T and D 64 / 128 / 256 the prefill
+    converts V once into float16 rows (v_dequant) and runs the float16-V instance, at every length and on every
+    instance (wgmma or not), where q8_0 / q4_0 take the copy only for long wgmma calls. Scratch: the copy (rows in
+    the K layout), then the V scan's flags where the scan runs."""
+    wgmma = device == H200
+    p = plan(2, 32, 8, 8192, 8192, 128, device=device, v_format="q6_0")
+    assert (p["route"], p["kernel"], p["v_dequant"], p["wgmma"], p["tma"]) == \
+        ("prefill", "prefill_mma", True, wgmma, wgmma), p
+    assert p["fallback"] == "" and p["v_scan"] == wgmma, p
+    assert p["scratch_bytes"] == 2 * 8 * 8192 * 128 * 2 + (2 * 8 * 4 if wgmma else 0), p
+    short = plan(1, 32, 8, 512, 512, 128, device=device, v_format="q6_0")
+    assert (short["kernel"], short["v_dequant"], short["v_scan"]) == ("prefill_mma", True, False), short
+    assert short["scratch_bytes"] == 8 * 512 * 128 * 2, short
+    for D in (64, 256):
+        p = plan(1, 8, 2, 300, 300, D, device=device, v_format="q6_0")
+        assert (p["kernel"], p["v_dequant"]) == ("prefill_mma", True), p
+    cache = plan(1, 28, 4, 2048, 16384, 128, device=device, v_format="q6_0",
+                 kv_layout=packed_layout(128, "q6_0", 20000))  # a cache: the copy spans its rows per head
+    assert cache["v_dequant"] and cache["scratch_bytes"] >= 4 * 20000 * 128 * 2, cache
+
+
+@pytest.mark.parametrize("kw,reason", [
+    ({"overrides": "v_dequant=0"}, Q6_NO_COPY),
+    ({"half": False}, "float32 T"),
+    ({"D": 192}, "D is not 64, 128 or 256"),
+    ({"device": MI300}, "CUDA sm_80+"),
+])
+def test_q6_0_prefill_falls_back_to_the_tile_kernel(kw, reason):
+    """Without its float16 copy (v_dequant=0), with float32 T, at D = 192 and on HIP, q6_0 V prefills on the tile
+    kernel, and the plan says why."""
+    kw = dict(kw)
+    D = kw.pop("D", 128)
+    p = plan(1, 32, 8, 2048, 2048, D, v_format="q6_0", **kw)
+    assert (p["route"], p["kernel"], p["scratch_bytes"]) == ("prefill", "tile", 0), p
+    assert reason in p["fallback"], p
+
+
+@pytest.mark.parametrize("device", [H200, A100], ids=["sm90a", "sm80"])
+def test_q6_0_decode_stages_by_cp_async(device):
+    """q6_0 V on the tensor-core decode: cp.async staging at every length (no TMA, no register staging), the splits
+    of the other formats; a forced TMA staging says it has none; the short decode still runs as a cluster on
+    sm_90."""
+    p = plan(1, 32, 8, 1, 131072, 128, device=device, v_format="q6_0")
+    q4 = plan(1, 32, 8, 1, 131072, 128, device=device, v_format="q4_0")
+    assert (p["route"], p["kernel"], p["staging"], p["fallback"]) == ("split_k", "decode_mma", "cp_async", ""), p
+    assert p["n_splits"] == q4["n_splits"] and p["scratch_bytes"] == q4["scratch_bytes"], (p, q4)
+    for D in (64, 256):
+        p = plan(1, 32, 8, 1, 65536, D, device=device, v_format="q6_0")
+        assert (p["kernel"], p["staging"]) == ("decode_mma", "cp_async"), p
+    p = plan(1, 32, 8, 1, 131072, 128, device=device, v_format="q6_0", overrides="staging=tma")
+    assert (p["kernel"], p["staging"], p["fallback"]) == ("decode_mma", "cp_async", Q6_NO_TMA), p
+    p = plan(1, 32, 8, 1, 131072, 128, device=device, v_format="q6_0", overrides="staging=regs")
+    assert (p["kernel"], p["staging"]) == ("decode_mma", "cp_async"), p
+    short = plan(1, 32, 8, 1, 512, 128, device=device, v_format="q6_0")
+    assert (short["route"], short["kernel"], short["staging"]) == ("decode", "decode_mma", "cp_async"), short
+    assert (short["cluster"] > 0) == (device == H200), short
+
+
+def test_q6_0_packed_cache_rows_take_bulk_staging_on_sm90():
+    """A packed cache's q6_0 rows (K rows of D + 16 bytes, V rows of 3D/4 + 16, the scales after each payload: the
+    cache op's rows layout) take the bulk copies on sm_90, in two stages, with the dense plan's warps and splits;
+    the pair layout's V rows (D bytes, K's scales in them) and an A100 keep cp.async."""
+    dense = plan(1, 32, 8, 1, 131072, 128, v_format="q6_0")
+    rows = packed_layout(128, "q6_0", 262144)
+    assert (rows["v_stride"], rows["vs_stride"]) == (112, 56)
+    p = plan(1, 32, 8, 1, 131072, 128, v_format="q6_0", kv_layout=rows)
+    assert (p["route"], p["kernel"], p["staging"], p["stages"], p["fallback"]) == \
+        ("split_k", "decode_mma", "bulk", 2, ""), p
+    assert math_of(p) == math_of(dense), (p, dense)
+    p = plan(1, 32, 8, 1, 131072, 128, v_format="q6_0", kv_layout=rows, overrides="staging=tma")
+    assert (p["staging"], p["fallback"]) == ("cp_async", Q6_NO_TMA), p
+    pair = {"kv_rows": 262144, "k_stride": 128, "ks_stride": 64, "v_stride": 128, "vs_stride": 64}
+    p = plan(1, 32, 8, 1, 131072, 128, v_format="q6_0", kv_layout=pair)
+    assert (p["kernel"], p["staging"]) == ("decode_mma", "cp_async"), p
+    p = plan(1, 32, 8, 1, 131072, 128, v_format="q6_0", kv_layout=rows, device=A100)
+    assert (p["kernel"], p["staging"]) == ("decode_mma", "cp_async"), p
+
+
+@pytest.mark.parametrize("kw,kernel,reason", [
+    ({"D": 192}, "decode_simt", "D is not 64, 128 or 256"),
+    ({"half": False}, "decode_simt", "float32 T"),
+    ({"device": MI300}, "decode_simt", "CUDA sm_80+"),
+])
+def test_q6_0_decode_elsewhere_takes_the_simt_kernel(kw, kernel, reason):
+    kw = dict(kw)
+    D = kw.pop("D", 128)
+    for route in ("decode", "split_k"):
+        p = plan(1, 32, 8, 1, 8192, D, v_format="q6_0", route=route, **kw)
+        assert (p["route"], p["kernel"]) == (route, kernel) and reason in p["fallback"], p
+
+
+@pytest.mark.parametrize("D", [32, 96, 160, 224])
+@pytest.mark.parametrize("device", [H200, A100, MI300], ids=["sm90a", "sm80", "mi300"])
+def test_q6_0_needs_d_a_multiple_of_64_on_the_gpu(D, device):
+    """q6_0 V rows of 3D/4 bytes move in 16-byte pieces: the GPU planner refuses other head sizes, on every route
+    and device, naming D and the CPU execution provider (which takes every D)."""
+    for Sq, route in ((1, "decode"), (1, "split_k"), (300, "prefill")):
+        with pytest.raises(native.NativeError, match=re.escape(q6_d_message(D))):
+            plan(1, 8, 2, Sq, 1024, D, device=device, v_format="q6_0", route=route)
 
 
 # ---- strided K / V rows (a packed cache) ----------------------------------------------------------------------------
@@ -299,6 +416,11 @@ STRIDED_SHAPES = [  # (B, Hq, Hkv, Sq, Sk, D, v_format, device): every kernel fa
     (1, 32, 8, 8192, 8192, 128, "q8_0", A100), (1, 32, 8, 1, 4096, 128, "q4_0", MI300),
     (1, 32, 8, 2048, 2048, 128, "q4_0", MI300), (1, 8, 2, 1000, 1000, 256, "float", MI300),
     (1, 8, 2, 1, 1024, 96, "q8_0", H200), (1, 8, 2, 300, 300, 96, "q4_0", H200),
+    (1, 32, 8, 1, 131072, 128, "q6_0", H200), (1, 32, 8, 1, 512, 128, "q6_0", H200),
+    (1, 24, 4, 1, 70000, 256, "q6_0", H200), (1, 32, 8, 8192, 8192, 128, "q6_0", H200),
+    (1, 8, 2, 1000, 1000, 256, "q6_0", H200), (1, 32, 8, 1, 131072, 128, "q6_0", A100),
+    (1, 32, 8, 8192, 8192, 128, "q6_0", A100), (1, 32, 8, 1, 4096, 128, "q6_0", MI300),
+    (1, 32, 8, 2048, 2048, 64, "q6_0", MI300), (1, 8, 2, 1, 1024, 192, "q6_0", H200),
 ]
 
 
@@ -523,12 +645,12 @@ def _check_amd_plan(p, device, route, overrides):
 
 @pytest.mark.parametrize("dev", list(AMD))
 @pytest.mark.parametrize("D", [64, 128, 256])
-@pytest.mark.parametrize("v_format", ["float", "q8_0", "q4_0"])
+@pytest.mark.parametrize("v_format", ["float", "q8_0", "q4_0", "q6_0"])
 @pytest.mark.parametrize("half", [True, False], ids=["f16", "f32"])
 def test_amd_devices_plan_every_route(dev, D, v_format, half):
-    """Every route, D 64 / 128 / 256, float / q8_0 / q4_0 V, float16 and float32 T, dense and packed-cache rows, on
-    wave64 and wave32 descriptions with 64 KB of LDS: a plan within the LDS for the automatic choice and for each
-    kernel the route may fall back to, with the packed cache's rows taking the dense call's plan (so its output
+    """Every route, D 64 / 128 / 256, float / q8_0 / q4_0 / q6_0 V, float16 and float32 T, dense and packed-cache
+    rows, on wave64 and wave32 descriptions with 64 KB of LDS: a plan within the LDS for the automatic choice and for
+    each kernel the route may fall back to, with the packed cache's rows taking the dense call's plan (so its output
     bits). The plan as a 32-wide-warp GPU runs it (run_warp=32, what run_as executes on the H200) keeps every part
     of the described plan but, on wave64, its warps (twice as many, counted on the GPU that runs it) and the SIMT
     decode's shared memory, laid out for them (32-key chunks) and still within the LDS."""
