@@ -74,14 +74,14 @@ def _matrix_data(shape, D, v_format, dtype):
 
 def _matrix_params():
     return [pytest.param(dev, D, vf, dtype, route, i, ov, id=f"{dev}-D{D}-{vf}-{dtype}-{route}{i}-{ov or 'auto'}")
-            for dev in AMD_DEVICES for D in (64, 128, 256) for vf in ("float", "q8_0", "q4_0")
+            for dev in AMD_DEVICES for D in (64, 128, 256) for vf in ("float", "q8_0", "q4_0", "q6_0")
             for dtype in ("float16", "float32") for route, shapes in SHAPES.items() for i in range(len(shapes))
             for ov in KERNELS[route]]
 
 
 @pytest.mark.parametrize("dev,D,v_format,dtype,route,shape_idx,overrides", _matrix_params())
 def test_amd_matrix(torch_cuda, dev, D, v_format, dtype, route, shape_idx, overrides):
-    """Every route, D 64 / 128 / 256, float / q8_0 / q4_0 V, float16 and float32 T on each AMD description: the
+    """Every route, D 64 / 128 / 256, float / q8_0 / q4_0 / q6_0 V, float16 and float32 T on each AMD description: the
     described plan runs here against the reference; the same data as a packed cache's rows (payload and scales of a
     token in one padded row, 37 rows per head past Sk, garbage in every byte not read) gives the same bits."""
     torch = torch_cuda

@@ -6,10 +6,14 @@ CPU suite's: NMSE <= 1e-6 vs reference.attention, exact zeros for rows that see 
 
 The same cases and plans again over strided K / V rows (a packed cache: payload and scales of a token in one padded
 row, more rows per head than keys, garbage in the padding and the rows past Sk) must give the dense call's output
-bit for bit, under the same plan."""
+bit for bit, under the same plan.
+
+q6_0 V runs here at D a multiple of 64 (the shared table's q6_0 cases and long cases at D 64 / 128 / 256); at the
+other head sizes the planner refuses it, with a message these tests check."""
 from __future__ import annotations
 
 import functools
+import re
 
 import numpy as np
 import pytest
@@ -19,7 +23,7 @@ from conftest import check_nmse
 from dot4attn import native
 from dot4attn import reference as R
 
-from gpu_support import mask_strides, packed_layout, to_device
+from gpu_support import mask_strides, packed_layout, q6_d_message, to_device
 
 pytestmark = pytest.mark.gpu
 
@@ -32,6 +36,9 @@ MMA_DECODE = ["staging=cp_async", "staging=tma", "staging=regs", "staging=bulk",
 MMA_PREFILL = ["tma=0", "wgmma=0", "min_blocks=2", "m_tiles=2", "tma=0,stages=1", "v_scan=0", "v_scan=1",
                "v_dequant=0", "v_dequant=1"]
 KERNEL_OF = {"kernel=simt": "decode_simt", "kernel=tile": "tile"}
+# q6_0 V has no tensor-core prefill of its own: it runs on its float16 copy (v_dequant), so v_dequant=0 takes the tile
+# kernel, with this reason
+Q6_NO_COPY = "tensor-core prefill: q6_0 V runs on its float16 copy (v_dequant=0)"
 
 
 def _mma_ok(c) -> bool:
@@ -87,8 +94,14 @@ def test_long_cases(torch_cuda, name, route, overrides):
     c = AC.CASE_BY_NAME[name]
     if overrides in KERNEL_OF:
         assert plan["kernel"] == KERNEL_OF[overrides]
+    elif _mma_ok(c) and c.v_format == "q6_0" and overrides == "v_dequant=0":
+        assert (plan["kernel"], plan["fallback"]) == ("tile", Q6_NO_COPY), plan
     elif _mma_ok(c):  # every tensor-core variant must have run on the tensor-core kernel
         assert plan["kernel"] == ("prefill_mma" if route == "prefill" else "decode_mma"), plan
+        if c.v_format == "q6_0" and route == "prefill":  # on V's float16 copy, whatever the length and instance
+            assert plan["v_dequant"] and plan["scratch_bytes"] >= c.B * c.Hkv * c.Sk * c.D * 2, plan
+        elif c.v_format == "q6_0":  # no TMA or register staging for q6_0 V
+            assert plan["staging"] == "cp_async", plan
 
 
 def test_long_cases_cover_every_instance(torch_cuda):
@@ -105,9 +118,25 @@ def test_long_cases_cover_every_instance(torch_cuda):
                 ("decode_mma", "regs", False, None), ("prefill_mma", None, False, True)} <= seen, seen
 
 
+@pytest.mark.parametrize("name", [c.name for c in AC.CPU_ONLY_CASES])
+def test_q6_0_at_other_head_sizes_is_refused_by_the_planner(torch_cuda, name):
+    """The shared table's q6_0 cases at D = 32, 96, 160, 224 (CPU only): the kernel-level entry refuses them on
+    every route with the planner's message, which names D and the CPU execution provider."""
+    c = AC.CASE_BY_NAME[name]
+    for r in (r for r in AC.routes_for(c) if r != "auto"):
+        call = native.make_call(c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D, half=c.dtype == "float16", v_format="q6_0",
+                                causal=bool(c.causal), route=r)
+        with pytest.raises(native.NativeError, match=re.escape(q6_d_message(c.D))):
+            native.gpu_plan(call)
+    if name == AC.CPU_ONLY_CASES[0].name:  # and a call with its tensors, through TorchAttention
+        t = [to_device(torch_cuda, a) for a in AC.case_data(name)[0][:5]]
+        with pytest.raises(native.NativeError, match=re.escape(q6_d_message(c.D))):
+            native.TorchAttention(*t, torch_cuda.empty_like(t[0]), v_format="q6_0", route="decode")
+
+
 def test_strided_long_cases_reach_bulk_staging(torch_cuda):
-    """On sm_90 the long cases over a packed cache's rows take the bulk-copy staging (scales in the rows; q8_0 V and
-    short q4_0 walks)."""
+    """On sm_90 the long cases over a packed cache's rows take the bulk-copy staging (scales in the rows; q8_0 and
+    q6_0 V, short q4_0 walks)."""
     if torch_cuda.cuda.get_device_capability()[0] < 9:
         pytest.skip("bulk staging is sm_90's")
     seen = set()
@@ -118,8 +147,8 @@ def test_strided_long_cases_reach_bulk_staging(torch_cuda):
         for r in (r for r in AC.routes_for(c) if r in ("decode", "split_k")):
             p = native.gpu_plan(native.make_call(c.B, c.Hq, c.Hkv, c.Sq, c.Sk, c.D, v_format=c.v_format,
                                                  causal=bool(c.causal), route=r, kv_layout=layout))
-            seen.add(p.get("staging"))
-    assert "bulk" in seen, seen
+            seen.add((c.v_format, p.get("staging")))
+    assert {("q8_0", "bulk"), ("q6_0", "bulk")} <= seen, seen
 
 
 # ---- strided K / V rows (a packed cache) -------------------------------------------------------------------------
