@@ -1,6 +1,7 @@
 """The op suite on ONNX Runtime's CUDA execution provider : GPU vs the numpy reference with the CPU
 tolerances, PackK/PackV bit-for-bit equal to the CPU contract, every route forced and auto, quality vs float
-attention, Sk = 0, empty dims. Every test is marked `gpu` and skips cleanly when onnxruntime has no working
+attention, Sk = 0, empty dims; q6_0 V at head sizes that are multiples of 64, and the planner's error at the
+others. Every test is marked `gpu` and skips cleanly when onnxruntime has no working
 CUDAExecutionProvider or the library was built without CUDA kernels.
 
 Sessions are created with CPU fallback disabled (session.disable_cpu_ep_fallback), so a node that would silently
@@ -9,6 +10,7 @@ run on the CPU fails the test instead of passing it. The case table is tests/att
 from __future__ import annotations
 
 import functools
+import re
 
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ from dot4attn import reference as R
 import dot4attn
 
 import attention_cases as AC
+from gpu_support import q6_d_message
 
 pytestmark = pytest.mark.gpu
 CUDA = "CUDAExecutionProvider"
@@ -115,11 +118,12 @@ def _pack_inputs(dtype):
     x[1, 0, 7, 40], x[1, 0, 7, 33] = 5.0, -5.0  # a tie between +5 (lane 8) and -5 (lane 1): s = -5 / 8
     x[2, 0, 8, 64:96] = -np.abs(x[2, 0, 8, 64:96])  # all negative: s > 0
     x[2, 0, 9, :32] = np.abs(x[2, 0, 9, :32])       # all positive: s < 0, the smallest values reach level 7
+    x[0, 1, 10, :32] = np.r_[-8, 0.25 * (np.arange(31) - 15) + 0.125]  # q6_0: s = 0.25, every other value a tie
     return x.astype(dtype)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("op,fmt", [("PackK", None), ("PackV", "q8_0"), ("PackV", "q4_0")])
+@pytest.mark.parametrize("op,fmt", [("PackK", None), ("PackV", "q8_0"), ("PackV", "q4_0"), ("PackV", "q6_0")])
 def test_pack_bit_exact(op, fmt, dtype):
     x = _pack_inputs(dtype)
     pay, sc = gpu_pack(x, op, fmt)
@@ -140,9 +144,36 @@ def test_pack_equals_cpu_op(D):
         assert np.array_equal(g[0], c[0]) and np.array_equal(g[1].view(np.uint16), c[1].view(np.uint16)), (op, D)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("D", [64, 96, 128, 256])
+def test_pack_q6_0_equals_cpu_op(D, dtype):
+    """GPU PackV q6_0 equals the CPU op's output byte for byte, float32 and float16 input, at every D class: PackV
+    takes any D on the GPU (only Dot4Attention's q6_0 V needs D a multiple of 64 there). Edge blocks included: zeros,
+    ties at half a level, a signed-max tie, a value past q6_0's float16 scale range (float32: saturated at 65504,
+    float16: Inf, so a NaN scale) and a NaN."""
+    rng = np.random.default_rng(100 + D)
+    x = rng.standard_normal((2, 3, 1001, D), dtype=np.float32) * 2
+    x[0, 0, 0, :32] = 0
+    x[0, 0, 1, :32] = np.r_[-8, 0.25 * (np.arange(31) - 15) + 0.125]
+    x[0, 0, 2, :32] *= 0.1
+    x[0, 0, 2, 9], x[0, 0, 2, 20] = 5.0, -5.0
+    x[1, 1, 3, 5] = 3e6
+    x[1, 2, 4, D - 1] = np.nan
+    x = x.astype(dtype)
+    g = gpu_pack(x, "PackV", "q6_0")
+    c = ob.run_pack(x, "PackV", "q6_0")
+    assert g[0].dtype == np.uint8 and g[0].shape == (2, 3, 1001, 3 * D // 4), (g[0].dtype, g[0].shape)
+    assert np.array_equal(g[0], c[0]), f"D={D} {dtype}: {np.count_nonzero(g[0] != c[0])} payload bytes differ"
+    assert np.array_equal(g[1].view(np.uint16), c[1].view(np.uint16)), f"D={D} {dtype}: scales differ"
+
+
 # ---- Dot4Attention: the CPU suite's case table on every route ----------------------------------------------------
 
-@pytest.mark.parametrize("name,route", [(c.name, r) for c in AC.CASES for r in AC.routes_for(c)])
+# The hand-picked table and the q6_0 cases the GPU kernels take (D a multiple of 64)
+GPU_CASES = AC.CASES + [c for c in AC.ALL_CASES if c.v_format == "q6_0"]
+
+
+@pytest.mark.parametrize("name,route", [(c.name, r) for c in GPU_CASES for r in AC.routes_for(c)])
 def test_matches_reference_gpu(name, route):
     c = AC.CASE_BY_NAME[name]
     inputs, ref, dead = AC.case_data(name)
@@ -154,7 +185,7 @@ def test_matches_reference_gpu(name, route):
         assert (out[dead] == 0).all(), f"{what}: rows with no visible key are not 0"
 
 
-@pytest.mark.parametrize("name", [c.name for c in AC.CASES if c.Sq <= 8 and c.Sk > 0 and c.dtype == "float32"])
+@pytest.mark.parametrize("name", [c.name for c in GPU_CASES if c.Sq <= 8 and c.Sk > 0 and c.dtype == "float32"])
 def test_routes_agree_gpu(name):
     c = AC.CASE_BY_NAME[name]
     inputs, _, _ = AC.case_data(name)
@@ -175,6 +206,11 @@ EXTRA = [  # B, Hq, Hkv, Sq, Sk, D, dtype, v_format, causal, route
     (1, 4, 4, 1000, 1500, 224, "float32", "float", 1, "prefill"),
     (1, 2, 1, 129, 4000, 160, "float16", "q4_0", 0, "prefill"),
     (1, 64, 8, 3, 70000, 128, "float16", "q4_0", 1, "split_k"),
+    (1, 32, 8, 1, 20000, 128, "float16", "q6_0", 1, "auto"),
+    (2, 16, 1, 8, 5000, 256, "float16", "q6_0", 1, "split_k"),
+    (1, 8, 2, 777, 777, 128, "float16", "q6_0", 1, "prefill"),
+    (1, 2, 1, 129, 4000, 192, "float16", "q6_0", 0, "prefill"),  # D = 192: the tile kernel
+    (2, 16, 1, 8, 3000, 64, "float32", "q6_0", 1, "decode"),
 ]
 
 
@@ -248,7 +284,7 @@ def test_split_merge_concurrent_sessions_gpu():
 # ---- a small representative set for compute-sanitizer (memcheck / racecheck) ---------------------------------------
 
 SANITIZER_SET = ["gqa4_b3_leftpad", "mha6_bias", "gqa8_sq300", "splitk_sk4099_pad", "sk0_decode",
-                 "bool_dead_rows_prefill", "scale_mask_qk"]
+                 "bool_dead_rows_prefill", "scale_mask_qk", "q6_prefill_sq300", "q6_splitk_sk4099_pad"]
 
 
 @pytest.mark.parametrize("name", SANITIZER_SET)
@@ -262,23 +298,32 @@ def test_sanitizer_set(name):
                             split_k_min_keys=c.split_k_min_keys, scale=c.scale)
         check_nmse(out, ref, AC.REF_TOL, f"{c} route={route}")
     x = _pack_inputs("float16")
-    for op, fmt in (("PackK", None), ("PackV", "q4_0")):
+    for op, fmt in (("PackK", None), ("PackV", "q4_0"), ("PackV", "q6_0")):
         gpu_pack(x, op, fmt)
 
 
-@pytest.mark.parametrize("model, message", [
-    (lambda: ob.attention_model(np.float16, "q6_0"),
-     "Dot4Attention: attribute 'v_format' = 'q6_0' runs on the CPU execution provider only (GPU kernels take float, "
-     "q8_0 and q4_0), got a node assigned to CUDAExecutionProvider"),
-    (lambda: ob.pack_model("PackV", np.float16, "q6_0"),
-     "PackV: attribute 'format' = 'q6_0' runs on the CPU execution provider only (GPU kernels take q8_0 and q4_0)"),
-    (lambda: ob.cache_attention_model(np.float16, num_heads=4, kv_num_heads=2, v_format="q6_0", cache_layout="pair"),
-     "Dot4GroupQueryAttention: attribute 'v_format' = 'q6_0' runs on the CPU execution provider only"),
-], ids=["Dot4Attention", "PackV", "Dot4GroupQueryAttention"])
-def test_q6_0_is_refused_on_cuda_when_the_session_is_created(model, message):
-    """q6_0 V has CPU kernels only: each op refuses it on the CUDA EP when its kernel is created, naming the op and
-    the attribute, before any GPU planner or kernel sees the format."""
-    import re
+@pytest.mark.parametrize("model", [
+    lambda: ob.attention_model(np.float16, "q6_0"),
+    lambda: ob.pack_model("PackV", np.float16, "q6_0"),
+    lambda: ob.cache_attention_model(np.float16, num_heads=4, kv_num_heads=2, v_format="q6_0", cache_layout="pair"),
+    lambda: ob.cache_attention_model(np.float32, num_heads=4, kv_num_heads=2, v_format="q6_0"),
+], ids=["Dot4Attention", "PackV", "Dot4GroupQueryAttention-pair", "Dot4GroupQueryAttention-rows"])
+def test_q6_0_sessions_run_on_cuda(model):
+    """Each op takes q6_0 on the CUDA EP: its session is created with the CPU fallback disabled, so every node is
+    assigned to CUDA (the runs are the tests above)."""
+    sess = _session_uncached(model())
+    assert sess.get_providers()[0] == CUDA
 
-    with pytest.raises(Exception, match=re.escape(message)):
-        _session_uncached(model())
+
+@pytest.mark.parametrize("name", [c.name for c in AC.CPU_ONLY_CASES])
+def test_q6_0_at_other_head_sizes_fails_at_run(name):
+    """q6_0 V at a head size that is not a multiple of 64 (D = 32, 96, 160, 224): the session is created, and the
+    run fails with the GPU planner's message, which names D and the CPU execution provider."""
+    c = AC.CASE_BY_NAME[name]
+    inputs, _, _ = AC.case_data(name)
+    route = "prefill" if c.Sq > 8 else "decode"
+    gpu_attention_session(c.dtype, c.v_format, None if inputs[5] is None else inputs[5].dtype.name, c.causal, route,
+                          c.split_k_min_keys, c.scale)  # created without error
+    with pytest.raises(Exception, match=re.escape(q6_d_message(c.D))):
+        gpu_attention(*inputs, v_format=c.v_format, causal=c.causal, route=route,
+                      split_k_min_keys=c.split_k_min_keys, scale=c.scale)
