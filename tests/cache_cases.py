@@ -6,7 +6,7 @@ import numpy as np
 import onnxruntime as ort
 
 from dot4attn import reference as ref
-from dot4attn.formats import cache_row_widths
+from dot4attn.formats import cache_row_widths, gpu_takes
 
 CASES = [
     # (B, hq, hkv, d, dtype, packed, rotary, interleaved, qk_norm, v_format, cache_layout)
@@ -25,9 +25,16 @@ CASES = [
     (2, 28, 4, 128, np.float16, True, True, False, False, "q4_0", "pair"),
     (2, 6, 2, 256, np.float16, True, False, False, False, "q4_0", "pair"),
 ]
-# q6_0 V runs on the CPU only (the GPU EPs refuse it): every q4_0 case again with q6_0 V, rows and pair layouts.
-CPU_ONLY_CASES = [(*c[:9], "q6_0", c[10]) for c in CASES if c[9] == "q4_0"]
-CPU_CASES = CASES + CPU_ONLY_CASES  # what the CPU op tests run
+# Every q4_0 case again with q6_0 V, rows and pair layouts, and rows at d = 128 (float32, Q / K norms) and 256. The
+# GPU kernels take q6_0 V at head sizes that are multiples of 64 (formats.gpu_takes): those cases are the GPU's too;
+# the others (d = 32, 96) run on the CPU only.
+Q6_CASES = [(*c[:9], "q6_0", c[10]) for c in CASES if c[9] == "q4_0"] + [
+    (2, 4, 2, 128, np.float32, False, True, False, True, "q6_0", "rows"),
+    (2, 6, 2, 256, np.float16, True, False, False, False, "q6_0", "rows"),
+]
+GPU_CASES = CASES + [c for c in Q6_CASES if gpu_takes(c[9], c[3])]  # what the CUDA op tests run
+CPU_ONLY_CASES = [c for c in Q6_CASES if not gpu_takes(c[9], c[3])]
+CPU_CASES = CASES + Q6_CASES  # what the CPU op tests run
 
 
 def case_id(c) -> str:
@@ -101,24 +108,22 @@ def bound_run(sess, feeds, seqlens, total, rows_k, rows_v, device: str = "cpu"):
 
 
 
-def cache_with_garbage(rng, B, hkv, rows, d, valid, cache_layout="rows", v_format="q4_0"):
-    """Packed K and V caches [B, hkv, rows, row] of random rows (q8_0 V, or v_format V in the pair layout), every
-    row from valid[b] on replaced by a row of huge values (which would dominate any output that read it)."""
+def cache_with_garbage(rng, B, hkv, rows, d, valid, cache_layout="rows", v_format=None):
+    """Packed K and V caches [B, hkv, rows, row] of random rows (V v_format: by default q8_0 in the rows layout, q4_0
+    in the pair layout), every row from valid[b] on replaced by a row of huge values (which would dominate any output
+    that read it)."""
     k = rng.standard_normal((B, hkv, rows, d)).astype(np.float32)
     v = rng.standard_normal((B, hkv, rows, d)).astype(np.float32)
+    huge = np.full((d,), 6e4, np.float32)
     if cache_layout == "pair":
-        ck, cv = ref.pack_cache_pair(k, v, v_format)
-        huge = np.full((d,), 6e4, np.float32)
-        gk, gv = ref.pack_cache_pair(huge, huge, v_format)
-        for b, n in enumerate(valid):
-            ck[b, :, n:] = gk
-            cv[b, :, n:] = gv
-        return ck, cv
-    ck, cv = ref.pack_cache_rows(k), ref.pack_cache_rows(v)
-    garbage = ref.pack_cache_rows(np.full((d,), 6e4, np.float32))
+        ck, cv = ref.pack_cache_pair(k, v, v_format or "q4_0")
+        gk, gv = ref.pack_cache_pair(huge, huge, v_format or "q4_0")
+    else:
+        ck, cv = ref.pack_cache_rows(k), ref.pack_cache_rows(v, v_format or "q8_0")
+        gk, gv = ref.pack_cache_rows(huge), ref.pack_cache_rows(huge, v_format or "q8_0")
     for b, n in enumerate(valid):
-        ck[b, :, n:] = garbage
-        cv[b, :, n:] = garbage
+        ck[b, :, n:] = gk
+        cv[b, :, n:] = gv
     return ck, cv
 
 

@@ -1,7 +1,8 @@
 """Dot4GroupQueryAttention on ONNX Runtime's CUDA EP against the reference: the case table of the CPU tests
-(tests/cache_cases.py), a long split_k cache, and genai's shared in-place device buffer (only the new rows change,
-garbage after each batch row's valid length is never read). Sessions disable the CPU fallback, so the op must run
-on the GPU (ONNX Runtime copies total_sequence_length to the host for it; seqlens_k stays on the device)."""
+(tests/cache_cases.py: q8_0, q4_0 and q6_0 V, rows and pair layouts), V rows and outputs against the CPU EP's, a long
+split_k cache, and genai's shared in-place device buffer (only the new rows change, garbage after each batch row's
+valid length is never read). Sessions disable the CPU fallback, so the op must run on the GPU (ONNX Runtime copies
+total_sequence_length to the host for it; seqlens_k stays on the device)."""
 from __future__ import annotations
 
 import re
@@ -9,9 +10,11 @@ import re
 import numpy as np
 import pytest
 
-from cache_cases import (CASES, assert_only_new_rows_changed, bound_run, cache_with_garbage, case_id, expect,
-                         make_inputs, run)
-from dot4attn.onnx_builders import cache_attention_model
+from cache_cases import (CPU_ONLY_CASES, GPU_CASES, assert_only_new_rows_changed, bound_run, cache_with_garbage,
+                         case_id, expect, make_inputs, run)
+from dot4attn.formats import pair_v_row_parts
+from dot4attn.onnx_builders import cache_attention_model, session
+from gpu_support import q6_d_message
 from test_ort_cuda import _need_gpu, _session_uncached  # noqa: F401 (_need_gpu: autouse, skips without CUDA)
 
 pytestmark = pytest.mark.gpu
@@ -21,7 +24,7 @@ def _atol(dtype):
     return 2e-3 if dtype == np.float16 else 1e-4
 
 
-@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("case", GPU_CASES, ids=case_id)
 def test_prompt_then_decode_matches_reference(case):
     B, hq, hkv, d, dtype, packed, rotary, inter, norm, vf, layout = case
     attrs = dict(num_heads=hq, kv_num_heads=hkv, do_rotary=int(rotary), rotary_interleaved=int(inter), v_format=vf,
@@ -49,22 +52,73 @@ def test_prompt_then_decode_matches_reference(case):
         past_k, past_v = out[1], out[2]
 
 
+def _prompt_and_step(sess, case):
+    """A right-padded batch prompt of 9 tokens and one decode step of case's node on `sess`: (prompt outputs, step
+    outputs)."""
+    B, hq, hkv, d, dtype, packed, rotary, inter, norm, vf, layout = case
+    kw = dict(dtype=dtype, packed=packed, rotary=rotary, qk_norm=norm, v_format=vf, cache_layout=layout)
+    S = 9
+    lens = [S - 3 * b for b in range(B)]
+    feeds = make_inputs(B, S, hq, hkv, d, **kw)
+    prompt, _ = run(sess, feeds, [n - 1 for n in lens], S)
+    sf = make_inputs(B, 1, hq, hkv, d, seed=1, **kw)
+    sf.update({k: feeds[k] for k in ("cos_cache", "sin_cache", "q_norm_weight", "k_norm_weight") if k in feeds},
+              past_key=prompt[1], past_value=prompt[2])
+    step, _ = run(sess, sf, lens, S + 1)
+    return prompt, step
+
+
+@pytest.mark.parametrize("case", GPU_CASES, ids=case_id)
+def test_v_rows_and_outputs_equal_the_cpu_eps(case):
+    """The CUDA prologue packs V as the CPU EP does, bit for bit (rows layout: whole V rows; pair layout: V's
+    payload and scales, the row's K scales follow K's normed and rotated values, float math that may round
+    differently), for a prompt and a decode step; the outputs agree within the reference tolerance."""
+    B, hq, hkv, d, dtype, packed, rotary, inter, norm, vf, layout = case
+    model = cache_attention_model(dtype, num_heads=hq, kv_num_heads=hkv, packed_qkv=packed, rotary=rotary,
+                                  interleaved=inter, qk_norm=norm, v_format=vf, cache_layout=layout)
+    gpu = _prompt_and_step(_session_uncached(model), case)
+    cpu = _prompt_and_step(session(model), case)
+    v_bytes = slice(None) if layout == "rows" else slice(0, pair_v_row_parts(d, vf)[1].stop)
+    for what, g, c in zip(("prompt", "decode step"), gpu, cpu):
+        differ = np.count_nonzero(g[2][..., v_bytes] != c[2][..., v_bytes])
+        assert differ == 0, f"{case_id(case)} {what}: {differ} V cache bytes differ from the CPU EP's"
+        np.testing.assert_allclose(g[0].astype(np.float32), c[0].astype(np.float32), atol=_atol(dtype), rtol=0,
+                                   err_msg=f"{case_id(case)} {what}: output vs the CPU EP")
+
+
+@pytest.mark.parametrize("case", CPU_ONLY_CASES, ids=case_id)
+def test_q6_0_at_other_head_sizes_fails_at_run_with_the_planner_message(case):
+    """q6_0 V at a head size that is not a multiple of 64 (d = 32, 96): the session is created (the op takes q6_0
+    on CUDA), and the run fails with the GPU planner's message, which names D and the CPU EP."""
+    B, hq, hkv, d, dtype, packed, rotary, inter, norm, vf, layout = case
+    sess = _session_uncached(cache_attention_model(dtype, num_heads=hq, kv_num_heads=hkv, packed_qkv=packed,
+                                                   rotary=rotary, interleaved=inter, qk_norm=norm, v_format=vf,
+                                                   cache_layout=layout))
+    with pytest.raises(Exception, match=re.escape(q6_d_message(d))):
+        _prompt_and_step(sess, case)
+
+
+@pytest.mark.parametrize("layout,v_format", [("rows", "q8_0"), ("rows", "q6_0"), ("pair", "q6_0")])
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 @pytest.mark.parametrize("valid", [[5000, 3000], [131072], [4000, 4000, 4000, 700]],
                          ids=["split_k-B2", "split_k-128k", "split_k-B4-one-length-run"])
-def test_long_cache_on_a_shared_device_buffer(dtype, valid):
-    """Decode over long caches (split_k) bound in place on the device: garbage after each row's valid length
-    (values that would dominate the output if read) leaves the result equal to the reference."""
+def test_long_cache_on_a_shared_device_buffer(dtype, valid, layout, v_format):
+    """Decode over long caches (split_k) bound in place on the device, q8_0 V rows and q6_0 V in both layouts:
+    garbage after each row's valid length (values that would dominate the output if read) leaves the result equal
+    to the reference."""
     B, hq, hkv, d = len(valid), 32, 8, 128
     rows = max(valid) + 128
-    sess = _session_uncached(cache_attention_model(dtype, num_heads=hq, kv_num_heads=hkv, rotary=True))
-    ck, cv = cache_with_garbage(np.random.default_rng(9), B, hkv, rows, d, valid)
-    feeds = make_inputs(B, 1, hq, hkv, d, dtype=dtype, rotary=True, past_rows=rows, seed=2, max_pos=rows)
+    sess = _session_uncached(cache_attention_model(dtype, num_heads=hq, kv_num_heads=hkv, rotary=True,
+                                                   v_format=v_format, cache_layout=layout))
+    ck, cv = cache_with_garbage(np.random.default_rng(9), B, hkv, rows, d, valid, layout, v_format)
+    feeds = make_inputs(B, 1, hq, hkv, d, dtype=dtype, rotary=True, past_rows=rows, seed=2, max_pos=rows,
+                        v_format=v_format, cache_layout=layout)
     feeds.update(past_key=ck, past_value=cv)
     k0, v0 = ck.copy(), cv.copy()
     out, pk, pv = bound_run(sess, feeds, valid, max(valid) + 1, ck, cv, device="cuda")
     f = dict(feeds, seqlens_k=np.asarray(valid, np.int32), total_sequence_length=np.asarray(max(valid) + 1, np.int32))
-    expect(f, dict(num_heads=hq, kv_num_heads=hkv, do_rotary=1), (out, pk, pv), _atol(dtype))
+    expect(f, dict(num_heads=hq, kv_num_heads=hkv, do_rotary=1, v_format=v_format, cache_layout=layout),
+           (out, pk, pv), _atol(dtype))
     assert_only_new_rows_changed(k0, v0, pk, pv, valid)
 
 
