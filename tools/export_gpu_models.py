@@ -45,7 +45,8 @@ PROMPT_LEN, STEPS = 32, 32  # as tests/passes/test_passes.py
 # default split_k_min_keys (2048) never reaches split_k at these lengths, so two pairs lower it to 512 with a
 # 512-token prompt: every decode step then takes split_k with several splits (GPU: >= 128 keys per split, 4 here;
 # CPU: >= 256, 2), and the prefill spans 8 row tiles.
-SET = [(arch, "dynamo", vf, 2048, PROMPT_LEN) for arch in ("qwen2", "qwen3") for vf in ("float", "q8_0", "q4_0")]
+SET = [(arch, "dynamo", vf, 2048, PROMPT_LEN) for arch in ("qwen2", "qwen3")
+       for vf in ("float", "q8_0", "q4_0", "q6_0")]
 SET += [("qwen3", "torchscript", "float", 2048, PROMPT_LEN), ("qwen3", "torchscript", "q4_0", 2048, PROMPT_LEN),
         ("qwen2", "dynamo23gqa", "q8_0", 2048, PROMPT_LEN),
         ("qwen3", "dynamo", "q8_0", 512, 512), ("qwen2", "dynamo", "q4_0", 512, 512)]

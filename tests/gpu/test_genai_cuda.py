@@ -118,7 +118,7 @@ def test_inplace_decode_moves_no_cache_bytes_to_the_host(folders, tmp_path, v_fo
     assert len(ours) == 2 * 65 and {e["args"].get("provider") for e in ours} == {"CUDAExecutionProvider"}
 
 
-@pytest.mark.parametrize("v_format,lengths", [("q8_0", [6]), ("q4_0", [9, 4])])
+@pytest.mark.parametrize("v_format,lengths", [("q8_0", [6]), ("q4_0", [9, 4]), ("q6_0", [9, 4])])
 def test_cuda_graph_steps_match_launched_steps(folders, tmp_path, v_format, lengths):
     """InPlaceDecoder's decode steps replayed as one CUDA graph (a mask as long as the cache, the rows' lengths read
     on the device) give the logits of the same steps launched kernel by kernel, for a batch of rows of different
@@ -241,18 +241,21 @@ def test_og_runner_replays_with_enable_cuda_graph(folders, which):
     r.close()
 
 
+@pytest.mark.parametrize("v_format", ["q4_0", "q6_0"])
 @pytest.mark.parametrize("graph", [False, True], ids=["launched", "enable_cuda_graph"])
-def test_q4_0_pair_folder_runs_under_og_on_cuda(folders, tmp_path, graph):
-    """A q4_0 V folder in the pair layout (K and V caches of one width) under og.Generator on the CUDA EP, launched
-    and replayed as a CUDA graph: a batch-1 prompt and 24 teacher-forced steps give the logits of the in-place
-    runner over the rows layout of the same model (the same packed values, in other places) to float16 rounding."""
+def test_pair_folder_runs_under_og_on_cuda(folders, tmp_path, graph, v_format):
+    """A q4_0 or q6_0 V folder in the pair layout (K and V caches of one width: what a genai user runs) under
+    og.Generator on the CUDA EP, launched and replayed as a CUDA graph: a batch-1 prompt and 24 teacher-forced steps
+    give the logits of the in-place runner over the rows layout of the same model (the same packed values, in other
+    places) to float16 rounding."""
     from dot4attn.e2e.runners import make_runner, start
 
     src, _ = folders("qwen3-d128")
     pair, rows = tmp_path / "pair", tmp_path / "rows"
-    assert cli(["rewrite", str(src), str(pair), "--v-format", "q4_0"]) == 0
-    assert cli(["rewrite", str(src), str(rows), "--v-format", "q4_0", "--for-inplace-runner"]) == 0
-    assert json.loads((pair / "dot4attn.json").read_text())["cache_layout"] == "pair"
+    assert cli(["rewrite", str(src), str(pair), "--v-format", v_format]) == 0
+    assert cli(["rewrite", str(src), str(rows), "--v-format", v_format, "--for-inplace-runner"]) == 0
+    facts = json.loads((pair / "dot4attn.json").read_text())
+    assert (facts["cache_layout"], facts["v_format"]) == ("pair", v_format), facts
     rng = np.random.default_rng(8)
     prompt, forced = rng.integers(1, 256, (1, 40)), rng.integers(1, 256, (24, 1, 1))
     got = {}
