@@ -34,7 +34,7 @@ struct Dot4AttnGpuCall {
   const char* overrides;   // plan overrides ("kernel=simt,warps=4"), null or "" for none
   int32_t D;
   int32_t half;            // T = float16, else float32
-  int32_t v_format;        // 0 float (T), 1 q8_0, 2 q4_0
+  int32_t v_format;        // 0 float (T), 1 q8_0, 2 q4_0, 3 q6_0
   int32_t causal;
   int32_t route;           // 0 auto, 1 prefill, 2 decode, 3 split_k
   int32_t mask_kind;       // 0 none, 1 bool, 2 additive T
@@ -42,7 +42,7 @@ struct Dot4AttnGpuCall {
   int64_t kv_rows;         // rows per (b, kv head) in storage, >= Sk; 0: Sk
   int64_t k_stride;        // bytes between K payload rows (a multiple of 16); 0: D
   int64_t ks_stride;       // halves between K scale rows; 0: D/32
-  int64_t v_stride;        // elements of T (float V) or bytes (q8_0 / q4_0) between V rows; 0: the dense row
+  int64_t v_stride;        // elements of T (float V) or bytes (q8_0 / q4_0 / q6_0) between V rows; 0: the dense row
   int64_t vs_stride;       // halves between V scale rows; 0: D/32
   // A described AMD device ("hip,cus=304,warp=64,smem=65536", launch_plan.h): the call runs that device's plan on
   // this GPU (the same kernel, row and key tiles, threads, stages, splits and shared-memory cap; a SIMT decode block of
@@ -62,7 +62,7 @@ AttentionParams params_of(const Dot4AttnGpuCall& c) {
     fail(kEntry, "expected B, Sq, Sk >= 0 and Hq a multiple of Hkv >= 1, got B=", c.B, " Hq=", c.Hq, " Hkv=", c.Hkv,
          " Sq=", c.Sq, " Sk=", c.Sk);
   if (!head_dim_ok(c.D)) fail(kEntry, "D: expected a multiple of 32 in [32, 256], got ", c.D);
-  if (c.v_format < 0 || c.v_format > 2) fail(kEntry, "v_format: expected 0, 1 or 2, got ", c.v_format);
+  if (c.v_format < 0 || c.v_format > 3) fail(kEntry, "v_format: expected 0, 1, 2 or 3, got ", c.v_format);
   if (c.route < 0 || c.route > 3) fail(kEntry, "route: expected 0..3, got ", c.route);
   if (c.mask_kind < 0 || c.mask_kind > 2) fail(kEntry, "mask_kind: expected 0, 1 or 2, got ", c.mask_kind);
   AttentionParams p;
@@ -70,7 +70,8 @@ AttentionParams params_of(const Dot4AttnGpuCall& c) {
   p.scale = c.scale > 0.f ? c.scale : 1.f / std::sqrt(float(c.D));
   p.causal = c.causal != 0;
   p.half = c.half != 0;
-  p.v_format = c.v_format == 1 ? VFormat::kQ8_0 : c.v_format == 2 ? VFormat::kQ4_0 : VFormat::kFloat;
+  const VFormat codes[] = {VFormat::kFloat, VFormat::kQ8_0, VFormat::kQ4_0, VFormat::kQ6_0};
+  p.v_format = codes[c.v_format];
   p.q = c.q; p.k = static_cast<const int8_t*>(c.k); p.k_scales = static_cast<const uint16_t*>(c.k_scales);
   p.v = c.v; p.v_scales = static_cast<const uint16_t*>(c.v_scales); p.out = c.out;
   p.kv_rows = c.kv_rows; p.k_stride = c.k_stride; p.ks_stride = c.ks_stride; p.v_stride = c.v_stride;

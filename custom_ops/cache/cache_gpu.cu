@@ -19,7 +19,7 @@
 #include "cache/cache_attention.h"
 #include "cache/cache_backends.h"
 #include "gpu/vendor.h"
-#include "pack/q4_scale_gpu.cuh"
+#include "pack/v_block_gpu.cuh"
 
 namespace dot4attn {
 namespace {
@@ -43,7 +43,8 @@ struct Prologue {
   CacheRowMap map;  // the rows' widths and where a token's parts go (cache_layout.h)
   int D;
   float q_eps, k_eps;  // the Q and K norms' epsilons
-  int half, packed, rotary, interleaved, q4;
+  int half, packed, rotary, interleaved;
+  int v_levels;  // V's format: 0 q8_0, 8 q4_0, 32 q6_0 (half its levels)
   int past[kMaxBatch], q_rows_of[kMaxBatch];
   // Decode with device lengths (CacheParams::dev_seqlens): row b's token goes to position seqlens[b] (its length
   // minus one, clamped to [0, total - 1], as the attention clamps it); past[] is then unused.
@@ -140,7 +141,7 @@ __global__ void __launch_bounds__(kThreads) prologue_kernel(Prologue a) {
     }
     return;
   }
-  const bool q4 = kind == 2 && a.q4;
+  const int lv = kind == 2 ? a.v_levels : 0;  // 0: q8_0 (K always)
   const CacheRowMap& m = a.map;
   const int64_t row_bytes = kind == 1 ? m.k_row : m.v_row;
   const int64_t token_row = (b * a.Hkv + h) * a.L + pos;
@@ -152,14 +153,15 @@ __global__ void __launch_bounds__(kThreads) prologue_kernel(Prologue a) {
   for (int j = 0; j < nb; ++j) {
     const float amax = gpu::group32_max(gpu::abs_or_inf(x[j]));  // the non-finite policy, as PackK / PackV
     float sc;
-    // q4 is uniform in the group (kind and a.q4 are), so every lane reaches q4_block_scale_half's shuffles
-    const uint16_t sh = q4 ? gpu::q4_block_scale_half(x[j], amax, sc) : gpu::block_scale_half(amax, 127.f, sc);
+    // lv is uniform in the group (kind and a.v_levels are), so every lane reaches signed_block_scale_half's shuffles
+    const uint16_t sh = lv ? gpu::signed_block_scale_half(x[j], amax, float(lv), sc)
+                           : gpu::block_scale_half(amax, 127.f, sc);
     float q = sc == 0.f ? 0.f : rintf(gpu::div_rn(x[j], sc));
-    q = fminf(fmaxf(q, q4 ? -8.f : -127.f), q4 ? 7.f : 127.f);
-    if (q4) {
-      const int u = int(q) + 8;
-      const int hi = gpu::shfl_xor(u, 1);
-      if ((lane & 1) == 0) row[16 * j + (lane >> 1)] = uint8_t(u | (hi << 4));
+    q = lv ? fminf(fmaxf(q, -float(lv)), float(lv) - 1.f) : fminf(fmaxf(q, -127.f), 127.f);
+    if (lv == 8) {
+      gpu::store_q4_block(row + 16 * j, lane, int(q) + 8);
+    } else if (lv == 32) {
+      gpu::store_q6_block(row + 24 * j, lane, int(q) + 32);
     } else {
       row[32 * j + lane] = uint8_t(int8_t(int(q)));
     }
@@ -256,7 +258,7 @@ void cache_attention_gpu(const CacheParams& c, const CacheGpuWork& l, void* scra
     a.b0 = b0; a.nb = std::min<int64_t>(kMaxBatch, c.B - b0); a.D = c.D;
     a.q_eps = c.q_norm_eps; a.k_eps = c.k_norm_eps;
     a.half = c.half; a.packed = c.packed_qkv; a.rotary = c.rotary; a.interleaved = c.interleaved;
-    a.q4 = c.v_format == VFormat::kQ4_0;
+    a.v_levels = c.v_format == VFormat::kQ4_0 ? 8 : c.v_format == VFormat::kQ6_0 ? 32 : 0;
     for (int64_t i = 0; i < a.nb; ++i) {
       a.past[i] = int(c.past[b0 + i]);
       a.q_rows_of[i] = int(c.q_rows(b0 + i));

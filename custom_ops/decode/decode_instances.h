@@ -22,7 +22,7 @@ template <int VK, int D>
 inline bool dense_rows(const TileArgs& a) {
   constexpr int NB = D / 32;
   return a.seqlens == nullptr && a.kv_rows == a.Sk && a.k_stride == D && a.v_stride == v_row_bytes(VK, D) && a.ks_stride == NB &&
-         (!(VK == kVQ8 || VK == kVQ4) || a.vs_stride == NB);
+         (!v_quantized(VK) || a.vs_stride == NB);
 }
 
 }  // namespace gpu

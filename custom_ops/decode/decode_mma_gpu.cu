@@ -1,5 +1,6 @@
 // The decode route's tensor-core decode-kernel instances (gpu/decode_mma.cuh: CUDA sm_80+, float16 T, D 64 / 128 /
-// 256): every (V format, D, staging), cluster and not, dense and strided rows (bulk staging: strided q8_0 / q4_0 only).
+// 256): every (V format, D, staging), cluster and not, dense and strided rows (bulk staging: strided quantized V only;
+// q6_0: cp.async and bulk staging).
 #include <cstring>
 #include <stdexcept>
 
@@ -49,9 +50,11 @@ void launch_mma(Kernel kern, const GpuPlan& pl, gpuStream_t s, const TileArgs& a
 template <int VK, int D, bool SR>
 bool mma_rows(const GpuPlan& pl, const TileArgs& a, const TmaMaps& tm, gpuStream_t s) {
   using namespace dmma;
-  if (pl.staging == kStageTma) {
-    launch_mma(decode_mma_kernel<VK, D, kStageTma, false, SR>, pl, s, a, tm);
-    return true;
+  if constexpr (VK != kVQ6) {  // q6_0: cp.async or bulk staging only
+    if (pl.staging == kStageTma) {
+      launch_mma(decode_mma_kernel<VK, D, kStageTma, false, SR>, pl, s, a, tm);
+      return true;
+    }
   }
   if constexpr (SR && VK != kVF16) {
     if (pl.staging == kStageBulk) {
@@ -101,6 +104,7 @@ bool run_decode_mma(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {
     case kVF16: return mma_vk<kVF16>(pl, a, s);
     case kVQ8: return mma_vk<kVQ8>(pl, a, s);
     case kVQ4: return mma_vk<kVQ4>(pl, a, s);
+    case kVQ6: return mma_vk<kVQ6>(pl, a, s);
     default: no_instance(pl);
   }
 }

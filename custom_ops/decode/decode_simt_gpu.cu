@@ -1,5 +1,5 @@
 // The decode route's SIMT decode-kernel instances (gpu/decode_kernel.cuh): every (V format, D, rows per block),
-// dense and strided rows.
+// dense and strided rows (q6_0: D a multiple of 64).
 #include "decode/decode_instances.h"
 #include "gpu/decode_kernel.cuh"
 
@@ -8,9 +8,13 @@ namespace gpu {
 
 namespace {
 
+// q6_0 rows of 3 D / 4 bytes move in 16-byte pieces only at D % 64 == 0: no instance elsewhere (the planner refuses
+// q6_0 V at other D on the GPU).
 template <int VK, int D, int RB>
 void simt_launch(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {
-  if (dense_rows<VK, D>(a)) launch_planned(decode_kernel<VK, D, RB, kDecodeMaxStages, false>, pl, s, a);
+  if constexpr (v_row_bytes(VK, D) % 16 != 0) {
+    no_instance(pl);
+  } else if (dense_rows<VK, D>(a)) launch_planned(decode_kernel<VK, D, RB, kDecodeMaxStages, false>, pl, s, a);
   else launch_planned(decode_kernel<VK, D, RB, kDecodeMaxStages, true>, pl, s, a);
 }
 
@@ -46,6 +50,7 @@ void run_decode_simt(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {
     case kVF32: return simt_rb<kVF32>(pl, a, s);
     case kVF16: return simt_rb<kVF16>(pl, a, s);
     case kVQ8: return simt_rb<kVQ8>(pl, a, s);
+    case kVQ6: return simt_rb<kVQ6>(pl, a, s);
     default: return simt_rb<kVQ4>(pl, a, s);
   }
 }

@@ -40,6 +40,7 @@ void run_decode_tile(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {
     case kVF32: return tile_d<kVF32>(pl, a, s);
     case kVF16: return tile_d<kVF16>(pl, a, s);
     case kVQ8: return tile_d<kVQ8>(pl, a, s);
+    case kVQ6: return tile_d<kVQ6>(pl, a, s);
     default: return tile_d<kVQ4>(pl, a, s);
   }
 }

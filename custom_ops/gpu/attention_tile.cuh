@@ -29,7 +29,10 @@
 namespace dot4attn {
 namespace gpu {
 
-enum VKind : int { kVF32 = 0, kVF16 = 1, kVQ8 = 2, kVQ4 = 3 };
+enum VKind : int { kVF32 = 0, kVF16 = 1, kVQ8 = 2, kVQ4 = 3, kVQ6 = 4 };
+
+// q8_0 / q4_0 / q6_0: V rows of integer levels with one float16 scale per 32-block.
+__host__ __device__ constexpr bool v_quantized(int vk) { return vk == kVQ8 || vk == kVQ4 || vk == kVQ6; }
 
 constexpr int kThreads = 256;
 constexpr int kTileKeys = 64;   // keys per tile (KT), the default; split lengths are multiples of it
@@ -95,7 +98,7 @@ __device__ __forceinline__ int64_t split_keys(const TileArgs& a, int64_t sk) {
 }
 
 __host__ __device__ constexpr int v_row_bytes(int vk, int d) {
-  return vk == kVF32 ? 4 * d : vk == kVF16 ? 2 * d : vk == kVQ8 ? d : d / 2;
+  return vk == kVF32 ? 4 * d : vk == kVF16 ? 2 * d : vk == kVQ8 ? d : vk == kVQ6 ? 3 * d / 4 : d / 2;
 }
 
 // Shared-memory layout (bytes) of a block with rb rows, rpt rows per P.V thread, st stages of kt-key tiles, identical
@@ -111,7 +114,7 @@ struct SmemLayout {
     stage_k = up16(kt * kpad);
     stage_v = up16(kt * v_row_bytes(vk, d));
     stage_ks = up16(kt * nb * 2);
-    stage_vs = (vk == kVQ8 || vk == kVQ4) ? up16(kt * nb * 2) : 0;
+    stage_vs = v_quantized(vk) ? up16(kt * nb * 2) : 0;
     stage_bytes = stage_k + stage_v + stage_ks + stage_vs;
     int o = 0;
     off_q = o; o += up16(rb * d);
@@ -147,6 +150,15 @@ __device__ __forceinline__ void load_v2(const uint8_t* vt, const uint16_t* vst, 
     const float s = h2f(vst[j * nb + (cp >> 4)]);
     v0 = float(int8_t(w & 0xff)) * s;
     v1 = float(int8_t(w >> 8)) * s;
+  } else if constexpr (VK == kVQ6) {
+    // columns 2 cp, 2 cp + 1 of block cp / 16: low nibbles in byte (cp % 16), high bits in bytes 16 + (2 cp % 8)
+    // and the next, at bit 2 ((2 cp % 32) / 8) (common/formats.h)
+    const uint8_t* blk = vt + j * (3 * d / 4) + (cp >> 4) * 24;
+    const int e = (2 * cp) & 31, sh = 2 * (e >> 3);
+    const uint8_t w = blk[cp & 15];
+    const float s = h2f(vst[j * nb + (cp >> 4)]);
+    v0 = float(int((w & 15) | (((blk[16 + (e & 7)] >> sh) & 3) << 4)) - 32) * s;
+    v1 = float(int((w >> 4) | (((blk[17 + (e & 7)] >> sh) & 3) << 4)) - 32) * s;
   } else {
     const uint8_t w = vt[j * (d / 2) + cp];
     const float s = h2f(vst[j * nb + (cp >> 4)]);
@@ -316,7 +328,7 @@ __global__ void __launch_bounds__(kThreads) attn_tile_kernel(const TileArgs a) {
   // scales one run, copied in 4-byte pieces (cp.async zero-fills what lies past the key range) when that run is
   // 4-byte aligned; rows of even nb at 4-byte aligned starts (strided caches) go row by row in 4-byte pieces;
   // anything else element by element.
-  constexpr bool kVq = VK == kVQ8 || VK == kVQ4;
+  constexpr bool kVq = v_quantized(VK);
   const bool sc_ptr4 = (reinterpret_cast<uintptr_t>(a.ks) & 3) == 0 && (reinterpret_cast<uintptr_t>(a.vs) & 3) == 0;
   const bool sc_run = a.ks_stride == nb && (!kVq || a.vs_stride == nb);
   const int sc_mode = sc_run && sc_ptr4 && ((head_row + kbeg) * nb) % 2 == 0                        ? 0

@@ -43,7 +43,7 @@ struct DecodeLayout {
     st_k = kc * kstr;
     st_ks = up16(kc * nb * 2 + 4);  // the scale run plus one leading half-word when it starts 2 bytes off
     st_v = up16(kc * v_row_bytes(vk, d));
-    st_vs = (vk == kVQ8 || vk == kVQ4) ? st_ks : 0;
+    st_vs = v_quantized(vk) ? st_ks : 0;
     stage = st_k + st_ks + st_v + st_vs;
     pbytes = up16(kc * rb * 4);
     warp_bytes = nst * stage + pbytes;
@@ -136,6 +136,19 @@ __device__ __forceinline__ void load_v8(const uint8_t* vrow, int c0, float (&v)[
     for (int e = 0; e < 4; ++e) {
       v[e] = float(int(int8_t(q.x >> (8 * e))));
       v[4 + e] = float(int(int8_t(q.y >> (8 * e))));
+    }
+  } else if constexpr (VK == kVQ6) {
+    // block c0 / 32: low nibbles as q4_0 (4 bytes), high bits of elements e..e+7 in bytes 16..23 at bit 2 (e / 8)
+    // (common/formats.h); level u - 32 -> float exactly: the bits 0x4B000000 | u are 2^23 + u.
+    const uint8_t* blk = vrow + (c0 >> 5) * 24;
+    const uint32_t q = *reinterpret_cast<const uint32_t*>(blk + (c0 & 31) / 2);
+    const uint2 h = *reinterpret_cast<const uint2*>(blk + 16);
+    const int sh = 2 * ((c0 & 31) >> 3);
+    const uint32_t h0 = (h.x >> sh) & 0x03030303u, h1 = (h.y >> sh) & 0x03030303u;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const uint32_t hi = ((e < 4 ? h0 : h1) >> (8 * (e & 3))) & 3u;
+      v[e] = bits_f(0x4B000000u | ((q >> (4 * e)) & 15u) | (hi << 4)) - 8388640.f;
     }
   } else {
     // nibble n -> float(n - 8) exactly: the bits 0x4B000000 | n are 2^23 + n.
@@ -268,7 +281,7 @@ template <int VK, int D, int RB, int ST, bool SR = false>
 __global__ void __launch_bounds__(kDecodeMaxThreads) decode_kernel(const TileArgs a) {
   constexpr int WS = D4A_WARP, KC = WS, NB = D / 32, KSTR = D + 16;
   constexpr int VROW = v_row_bytes(VK, D);
-  constexpr bool VQ = VK == kVQ8 || VK == kVQ4;
+  constexpr bool VQ = v_quantized(VK);
   constexpr int LPK = D / 8;          // P.V lanes per key (8 columns each)
   constexpr int KPI = WS / LPK;       // keys per P.V step
   constexpr int NPK = D / 16;         // 16-byte K pieces per lane per chunk (KC = WS rows of D bytes)

@@ -69,7 +69,7 @@ __host__ __device__ constexpr int up16(int x) { return (x + 15) & ~15; }
 template <int VK, int D, bool TMA = false, bool BARS = TMA>
 struct Layout {
   static constexpr int NB = D / 32;
-  static constexpr bool kVq = VK == kVQ8 || VK == kVQ4;
+  static constexpr bool kVq = v_quantized(VK);
   static constexpr int KSTR = D + 16;                 // padded K row bytes
   static constexpr int VROW = v_row_bytes(VK, D);
   static constexpr int VSTR = VROW + 16;              // padded V row bytes
@@ -128,6 +128,24 @@ __device__ __forceinline__ uint32_t level_pair(const uint32_t* wa, const uint32_
     const uint32_t y = LOP3 ? lop3_imm<0x000F000Fu, 0x64006400u, 0xEA>(x) : (x & 0x000F000Fu) | 0x64006400u;
     return hsub2_u(y, 0x64086408u);  // (1024 + n) - 1032
   }
+}
+
+// The f16 pair (key a, key b) of local column lc of a thread's q6_0 words (one 32-block's part, decode_mma_kernel's
+// P.V): low nibbles in wla / wlb as q4_0's, high 2-bit pairs in wha / whb (the block's bytes 16..23, shifted right
+// by the thread's first column / 8 pairs already), so column lc takes high byte lc % 8 at bit 2 (lc / 8). Even lc:
+// exponent 0x64 (1024, ulp 1), the level's 6 bits at mantissa bits 0..5; odd lc: exponent 0x54 (64, ulp 1/16), the
+// low nibble at bits 4..7, the high pair at 8..9. Exact, biased as level_pair (1024 + 32 / 64 + 32).
+__device__ __forceinline__ uint32_t level_pair_q6(const uint32_t* wla, const uint32_t* wlb, const uint32_t* wha,
+                                                  const uint32_t* whb, int lc) {
+  const int by = lc >> 1, e = by & 3, hb = lc & 7, he = hb & 3, sh = 2 * (lc >> 3);
+  const uint32_t x = __byte_perm(wla[by >> 2], wlb[by >> 2], e | (e << 4) | ((4 + e) << 8) | ((4 + e) << 12));
+  const uint32_t h = __byte_perm(wha[hb >> 2], whb[hb >> 2], he | (he << 4) | ((4 + he) << 8) | ((4 + he) << 12));
+  if (lc & 1) {
+    const uint32_t hi = (sh <= 8 ? h << (8 - sh) : h >> (sh - 8)) & 0x03000300u;
+    return hsub2_u((x & 0x00F000F0u) | hi | 0x54005400u, 0x56005600u);  // (64 + u) - 96
+  }
+  const uint32_t hi = (sh <= 4 ? h << (4 - sh) : h >> (sh - 4)) & 0x00300030u;
+  return hsub2_u((x & 0x000F000Fu) | hi | 0x64006400u, 0x64206420u);  // (1024 + u) - 1056
 }
 
 // c = bias + A(16x32 s8: a[0] row g, a[2] row g cols +16; a[1] = a[3] = 0, rows g+8 zero) x B(32x8 s8),
@@ -383,7 +401,9 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   constexpr int NPK = D / 16;          // 16-byte K pieces per lane per chunk
   constexpr int NPV = VROW / 16;       // 16-byte V pieces per lane per chunk
   constexpr bool kVq = L::kVq;
-  static_assert(!kBulk || (SR && kVq), "bulk staging: strided rows with their scales, q8_0 / q4_0 V");
+  static_assert(!kBulk || (SR && kVq), "bulk staging: strided rows with their scales, q8_0 / q4_0 / q6_0 V");
+  static_assert(VK != kVQ6 || (SM != kStageTma && SM != kStageRegs && SM != kStageRegsV),
+                "q6_0 V: cp.async or bulk staging");
   // Where key r's scale rows are in a stage, in halves from the stage: a row of their own (2 NB bytes per key) or,
   // bulk staging, in the key's K / V row after its payload.
   constexpr int KS_OFF = kBulk ? D / 2 : L::OFF_KS / 2, KS_STEP = kBulk ? KSTR / 2 : NB;
@@ -453,10 +473,14 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   // kStepV bytes on in shared memory, gStepK / gStepV in global memory) and key l's K and V scale rows (2 NB bytes
   // each). A full chunk needs no bounds and one base address per lane; keys past the range of a partial chunk are
   // zero-filled.
+  // q6_0's V rows (3 D / 4 bytes: 3, 6 or 12 pieces) do not divide 32 pieces: each piece finds its row (kVWhole false,
+  // cp.async and bulk staging only).
   constexpr int KPR = D / 16, VPR = VROW / 16;  // 16-byte pieces per K / V row
-  static_assert(32 % KPR == 0 && 32 % VPR == 0, "32 pieces span whole rows");
-  constexpr int kStepK = 512 + 16 * (32 / KPR), kStepV = 512 + 16 * (32 / VPR);
-  const int64_t gStepK = (32 / KPR) * kstr, gStepV = (32 / VPR) * vstr;  // dense: 512
+  constexpr bool kVWhole = 32 % VPR == 0;
+  static_assert(32 % KPR == 0 && (kVWhole || (!kTma && !kRegV)), "32 pieces span whole rows");
+  constexpr int VRS = kVWhole ? 32 / VPR : 1;  // V rows per 32 pieces
+  constexpr int kStepK = 512 + 16 * (32 / KPR), kStepV = 512 + 16 * VRS;
+  const int64_t gStepK = (32 / KPR) * kstr, gStepV = VRS * vstr;  // dense: 512
   const int8_t* kl = SR ? kg + (lane / KPR) * kstr + 16 * (lane % KPR) : kg + 16 * lane;
   const uint8_t* vl = SR ? vg + (lane / VPR) * vstr + 16 * (lane % VPR) : vg + 16 * lane;
   const int soff_k = 16 * lane + 16 * (lane / KPR), soff_v = L::OFF_V + 16 * lane + 16 * (lane / VPR);
@@ -501,7 +525,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
 #pragma unroll
           for (int i = 0; i < NPK; ++i) cp_async16(st + soff_k + i * kStepK, ks0 + i * stepK, true);
         }
-        if constexpr (!kRegV) {
+        if constexpr (!kRegV && kVWhole) {
 #pragma unroll
           for (int i = 0; i < NPV; ++i) cp_async16(st + soff_v + i * kStepV, vs0 + i * stepV, true);
         }
@@ -513,12 +537,21 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
             cp_async16(st + soff_k + i * kStepK, ok ? ks0 + i * stepK : kg, ok);
           }
         }
-        if constexpr (!kRegV) {
+        if constexpr (!kRegV && kVWhole) {
 #pragma unroll
           for (int i = 0; i < NPV; ++i) {
             const bool ok = 16 * (lane + 32 * i) < n * VROW;
             cp_async16(st + soff_v + i * kStepV, ok ? vs0 + i * stepV : vg, ok);
           }
+        }
+      }
+      if constexpr (!kVWhole && !kBulk) {  // piece p = lane + 32 i is (row p / VPR, piece p % VPR)
+        const uint8_t* v0 = vg + j0 * vstr;
+#pragma unroll
+        for (int i = 0; i < NPV; ++i) {
+          const int p = lane + 32 * i, r = p / VPR, c = p - r * VPR;
+          const bool ok = r < n;
+          cp_async16(st + L::OFF_V + r * VSTR + 16 * c, ok ? v0 + r * vstr + 16 * c : vg, ok);
         }
       }
       const bool key_ok = lane < n;
@@ -899,6 +932,42 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
         for (int m = 0; m < MT; ++m) {
           uint32_t av[4];
           ldsm_x4_t(smem_u32(vt + row_byte<VROW, VSTR, kTma>(vr_row, vr_col + 32 * m)), av[0], av[1], av[2], av[3]);
+          mma_f16(acc[m], av, pb0, pb1);
+        }
+      } else if constexpr (VK == kVQ6) {
+        // thread g's D / 8 columns [c0, c0 + D / 8) lie in 32-block c0 / 32 (24 bytes): D / 64 words of low nibbles
+        // from byte (c0 % 32) / 2, and the block's 8 bytes of high pairs, shifted by 2 (c0 % 32 / 8) once per key
+        constexpr int TW = D / 64;
+        const int k0 = 16 * kk + 2 * tq, c0 = g * (D / 8);
+        const uint16_t* vss = reinterpret_cast<const uint16_t*>(st) + VS_OFF;
+        const int bt = c0 / 32, lo_off = 24 * bt + (c0 & 31) / 2, hsh = 2 * ((c0 & 31) >> 3);
+        const uint32_t s01 = __byte_perm(vss[k0 * VS_STEP + bt], vss[(k0 + 1) * VS_STEP + bt], 0x5410);
+        const uint32_t s89 = __byte_perm(vss[(k0 + 8) * VS_STEP + bt], vss[(k0 + 9) * VS_STEP + bt], 0x5410);
+        const __half2 h01 = *reinterpret_cast<const __half2*>(&s01), h89 = *reinterpret_cast<const __half2*>(&s89);
+        uint32_t wl[4][TW], wh[4][2];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int key = k0 + (q & 1) + 8 * (q >> 1);  // k0, k0 + 1, k0 + 8, k0 + 9
+          const uint8_t* row = vt + key * VSTR;
+#pragma unroll
+          for (int i = 0; i < TW; i += 2) {
+            if constexpr (TW == 1) {
+              wl[q][0] = *reinterpret_cast<const uint32_t*>(row + lo_off);
+            } else {
+              const uint2 u = *reinterpret_cast<const uint2*>(row + lo_off + 4 * i);
+              wl[q][i] = u.x; wl[q][i + 1] = u.y;
+            }
+          }
+          const uint2 h = *reinterpret_cast<const uint2*>(row + 24 * bt + 16);
+          wh[q][0] = h.x >> hsh; wh[q][1] = h.y >> hsh;
+        }
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+          uint32_t av[4];
+          av[0] = hmul2_u(level_pair_q6(wl[0], wl[1], wh[0], wh[1], 2 * m), h01);
+          av[1] = hmul2_u(level_pair_q6(wl[0], wl[1], wh[0], wh[1], 2 * m + 1), h01);
+          av[2] = hmul2_u(level_pair_q6(wl[2], wl[3], wh[2], wh[3], 2 * m), h89);
+          av[3] = hmul2_u(level_pair_q6(wl[2], wl[3], wh[2], wh[3], 2 * m + 1), h89);
           mma_f16(acc[m], av, pb0, pb1);
         }
       } else {

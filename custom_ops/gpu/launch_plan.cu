@@ -27,7 +27,11 @@ constexpr int64_t kMaxBlocks = 0x7fffffffLL;
 bool aligned(const void* p, uintptr_t n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; }
 
 int vkind(const AttentionParams& p) {
-  return p.v_format == VFormat::kQ8_0 ? kVQ8 : p.v_format == VFormat::kQ4_0 ? kVQ4 : p.half ? kVF16 : kVF32;
+  return p.v_format == VFormat::kQ8_0   ? kVQ8
+         : p.v_format == VFormat::kQ4_0 ? kVQ4
+         : p.v_format == VFormat::kQ6_0 ? kVQ6
+         : p.half                       ? kVF16
+                                        : kVF32;
 }
 
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -200,7 +204,7 @@ bool rows_carry_scales(const AttentionParams& p) {
   const auto at = [](const void* base, const void* scales, int off) {
     return base == nullptr || scales == nullptr || static_cast<const uint8_t*>(base) + off == scales;
   };
-  return (VK == kVQ8 || VK == kVQ4) && p.k_row() == D + 16 && 2 * p.ks_row() == p.k_row() &&
+  return v_quantized(VK) && p.k_row() == D + 16 && 2 * p.ks_row() == p.k_row() &&
          p.v_row() == kRow + 16 && 2 * p.vs_row() == p.v_row() && at(p.k, p.k_scales, D) &&
          at(p.v, p.v_scales, kRow);
 }
@@ -223,7 +227,8 @@ bool plan_mma_cfg(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev,
   // uses cp.async.
   const int64_t chunks = cdiv(block_keys(pl, p), kKC);
   constexpr int kAuto = auto_staging(VK, D);
-  constexpr bool kTmaAuto = D >= 128 && !(VK == kVQ4 && D == 256);
+  constexpr bool kTmaOk = VK != kVQ6;  // q6_0: cp.async or bulk staging (decode_mma.cuh)
+  constexpr bool kTmaAuto = kTmaOk && D >= 128 && !(VK == kVQ4 && D == 256);
   const bool tma_dev = dev.cc_major >= 9 && dev.tma;
   // q4_0 at D = 256, split walks of >= 3 chunks per warp: TMA in 3-warp blocks (two stages, 90 KB: two blocks per
   // multiprocessor), where a 4-warp TMA block (118 KB) fits once; faster than 4-warp register staging on dense and
@@ -236,9 +241,16 @@ bool plan_mma_cfg(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev,
   int mode = walk < 3 ? kStageCpAsync : (kTmaAuto || tma3) && tma_dev ? kStageTma : kAuto;
   if (ov.staging >= 0)
     mode = ov.staging == kAuto || ov.staging == kStageTma || ov.staging == kStageBulk ? ov.staging : kStageCpAsync;
+  if (!kTmaOk && (ov.staging == kStageRegs || ov.staging == kStageRegsV))
+    pl.fallback = std::string("tensor-core decode: q6_0 V has no ") + staging_name(ov.staging) + " staging, cp_async "
+                  "staging";
+  if (mode == kStageTma && !kTmaOk) {
+    pl.fallback = "tensor-core decode: q6_0 V has no TMA staging, cp_async staging";
+    mode = kStageCpAsync;
+  }
   const bool bulk_rows = dev.cc_major >= 9 && rows_carry_scales<VK, D>(p);  // kStageBulk can take them
   if (mode == kStageBulk && !bulk_rows) {
-    pl.fallback = std::string("tensor-core decode: bulk staging needs sm_90 and a packed cache's rows (q8_0 / q4_0 V, "
+    pl.fallback = std::string("tensor-core decode: bulk staging needs sm_90 and a packed cache's rows (quantized V, "
                               "scales in the rows), ") + staging_name(kAuto) + " staging";
     mode = kAuto;
   }
@@ -341,6 +353,7 @@ bool plan_decode_mma(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& d
   pl.n_chunks = cdiv(p.group() * p.Sq, dmma::kRB);
   const bool ok = pl.vk == kVF16 ? plan_mma_vk<kVF16>(pl, p, dev, ov)
                 : pl.vk == kVQ8  ? plan_mma_vk<kVQ8>(pl, p, dev, ov)
+                : pl.vk == kVQ6  ? plan_mma_vk<kVQ6>(pl, p, dev, ov)
                                  : plan_mma_vk<kVQ4>(pl, p, dev, ov);
   if (!ok) return refuse(why, "tensor-core decode: no block fits the shared memory");
   set_blocks(pl, p);
@@ -474,8 +487,11 @@ bool plan_prefill_vk(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& d
 // it, v_dequant.cuh) and running the float16-V instance gives the same values (the same conversion) at float16 V's
 // speed. Taken where that instance is the wgmma one, each V tile is read by 8 blocks or more over 2048+ keys, and the
 // copy fits kMaxDequantBytes (rows in the K layout: kv_rows per (batch, KV head), so a cache's copy is its length).
+// q6_0 V has no instance of its own in this kernel: it always runs on the copy (any instance, any length), which
+// may then take up to kMaxDequantBytesQ6.
 bool plan_v_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
   if (ov.v_dequant == 0 || pl.vk == kVF16 || p.B * p.Hkv == 0) return false;
+  const bool q6 = pl.vk == kVQ6;
   AttentionParams f = p;  // V as the float16 copy: dense rows of D halves, 256-byte aligned scratch
   f.v_format = VFormat::kFloat;
   f.v = nullptr;
@@ -488,8 +504,12 @@ bool plan_v_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& de
   std::string why;
   const size_t bytes = (size_t(p.B * p.Hkv) * size_t(p.head_rows()) * size_t(p.D) * 2 + 255) / 256 * 256;
   // v_dequant=1 drops the length rule only (as v_scan=1): where the wgmma instance does not run, nothing changes
-  const bool ok = plan_prefill_vk<kVF16>(d, f, dev, ov, why) && d.wgmma && bytes <= kMaxDequantBytes;
-  if (!ok || (ov.v_dequant != 1 && (d.blocks / (p.B * p.Hkv) < 8 || p.Sk < 2048))) return false;
+  if (q6) {
+    if (!plan_prefill_vk<kVF16>(d, f, dev, ov, why) || bytes > kMaxDequantBytesQ6) return false;
+  } else {
+    const bool ok = plan_prefill_vk<kVF16>(d, f, dev, ov, why) && d.wgmma && bytes <= kMaxDequantBytes;
+    if (!ok || (ov.v_dequant != 1 && (d.blocks / (p.B * p.Hkv) < 8 || p.Sk < 2048))) return false;
+  }
   d.v_dequant = true;
   d.v_source = pl.vk;
   d.v_dequant_bytes = bytes;
@@ -516,6 +536,10 @@ bool plan_prefill_mma(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& 
   if (p.ks_row() > 0x7fffffffLL / pmma::kKeys || p.vs_row() > 0x7fffffffLL / pmma::kKeys)
     return refuse(why, "tensor-core prefill: scale row strides of 2^25 halves or more");
   if (plan_v_dequant(pl, p, dev, ov)) return true;
+  if (pl.vk == kVQ6)
+    return refuse(why, ov.v_dequant == 0 ? "tensor-core prefill: q6_0 V runs on its float16 copy (v_dequant=0)"
+                                         : "tensor-core prefill: q6_0 V's float16 copy is larger than " +
+                                               std::to_string(kMaxDequantBytesQ6 >> 20) + " MiB");
   return pl.vk == kVF16 ? plan_prefill_vk<kVF16>(pl, p, dev, ov, why)
          : pl.vk == kVQ8 ? plan_prefill_vk<kVQ8>(pl, p, dev, ov, why)
                          : plan_prefill_vk<kVQ4>(pl, p, dev, ov, why);
@@ -647,6 +671,9 @@ const char* staging_name(int staging) {
 
 GpuPlan plan_attention(const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
   if (p.route == Route::kAuto) fail(kOp, "unresolved route");
+  if (p.v_format == VFormat::kQ6_0 && p.D % 64 != 0)
+    fail(kOp, "q6_0 V on the GPU needs D a multiple of 64 (its rows of 3 D / 4 bytes move in 16-byte pieces), got D=",
+         p.D, " (the CPU execution provider takes every D)");
   check_layout(p);
   if (p.dev_seqlens && (p.route == Route::kPrefill || p.dense_kv()))
     fail(kOp, "device lengths (dev_seqlens) need the decode or split_k route and strided K / V rows");

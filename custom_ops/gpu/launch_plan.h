@@ -16,7 +16,8 @@
 //   v_scan=0|1                  the float16-V tensor-core prefill's V scan (GpuPlan::v_scan; 1: where the wgmma
 //                               instance runs)
 //   v_dequant=0|1               a q8_0 / q4_0 V dequantized once into float16 rows for the float16-V wgmma prefill
-//                               (GpuPlan::v_dequant; 1: wherever that instance runs, short calls too)
+//                               (GpuPlan::v_dequant; 1: wherever that instance runs, short calls too; q6_0 V always
+//                               takes the copy there, and 0 sends it to the tile kernel)
 // Host code only; no GPU runtime call here (device facts come in as a value).
 #pragma once
 
@@ -64,12 +65,14 @@ struct PlanOverrides {
   int tma = -1, wgmma = -1;  // -1 auto, 0 off, 1 on (where possible)
   int split_waves = 0;       // 0: the default (2)
   int v_scan = -1;           // -1 auto, 0 off, 1 on (tensor-core prefill, float16 V)
-  int v_dequant = -1;        // -1 auto, 0 off, 1 on (tensor-core prefill, q8_0 / q4_0 V)
+  int v_dequant = -1;        // -1 auto, 0 off, 1 on (tensor-core prefill, quantized V; q6_0 always on unless 0)
 };
 
 // The largest float16 copy of a quantized V the prefill dequantizes into (scratch): past it, the kernel converts
 // each V tile itself, as without the copy.
 constexpr size_t kMaxDequantBytes = size_t(1) << 30;
+// q6_0 V, which the tensor-core prefill reads only through that copy: the largest copy (past it the tile kernel runs).
+constexpr size_t kMaxDequantBytesQ6 = size_t(4) << 30;
 
 struct GpuPlan {
   Route route = Route::kDecode;
@@ -96,9 +99,9 @@ struct GpuPlan {
   size_t scratch_bytes = 0;  // split_k partials or the prefill's V flags (device memory the caller provides)
   bool v_scan = false;       // tensor-core prefill, float16 V: one scan flags the (b, KV head)s whose V holds a NaN /
                              // Inf, so the kernel's tiles of every other head skip their V check (gpu/v_scan.cuh)
-  // Tensor-core prefill of a q8_0 / q4_0 V (v_dequant.cuh): v_dequant_bytes of scratch first hold V dequantized into
-  // float16 rows (the values the kernel's own conversion makes), which the float16-V instance (vk) then reads;
-  // v_source is the V's own kind. The V flags of v_scan follow them in the scratch.
+  // Tensor-core prefill of a q8_0 / q4_0 / q6_0 V (v_dequant.cuh): v_dequant_bytes of scratch first hold V
+  // dequantized into float16 rows (the values the kernel's own conversion makes), which the float16-V instance (vk)
+  // then reads; v_source is the V's own kind. The V flags of v_scan follow them in the scratch.
   bool v_dequant = false;
   int v_source = 0;
   size_t v_dequant_bytes = 0;

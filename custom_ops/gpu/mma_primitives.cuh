@@ -150,16 +150,17 @@ __device__ __forceinline__ uint32_t lop3_imm(uint32_t x) {
   return r;
 }
 
-// q8_0 / q4_0 V dequantized in float16 (level * scale, one rounding) overflows past the largest scale whose levels
-// (|level| <= 127 / 8) stay below float16's 65520: 515.5 (q8_0, bits 0x6007) and 8188 (q4_0, 0x6FFF). float16 V
-// blocks of +-65504 pack to 516 (127 x 516 = 65532 -> inf, and p = 0 times inf is NaN), float32 V up to 65504.
-// VK: kVQ8 (2) or kVQ4 (3) of gpu/attention_tile.cuh.
+// q8_0 / q4_0 / q6_0 V dequantized in float16 (level * scale, one rounding) overflows past the largest scale whose
+// levels (|level| <= 127 / 8 / 32) stay below float16's 65520: 515.5 (q8_0, bits 0x6007), 8188 (q4_0, 0x6FFF) and
+// 2047 (q6_0, 0x67FF). float16 V blocks of +-65504 pack to 516 (127 x 516 = 65532 -> inf, and p = 0 times inf is
+// NaN), float32 V up to 65504.
+// VK: kVQ8 (2), kVQ4 (3) or kVQ6 (4) of gpu/attention_tile.cuh.
 template <int VK>
-__device__ __forceinline__ constexpr float v_scale_limit() { return VK == 2 ? 515.5f : 8188.f; }
+__device__ __forceinline__ constexpr float v_scale_limit() { return VK == 2 ? 515.5f : VK == 4 ? 2047.f : 8188.f; }
 // Whether either V scale of the pair w is past that limit, or NaN (the compare is false for NaN).
 template <int VK>
 __device__ __forceinline__ bool scales_past_limit(uint32_t w) {
-  constexpr unsigned short kLim = VK == 2 ? 0x6007u : 0x6FFFu;
+  constexpr unsigned short kLim = VK == 2 ? 0x6007u : VK == 4 ? 0x67FFu : 0x6FFFu;
   const __half2 x = *reinterpret_cast<const __half2*>(&w);
   return !__hble2(__habs2(x), __halves2half2(__ushort_as_half(kLim), __ushort_as_half(kLim)));
 }

@@ -1,4 +1,5 @@
-// A q8_0 / q4_0 V dequantized once into float16 rows before a long tensor-core prefill (GpuPlan::v_dequant).
+// A q8_0 / q4_0 V dequantized once into float16 rows before a long tensor-core prefill (GpuPlan::v_dequant); q6_0 V
+// before every tensor-core prefill (that kernel has no q6_0 conversion of its own).
 //
 // The wgmma prefill multiplies P by float16 V from shared memory, so with a q8_0 / q4_0 V every block converts each
 // V tile it reads, and a long causal prefill reads each tile in hundreds of blocks: the conversion costs that kernel
@@ -19,6 +20,27 @@ namespace dot4attn {
 namespace gpu {
 
 constexpr int kDequantThreads = 256;
+
+// 8 f16 values (one 16-byte store): elements 8 cb .. 8 cb + 7 of the q6_0 block at blk (common/formats.h: 4 bytes of
+// low nibbles from byte 4 cb, high pairs from bytes 16..23 at bit 2 cb), level * s with one f16 rounding (the
+// tensor-core decode's dequantization).
+__device__ __forceinline__ uint4 cvt_q6(const uint8_t* blk, int cb, __half2 s) {
+  const uint32_t lo = *reinterpret_cast<const uint32_t*>(blk + 4 * cb);
+  const uint2 hw = *reinterpret_cast<const uint2*>(blk + 16);
+  const uint32_t h0 = (hw.x >> (2 * cb)) & 0x03030303u, h1 = (hw.y >> (2 * cb)) & 0x03030303u;
+  uint32_t r[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // elements 2 i, 2 i + 1 -> 1024 + u exactly, minus 1056, times s
+    const uint32_t hp = (i < 2 ? h0 : h1) >> (16 * (i & 1));
+    const uint32_t u0 = ((lo >> (8 * i)) & 15u) | ((hp & 3u) << 4);
+    const uint32_t u1 = ((lo >> (8 * i + 4)) & 15u) | (((hp >> 8) & 3u) << 4);
+    __half2 x = __halves2half2(__ushort_as_half(uint16_t(0x6400u | u0)), __ushort_as_half(uint16_t(0x6400u | u1)));
+    x = __hsub2(x, __halves2half2(__ushort_as_half(0x6420u), __ushort_as_half(0x6420u)));
+    x = __hmul2(x, s);
+    r[i] = *reinterpret_cast<const uint32_t*>(&x);
+  }
+  return make_uint4(r[0], r[1], r[2], r[3]);
+}
 
 // One thread per 8 values (16 output bytes) of a key's row. Rows keep the K layout (key j of (b, kv head) bh is
 // row bh * kv_rows + j); only keys < Sk are read and written. out rows are 2 * D bytes apart.
@@ -41,6 +63,8 @@ __global__ void __launch_bounds__(kDequantThreads) v_dequant_kernel(const TileAr
       if constexpr (VK == kVQ8) {
         const uint2 w = *reinterpret_cast<const uint2*>(src + 8 * c);
         o = pmma::cvt_q8(w.x, w.y, s2);
+      } else if constexpr (VK == kVQ6) {
+        o = cvt_q6(src + 24 * (c / 4), c % 4, s2);
       } else {
         o = pmma::cvt_q4(*reinterpret_cast<const uint32_t*>(src + 4 * c), s2);
       }
@@ -50,11 +74,12 @@ __global__ void __launch_bounds__(kDequantThreads) v_dequant_kernel(const TileAr
   }
 }
 
-// Enqueues the conversion of a's V (kind `source`, kVQ8 or kVQ4) into out.
+// Enqueues the conversion of a's V (kind `source`, kVQ8, kVQ4 or kVQ6) into out.
 inline void dequant_v(const TileArgs& a, int source, uint8_t* out, gpuStream_t s) {
   const int64_t n = a.B * a.Hkv * a.Sk * (a.D / 8);
   const unsigned grid = unsigned(n / kDequantThreads + 1 < (1 << 20) ? n / kDequantThreads + 1 : (1 << 20));
   if (source == kVQ8) v_dequant_kernel<kVQ8><<<grid, kDequantThreads, 0, s>>>(a, out);
+  else if (source == kVQ6) v_dequant_kernel<kVQ6><<<grid, kDequantThreads, 0, s>>>(a, out);
   else v_dequant_kernel<kVQ4><<<grid, kDequantThreads, 0, s>>>(a, out);
   D4A_GPU_CHECK(gpuGetLastError());
 }

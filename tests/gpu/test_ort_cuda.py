@@ -302,6 +302,30 @@ def test_sanitizer_set(name):
         gpu_pack(x, op, fmt)
 
 
+@pytest.mark.parametrize("model, message", [
+    (lambda: ob.attention_model(np.float16, "q6_0"),
+     "Dot4Attention: attribute 'v_format' = 'q6_0' runs on the CPU execution provider only (GPU kernels take float, "
+     "q8_0 and q4_0; q6_0's are experimental: DOT4ATTN_EXPERIMENTAL_GPU_Q6=1), got a node assigned to "
+     "CUDAExecutionProvider"),
+    (lambda: ob.pack_model("PackV", np.float16, "q6_0"),
+     "PackV: attribute 'format' = 'q6_0' runs on the CPU execution provider only (GPU kernels take q8_0 and q4_0; "
+     "q6_0's are experimental: DOT4ATTN_EXPERIMENTAL_GPU_Q6=1)"),
+    (lambda: ob.cache_attention_model(np.float16, num_heads=4, kv_num_heads=2, v_format="q6_0", cache_layout="pair"),
+     "Dot4GroupQueryAttention: attribute 'v_format' = 'q6_0' runs on the CPU execution provider only"),
+], ids=["Dot4Attention", "PackV", "Dot4GroupQueryAttention"])
+@pytest.mark.parametrize("switch", [None, "0"])
+def test_q6_0_is_refused_on_cuda_without_the_experimental_switch(model, message, switch, monkeypatch):
+    """q6_0's GPU kernels are experimental: without DOT4ATTN_EXPERIMENTAL_GPU_Q6=1 (unset, or any other value) each op
+    refuses q6_0 on the CUDA EP when its kernel is created, naming the op, the attribute and the switch. (The suites
+    set the switch: tests/conftest.py.)"""
+    if switch is None:
+        monkeypatch.delenv("DOT4ATTN_EXPERIMENTAL_GPU_Q6", raising=False)
+    else:
+        monkeypatch.setenv("DOT4ATTN_EXPERIMENTAL_GPU_Q6", switch)
+    with pytest.raises(Exception, match=re.escape(message)):
+        _session_uncached(model())
+
+
 @pytest.mark.parametrize("model", [
     lambda: ob.attention_model(np.float16, "q6_0"),
     lambda: ob.pack_model("PackV", np.float16, "q6_0"),
@@ -309,8 +333,8 @@ def test_sanitizer_set(name):
     lambda: ob.cache_attention_model(np.float32, num_heads=4, kv_num_heads=2, v_format="q6_0"),
 ], ids=["Dot4Attention", "PackV", "Dot4GroupQueryAttention-pair", "Dot4GroupQueryAttention-rows"])
 def test_q6_0_sessions_run_on_cuda(model):
-    """Each op takes q6_0 on the CUDA EP: its session is created with the CPU fallback disabled, so every node is
-    assigned to CUDA (the runs are the tests above)."""
+    """With the experimental switch (tests/conftest.py) each op takes q6_0 on the CUDA EP: its session is created with
+    the CPU fallback disabled, so every node is assigned to CUDA (the runs are the tests above)."""
     sess = _session_uncached(model())
     assert sess.get_providers()[0] == CUDA
 
