@@ -473,8 +473,8 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   // kStepV bytes on in shared memory, gStepK / gStepV in global memory) and key l's K and V scale rows (2 NB bytes
   // each). A full chunk needs no bounds and one base address per lane; keys past the range of a partial chunk are
   // zero-filled.
-  // q6_0's V rows (3 D / 4 bytes: 3, 6 or 12 pieces) do not divide 32 pieces: each piece finds its row (kVWhole false,
-  // cp.async and bulk staging only).
+  // q6_0's V rows (3 D / 4 bytes: 3, 6 or 12 pieces) do not divide 32 pieces: each lane copies its own key's row
+  // instead (kVWhole false, cp.async and bulk staging only).
   constexpr int KPR = D / 16, VPR = VROW / 16;  // 16-byte pieces per K / V row
   constexpr bool kVWhole = 32 % VPR == 0;
   static_assert(32 % KPR == 0 && (kVWhole || (!kTma && !kRegV)), "32 pieces span whole rows");
@@ -545,14 +545,14 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
           }
         }
       }
-      if constexpr (!kVWhole && !kBulk) {  // piece p = lane + 32 i is (row p / VPR, piece p % VPR)
-        const uint8_t* v0 = vg + j0 * vstr;
+      // q6_0: lane = key, its row's VPR pieces from one base address (the chunk's pieces spread over the lanes took
+      // ~55 more registers of per-piece addresses at D = 128: 248 instead of 143)
+      if constexpr (!kVWhole && !kBulk) {
+        const bool ok = lane < n;
+        const uint8_t* src = ok ? vg + (j0 + lane) * vstr : vg;
+        uint8_t* dst = st + L::OFF_V + lane * VSTR;
 #pragma unroll
-        for (int i = 0; i < NPV; ++i) {
-          const int p = lane + 32 * i, r = p / VPR, c = p - r * VPR;
-          const bool ok = r < n;
-          cp_async16(st + L::OFF_V + r * VSTR + 16 * c, ok ? v0 + r * vstr + 16 * c : vg, ok);
-        }
+        for (int c = 0; c < NPV; ++c) cp_async16(dst + 16 * c, src + 16 * c, ok);
       }
       const bool key_ok = lane < n;
       if constexpr (!kRegK && !kBulk)
