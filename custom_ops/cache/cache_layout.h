@@ -10,10 +10,16 @@
 //        V need 13 D / 8, K + q6_0 V 15 D / 8): 256 at D = 128 where rows take 224 (q4_0) / 256 (q6_0) and q8_0
 //        V under genai 288.
 //
-// In both a token's bytes stay within its two rows, so a runtime that owns the cache (onnxruntime-genai: rewind,
-// beam reorder) may copy whole rows; row strides are multiples of 16 bytes (16-byte / TMA loads) and every part
-// starts aligned to its own size (the pair layout's K scales at D/2 + D/16 or 3D/4 + D/16: 8-byte aligned at
-// D = 128).
+//  tight the rows layout without its padding: payload, then scales, nothing after (K D + D/16 bytes: 68 at D = 64,
+//        136 at D = 128; q8_0 V the same, q4_0 V 36 / 72, q6_0 V 52 / 104). The CPU execution provider only: the
+//        GPU kernels move rows in 16-byte pieces, which these rows' starts do not align to. K + q8_0 V take 17 D / 8
+//        bytes per token and head, ORT's int8 cache 2 D (+6.25 %, the least 32-value blocks with float16 scales
+//        take); the rows layout pads that to 160 at D = 64 (+25 %).
+//
+// In all three a token's bytes stay within its two rows, so a runtime that owns the cache (onnxruntime-genai:
+// rewind, beam reorder) may copy whole rows; in rows and pair the row strides are multiples of 16 bytes (16-byte /
+// TMA loads) and every part starts aligned to its own size (the pair layout's K scales at D/2 + D/16 or
+// 3D/4 + D/16: 8-byte aligned at D = 128).
 #pragma once
 #include <cstdint>
 
@@ -21,7 +27,7 @@
 
 namespace dot4attn {
 
-enum class CacheLayout { kRows, kPair };
+enum class CacheLayout { kRows, kPair, kTight };
 
 // The V formats whose payload and both scale runs fit a V row of D bytes (q4_0: 5 D / 8, q6_0: 7 D / 8).
 inline bool pair_takes_vformat(VFormat f) { return f == VFormat::kQ4_0 || f == VFormat::kQ6_0; }
@@ -52,6 +58,12 @@ inline CacheRowMap cache_row_map(int64_t D, VFormat v, CacheLayout layout) {
     m.k_scales_off = vp + scales;
     m.k_zero_from = D;
     m.v_zero_from = vp + 2 * scales;
+  } else if (layout == CacheLayout::kTight) {
+    m.k_row = D + scales;
+    m.v_row = vp + scales;
+    m.k_scales_off = D;
+    m.k_zero_from = m.k_row;
+    m.v_zero_from = m.v_row;
   } else {
     m.k_row = cache_row_bytes(D, VFormat::kQ8_0);
     m.v_row = cache_row_bytes(D, v);

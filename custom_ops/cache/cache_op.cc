@@ -64,7 +64,9 @@ struct Attrs {
 };
 
 const char* layout_note(CacheLayout l) {
-  return l == CacheLayout::kPair ? ", cache_layout 'pair': both caches D bytes wide" : "";
+  return l == CacheLayout::kPair    ? ", cache_layout 'pair': both caches D bytes wide"
+         : l == CacheLayout::kTight ? ", cache_layout 'tight': rows without padding"
+                                    : "";
 }
 
 template <class... A>
@@ -325,7 +327,11 @@ Kernel* create_cache_kernel(const OrtKernelInfo* info, Ep ep) {
   const std::string lay = attr_string(info, kOp, "cache_layout", "rows");
   if (lay == "rows") a.layout = CacheLayout::kRows;
   else if (lay == "pair") a.layout = CacheLayout::kPair;
-  else fail(kOp, "attribute 'cache_layout': expected 'rows' or 'pair', got '", lay, "'");
+  else if (lay == "tight") a.layout = CacheLayout::kTight;
+  else fail(kOp, "attribute 'cache_layout': expected 'rows', 'pair' or 'tight', got '", lay, "'");
+  if (a.layout == CacheLayout::kTight && ep != Ep::kCpu)
+    fail(kOp, "attribute 'cache_layout' = 'tight' runs on the CPU execution provider only (the GPU kernels read rows "
+              "of 16-byte multiples: 'rows' or 'pair'), got a node assigned to ", ep_name(ep));
   if (a.layout == CacheLayout::kPair && !pair_takes_vformat(a.v_format))
     fail(kOp, "attribute 'cache_layout' = 'pair' needs v_format 'q4_0' or 'q6_0' (K and q4_0 / q6_0 V in two rows of "
               "D bytes), got v_format '", vf, "': a q8_0 V cache has K's row width in the 'rows' layout already");
