@@ -5,7 +5,7 @@ checks the two agree through the op library).
 K is always packed16 ("q8_0": int8 payload + one float16 scale per 32 values). V is "float" (as the model's
 dtype), "q8_0", "q4_0" (two 4-bit values per byte, one float16 scale per 32 values) or "q6_0" (6-bit values, 24
 bytes per 32-value block, one float16 scale per block; the GPU kernels take it at D a multiple of 64: gpu_takes).
-Three layouts hold them:
+Four layouts hold them:
 
   split  an exported model rewritten by `dot4attn rewrite` (Dot4Attention): per layer a payload tensor
          [B, Hkv, S, D, D/2 or 3D/4] and a scales tensor [B, Hkv, S, D/32] (float16), nothing padded;
@@ -14,6 +14,11 @@ Three layouts hold them:
   pair   Dot4GroupQueryAttention's cache with q4_0 or q6_0 V (attribute cache_layout="pair"): K and V tensors both
          D bytes wide, as onnxruntime-genai allocates them (V as wide as K): the K row is K's int8 payload, the V row
          V's payload, V's scales, K's scales, then zeros ([D/2 or 3D/4 | D/16 | D/16 | 0...]).
+  tight  Dot4GroupQueryAttention's cache, any packed V (attribute cache_layout="tight"): the rows layout without its
+         padding, each row its payload then its scales and nothing after (K D + D/16 bytes, V payload + D/16: at
+         D = 64 K 68, q8_0 V 68, q4_0 V 36, q6_0 V 52). The CPU execution provider only (GPU_CACHE_LAYOUTS): the GPU
+         kernels move rows in 16-byte pieces. K and q8_0 V rows have one width (onnxruntime-genai runs them); q4_0 /
+         q6_0 V rows are narrower than K's.
 """
 from __future__ import annotations
 
@@ -26,7 +31,8 @@ V_FORMAT_CODES = {"float": 0, "q8_0": 1, "q4_0": 2, "q6_0": 3}  # the C entries'
 PACKED_FORMATS = ("q8_0", "q4_0", "q6_0")
 # q6_0 V on the GPU: D a multiple of 64 (rows of 3D/4 bytes move in 16-byte pieces); the CPU EP takes every D
 GPU_Q6_D_MULTIPLE = 64
-CACHE_LAYOUTS = ("rows", "pair")  # Dot4GroupQueryAttention's attribute cache_layout
+CACHE_LAYOUTS = ("rows", "pair", "tight")  # Dot4GroupQueryAttention's attribute cache_layout
+GPU_CACHE_LAYOUTS = ("rows", "pair")  # the layouts the GPU EPs take (tight: the CPU EP only)
 PAIR_V_FORMATS = ("q4_0", "q6_0")  # the V formats the pair layout holds (payload and both scale runs fit D bytes)
 Q6_BLOCK_BYTES = 24  # a q6_0 block: 16 bytes of low nibbles (as q4_0's payload), 8 bytes of high 2-bit pairs
 FLOAT_BYTES = {"float32": 4, "float16": 2}
@@ -60,18 +66,38 @@ def scale_bytes(d: int) -> int:
     return 2 * (d // BLOCK)
 
 
+def packed_bytes(d: int, fmt: str = K_FORMAT) -> int:
+    """Bytes of one token's packed head, payload + scales, nothing padded: a row of the "tight" layout (and what
+    the "split" layout's two tensors hold per token)."""
+    return payload_bytes(d, fmt) + scale_bytes(d)
+
+
 def row_bytes(d: int, fmt: str = K_FORMAT) -> int:
     """Bytes of one Dot4GroupQueryAttention cache row (layout "rows"): payload + scales, rounded up to 16."""
-    return -(-(payload_bytes(d, fmt) + scale_bytes(d)) // ROW_ALIGN) * ROW_ALIGN
+    return -(-packed_bytes(d, fmt) // ROW_ALIGN) * ROW_ALIGN
+
+
+def tight_row_bytes(d: int, fmt: str = K_FORMAT) -> int:
+    """Bytes of one Dot4GroupQueryAttention cache row in the "tight" layout: payload + scales, not padded."""
+    return packed_bytes(d, fmt)
 
 
 def check_cache_layout(cache_layout: str, v_format: str) -> str:
-    """Raises ValueError unless Dot4GroupQueryAttention takes this cache_layout with this V format."""
+    """Raises ValueError unless Dot4GroupQueryAttention takes this cache_layout with this V format ("rows" and
+    "tight": every packed V format; "pair": q4_0 or q6_0)."""
     if cache_layout not in CACHE_LAYOUTS:
         raise ValueError(f"cache_layout: expected one of {', '.join(CACHE_LAYOUTS)}, got {cache_layout!r}")
     if cache_layout == "pair" and v_format not in PAIR_V_FORMATS:
         raise ValueError(f"cache_layout 'pair' needs v_format {' or '.join(PAIR_V_FORMATS)}, got {v_format!r}")
     return cache_layout
+
+
+def gpu_takes_layout(cache_layout: str) -> bool:
+    """Whether the GPU execution providers take this cache_layout: "rows" and "pair"; "tight" (rows of no 16-byte
+    multiple) runs on the CPU execution provider only, and a GPU EP refuses it when the session is created."""
+    if cache_layout not in CACHE_LAYOUTS:
+        raise ValueError(f"cache_layout: expected one of {', '.join(CACHE_LAYOUTS)}, got {cache_layout!r}")
+    return cache_layout in GPU_CACHE_LAYOUTS
 
 
 def pair_v_row_parts(d: int, v_format: str = "q4_0") -> tuple[slice, slice, slice]:
@@ -84,8 +110,11 @@ def pair_v_row_parts(d: int, v_format: str = "q4_0") -> tuple[slice, slice, slic
 
 def cache_row_widths(d: int, v_format: str, cache_layout: str = "rows") -> tuple[int, int]:
     """(K row bytes, V row bytes) of Dot4GroupQueryAttention's cache tensors: the last dims of past/present."""
-    if check_cache_layout(cache_layout, v_format) == "pair":
+    layout = check_cache_layout(cache_layout, v_format)
+    if layout == "pair":
         return d, d
+    if layout == "tight":
+        return tight_row_bytes(d, K_FORMAT), tight_row_bytes(d, v_format)
     return row_bytes(d, K_FORMAT), row_bytes(d, v_format)
 
 
@@ -95,11 +124,11 @@ def head_token_bytes(d: int, fmt: str, layout: str = "rows", dtype: str = "float
         return d * FLOAT_BYTES[dtype if fmt == "float" else fmt]
     if layout == "rows":
         return row_bytes(d, fmt)
-    if layout == "split":
-        return payload_bytes(d, fmt) + scale_bytes(d)
+    if layout in ("split", "tight"):  # payload + scales, nothing padded
+        return packed_bytes(d, fmt)
     if layout == "pair":  # K and q4_0 / q6_0 V in two rows of D bytes each
         return d
-    raise ValueError(f"layout: expected rows, split or pair, got {layout!r}")
+    raise ValueError(f"layout: expected rows, split, pair or tight, got {layout!r}")
 
 
 def bytes_per_token(layers: int, kv_heads: int, d: int, k: str = K_FORMAT, v: str = "q8_0", layout: str = "rows",

@@ -259,11 +259,16 @@ def nmse(x: np.ndarray, ref: np.ndarray) -> float:
 cache_payload_bytes = formats.payload_bytes  # the row layout is defined once, in dot4attn.formats
 cache_row_bytes = formats.row_bytes
 
-def pack_cache_rows(x: np.ndarray, fmt: str = "q8_0") -> np.ndarray:
-    """uint8 rows [..., row_bytes] of x [..., D]: payload (PackK / PackV), float16 scales, zero padding."""
+def pack_cache_rows(x: np.ndarray, fmt: str = "q8_0", cache_layout: str = "rows") -> np.ndarray:
+    """uint8 rows [..., row_bytes] of x [..., D]: payload (PackK / PackV), float16 scales, then (cache_layout
+    "rows") zero padding to a multiple of 16 bytes, or (cache_layout "tight") nothing: rows of payload + D/16."""
     d = x.shape[-1]
+    if cache_layout not in ("rows", "tight"):
+        raise ValueError(f"pack_cache_rows: cache_layout 'rows' or 'tight', got {cache_layout!r} "
+                         "(the pair layout: pack_cache_pair)")
     payload, scales = pack_v(x, fmt)
-    rows = np.zeros((*x.shape[:-1], cache_row_bytes(d, fmt)), np.uint8)
+    width = cache_row_bytes(d, fmt) if cache_layout == "rows" else formats.tight_row_bytes(d, fmt)
+    rows = np.zeros((*x.shape[:-1], width), np.uint8)
     pb = cache_payload_bytes(d, fmt)
     rows[..., :pb] = payload.view(np.uint8)
     rows[..., pb:pb + 2 * (d // BLOCK)] = np.ascontiguousarray(scales.astype(np.float16)).view(np.uint8)
@@ -271,8 +276,8 @@ def pack_cache_rows(x: np.ndarray, fmt: str = "q8_0") -> np.ndarray:
 
 
 def unpack_cache_rows(rows: np.ndarray, d: int, fmt: str = "q8_0") -> tuple[np.ndarray, np.ndarray]:
-    """(payload, float16 scales) of packed cache rows: int8 [..., D] (q8_0), uint8 [..., D/2] (q4_0) or uint8
-    [..., 3D/4] (q6_0)."""
+    """(payload, float16 scales) of packed cache rows, "rows" or "tight" layout (the same bytes up to the scales):
+    int8 [..., D] (q8_0), uint8 [..., D/2] (q4_0) or uint8 [..., 3D/4] (q6_0)."""
     pb = cache_payload_bytes(d, fmt)
     payload = np.ascontiguousarray(rows[..., :pb])
     scales = np.ascontiguousarray(rows[..., pb:pb + 2 * (d // BLOCK)]).view(np.float16)
@@ -336,8 +341,8 @@ def group_query_attention_packed(query, key, value, past_key, past_value, seqlen
     keys after the call; a first prompt (S == total_sequence_length) starts at position 0 and may be right-padded
     (its padding rows output zeros), otherwise the S new tokens take positions total - S .. total - 1. The new
     rows are packed into present (past copied when present is a new buffer). q_norm / k_norm use q_norm_epsilon /
-    k_norm_epsilon where given, else qk_norm_epsilon (GroupQueryAttention's rule). cache_layout: "rows" or "pair"
-    (q4_0 / q6_0 V only; dot4attn.formats)."""
+    k_norm_epsilon where given, else qk_norm_epsilon (GroupQueryAttention's rule). cache_layout: "rows", "pair"
+    (q4_0 / q6_0 V only) or "tight" (rows without padding; dot4attn.formats)."""
     formats.check_cache_layout(cache_layout, v_format)
     B, S = query.shape[:2]
     hq, hkv = num_heads, kv_num_heads
@@ -373,8 +378,8 @@ def group_query_attention_packed(query, key, value, past_key, past_value, seqlen
         k_rows, v_rows = pack_cache_pair(kf.transpose(0, 2, 1, 3), v.astype(np.float32).transpose(0, 2, 1, 3),
                                          v_format)
     else:
-        k_rows = pack_cache_rows(kf.transpose(0, 2, 1, 3), "q8_0")  # [B, Hkv, S, row]
-        v_rows = pack_cache_rows(v.astype(np.float32).transpose(0, 2, 1, 3), v_format)
+        k_rows = pack_cache_rows(kf.transpose(0, 2, 1, 3), "q8_0", cache_layout)  # [B, Hkv, S, row]
+        v_rows = pack_cache_rows(v.astype(np.float32).transpose(0, 2, 1, 3), v_format, cache_layout)
     for b in range(B):
         present_k[b, :, past[b]:past[b] + S] = k_rows[b]
         present_v[b, :, past[b]:past[b] + S] = v_rows[b]

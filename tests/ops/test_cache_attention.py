@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cache_cases import CPU_CASES, assert_only_new_rows_changed, cache_with_garbage, case_id
+from cache_cases import CPU_CASES, TIGHT_CASES, assert_only_new_rows_changed, cache_with_garbage, case_id
 from cache_cases import bound_run as _bound_run, expect as _expect, make_inputs as _inputs, run as _run
-from dot4attn import reference as ref
+from dot4attn import formats, reference as ref
 from dot4attn.onnx_builders import cache_attention_model, session
 
 @pytest.mark.parametrize("case", CPU_CASES, ids=case_id)
@@ -41,6 +41,56 @@ def test_prompt_then_decode_matches_reference(case):
         _expect(f, attrs, out, atol)
         assert out[1].shape[2] == max(past_k.shape[2], max(total))
         past_k, past_v = out[1], out[2]
+
+
+@pytest.mark.parametrize("case", TIGHT_CASES, ids=case_id)
+def test_tight_layout_is_the_rows_layout_without_its_padding(case):
+    """cache_layout 'tight' against 'rows' on the same inputs (a right-padded prompt, then decode steps with past !=
+    present, each layout fed its own previous caches): the outputs are equal to the last bit, and every present row
+    is the rows layout's row without its zero padding (payload, then scales, nothing after). The tight rows are the
+    reference's byte for byte: V always, K where no rotation or norm (float math in another order) comes first."""
+    B, hq, hkv, d, dtype, packed, rotary, inter, norm, vf, _ = case
+    kw = dict(dtype=dtype, packed=packed, rotary=rotary, qk_norm=norm, v_format=vf)
+    k_row, v_row = formats.cache_row_widths(d, vf, "tight")
+    assert (k_row, v_row) == (d + d // 16, formats.payload_bytes(d, vf) + d // 16)
+    sess = {layout: session(cache_attention_model(dtype, num_heads=hq, kv_num_heads=hkv, packed_qkv=packed,
+                                                  rotary=rotary, interleaved=inter, qk_norm=norm, v_format=vf,
+                                                  cache_layout=layout)) for layout in ("rows", "tight")}
+    attrs = dict(num_heads=hq, kv_num_heads=hkv, do_rotary=int(rotary), rotary_interleaved=int(inter), v_format=vf,
+                 cache_layout="tight")
+    S = 9
+    lens = [S - 3 * b for b in range(B)]
+    first = _inputs(B, S, hq, hkv, d, **kw)
+    past = {layout: (None, None) for layout in sess}
+    for step in range(4):
+        seqlens = [n - 1 for n in lens] if step == 0 else [n - 1 + step for n in lens]
+        total = S if step == 0 else max(lens) + step
+        outs = {}
+        for layout in sess:
+            feeds = first if step == 0 else _inputs(B, 1, hq, hkv, d, seed=step, **kw)
+            feeds = dict(feeds, **{n: first[n] for n in ("cos_cache", "sin_cache", "q_norm_weight", "k_norm_weight")
+                                   if n in first})
+            widths = formats.cache_row_widths(d, vf, layout)
+            pk, pv = past[layout]
+            feeds["past_key"] = pk if pk is not None else np.zeros((B, hkv, 0, widths[0]), np.uint8)
+            feeds["past_value"] = pv if pv is not None else np.zeros((B, hkv, 0, widths[1]), np.uint8)
+            outs[layout], f = _run(sess[layout], feeds, seqlens, total)
+            past[layout] = (outs[layout][1], outs[layout][2])
+            if layout == "tight":
+                want = ref.group_query_attention_packed(
+                    f["query"], f.get("key"), f.get("value"), f["past_key"], f["past_value"], f["seqlens_k"],
+                    f["total_sequence_length"], f.get("cos_cache"), f.get("sin_cache"), f.get("q_norm_weight"),
+                    f.get("k_norm_weight"), **attrs)
+        (o_r, k_r, v_r), (o_t, k_t, v_t) = outs["rows"], outs["tight"]
+        assert k_t.shape[-1] == k_row and v_t.shape[-1] == v_row
+        assert np.array_equal(o_t, o_r), f"step {step}: tight output != rows output"
+        assert np.array_equal(k_t, k_r[..., :k_row]) and not k_r[..., k_row:].any(), f"step {step}: K rows"
+        assert np.array_equal(v_t, v_r[..., :v_row]) and not v_r[..., v_row:].any(), f"step {step}: V rows"
+        assert np.array_equal(v_t, want[2]), f"step {step}: tight V rows != the reference's"
+        if not rotary and not norm:
+            assert np.array_equal(k_t, want[1]), f"step {step}: tight K rows != the reference's"
+        atol = 2e-3 if dtype == np.float16 else 1e-4
+        np.testing.assert_allclose(o_t.astype(np.float32), want[0].astype(np.float32), atol=atol, rtol=0)
 
 
 @pytest.mark.parametrize("valid", [[4999, 3000], [4999, 4999]], ids=["own-lengths", "one-length"])
@@ -122,13 +172,19 @@ def test_bad_inputs_are_clear_errors(bad, message):
     ("rows", "float", None, "attribute 'v_format': expected 'q8_0', 'q4_0' or 'q6_0', got 'float'"),
     ("pair", "q6_0", "rows", "input 'past_key' (3): expected shape [B, kv_num_heads, rows, 64] with B = 1, "
                              "kv_num_heads = 2 (K payloads of D = 64, cache_layout 'pair': both caches D bytes wide)"),
-    ("columns", "q4_0", None, "attribute 'cache_layout': expected 'rows' or 'pair', got 'columns'"),
+    ("columns", "q4_0", None, "attribute 'cache_layout': expected 'rows', 'pair' or 'tight', got 'columns'"),
+    ("tight", "q8_0", "rows", "input 'past_key' (3): expected shape [B, kv_num_heads, rows, 68] with B = 1, "
+                              "kv_num_heads = 2 (packed K rows of D = 64, cache_layout 'tight': rows without "
+                              "padding), got [1, 2, 16, 80]"),
+    ("rows", "q8_0", "tight", "input 'past_key' (3): expected shape [B, kv_num_heads, rows, 80] with B = 1, "
+                              "kv_num_heads = 2 (packed K rows of D = 64), got [1, 2, 16, 68]"),
     ("pair", "q4_0", "rows", "input 'past_key' (3): expected shape [B, kv_num_heads, rows, 64] with B = 1, "
                              "kv_num_heads = 2 (K payloads of D = 64, cache_layout 'pair': both caches D bytes wide)"),
 ])
 def test_bad_cache_layouts_are_clear_errors(layout, v_format, past, message):
-    """cache_layout 'pair' is for q4_0 / q6_0 V only, names outside rows / pair and V formats the op lacks are
-    refused, and a pair-layout node fed rows-layout caches says which widths it expects."""
+    """cache_layout 'pair' is for q4_0 / q6_0 V only, names outside rows / pair / tight and V formats the op lacks
+    are refused, and a pair- or tight-layout node fed rows-layout caches (or a rows node fed tight ones) says which
+    widths it expects."""
     B, hq, hkv, d = 1, 4, 2, 64
     model = cache_attention_model(np.float32, num_heads=hq, kv_num_heads=hkv, v_format=v_format,
                                   cache_layout=layout)
@@ -137,6 +193,57 @@ def test_bad_cache_layouts_are_clear_errors(layout, v_format, past, message):
         feeds = _inputs(B, 1, hq, hkv, d, past_rows=16, v_format=v_format if v_format in ("q4_0", "q6_0") else "q8_0",
                         cache_layout=past or layout)
         _run(sess, feeds, [8], 9)
+
+
+@pytest.mark.parametrize("vf, padded", [("q8_0", 80), ("q4_0", 48), ("q6_0", 64)])
+def test_a_tight_v_cache_of_the_wrong_width_names_the_layout(vf, padded):
+    """K rows of the tight width and V rows of the rows layout's (padded) width: the V error names the tight width
+    (D = 64: q8_0 68, q4_0 36, q6_0 52) and the layout."""
+    B, hq, hkv, d = 1, 4, 2, 64
+    sess = session(cache_attention_model(np.float32, num_heads=hq, kv_num_heads=hkv, v_format=vf,
+                                         cache_layout="tight"))
+    feeds = _inputs(B, 1, hq, hkv, d, past_rows=16, v_format=vf, cache_layout="tight")
+    assert feeds["past_key"].shape[-1] == 68
+    feeds["past_value"] = np.zeros((B, hkv, 16, padded), np.uint8)
+    tight_v = {"q8_0": 68, "q4_0": 36, "q6_0": 52}[vf]
+    with pytest.raises(Exception, match=r"Dot4GroupQueryAttention: " + _re(
+            f"input 'past_value' (4): expected shape [1, 2, 16, {tight_v}] (packed {vf} V rows of D = 64, "
+            f"cache_layout 'tight': rows without padding), got [1, 2, 16, {padded}]")):
+        _run(sess, feeds, [8], 9)
+
+
+@pytest.mark.parametrize("vf, d", [("q8_0", 64), ("q4_0", 96), ("q6_0", 128), ("q6_0", 32)])
+def test_tight_layout_appends_in_place_and_holds_the_rows_layouts_values(vf, d):
+    """The tight layout on a shared buffer (onnxruntime-genai's in-place cache): only the new rows change, rows past
+    each batch row's valid length (huge values) are never read, the appended rows are the reference's tight rows and
+    the rows layout's without padding, and the output is the rows layout's to the last bit."""
+    valid = [20, 33, 7]
+    B, hq, hkv, L = len(valid), 8, 2, 48
+    caches = {layout: cache_with_garbage(np.random.default_rng(11), B, hkv, L, d, valid, layout, vf)
+              for layout in ("rows", "tight")}
+    k_row, v_row = formats.cache_row_widths(d, vf, "tight")
+    assert caches["tight"][0].shape[-1] == k_row and caches["tight"][1].shape[-1] == v_row
+    assert np.array_equal(caches["tight"][0], caches["rows"][0][..., :k_row])
+    assert np.array_equal(caches["tight"][1], caches["rows"][1][..., :v_row])
+    feeds = _inputs(B, 1, hq, hkv, d, seed=12, v_format=vf)  # no rotation: K packs exactly as the reference's
+    outs, rows = {}, {}
+    for layout, (ck, cv) in caches.items():
+        sess = session(cache_attention_model(np.float32, num_heads=hq, kv_num_heads=hkv, v_format=vf,
+                                             cache_layout=layout))
+        f = dict(feeds, past_key=ck, past_value=cv)
+        before_k, before_v = ck.copy(), cv.copy()
+        out, nk, nv = _bound_run(sess, f, valid, max(valid) + 1, ck, cv)
+        assert_only_new_rows_changed(before_k, before_v, nk, nv, valid)
+        outs[layout], rows[layout] = out, (nk, nv)
+        if layout == "tight":
+            ff = dict(f, past_key=before_k, past_value=before_v, seqlens_k=np.asarray(valid, np.int32),
+                      total_sequence_length=np.asarray(max(valid) + 1, np.int32))
+            want = _expect(ff, dict(num_heads=hq, kv_num_heads=hkv, v_format=vf, cache_layout="tight"),
+                           (out, nk, nv), 1e-4)
+            assert np.array_equal(nk, want[1]) and np.array_equal(nv, want[2]), "tight rows != the reference's"
+    assert np.array_equal(outs["tight"], outs["rows"])
+    assert np.array_equal(rows["tight"][0], rows["rows"][0][..., :k_row])
+    assert np.array_equal(rows["tight"][1], rows["rows"][1][..., :v_row])
 
 
 @pytest.mark.parametrize("vf, d", [("q4_0", 128), ("q6_0", 128), ("q6_0", 64)])
@@ -201,7 +308,7 @@ def _with_rotary_attr_but_no_cos(hq, hkv):
 
 
 @pytest.mark.parametrize("vf, layout", [("q8_0", "rows"), ("q4_0", "rows"), ("q4_0", "pair"), ("q6_0", "rows"),
-                                        ("q6_0", "pair")])
+                                        ("q6_0", "pair"), ("q8_0", "tight"), ("q4_0", "tight"), ("q6_0", "tight")])
 def test_nonfinite_tokens_follow_the_policy(vf, layout):
     """docs/ops.md's non-finite policy through the in-place pack: a NaN in one token's key and an inf in a later
     token's value pack to NaN scales (that block only) and make exactly the query rows that see them NaN; a token
