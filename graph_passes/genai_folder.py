@@ -18,7 +18,10 @@ the op's "pair" layout (K and V both head_size bytes wide, as genai allocates th
 by name: `inplace_runner=True` (`--for-inplace-runner`) writes q4_0 / q6_0 V in the "rows" layout (V narrower than
 K, 224 / 256 instead of 256 bytes per token and head at head size 128), which only dot4attn's in-place runner
 (dot4attn.runtime.inplace, `dot4attn generate`) can run. On the GPU execution providers q6_0 V needs a head size that
-is a multiple of 64."""
+is a multiple of 64. `cache_layout="tight"` (`--cache-layout tight`) writes the rows layout without its 16-byte padding
+for the CPU execution provider only (the GPU EPs refuse it): q8_0 V runs under og.Generator (K and V rows of one
+width, 136 instead of 160 bytes per token and KV head at head size 64), q4_0 / q6_0 V (narrower than K) only with
+`inplace_runner=True`; a folder whose genai_config.json runs the decoder on CUDA or ROCm is refused."""
 from __future__ import annotations
 
 import json
@@ -64,11 +67,63 @@ def _external_files(model_path: Path) -> set[str]:
 
 INPLACE_RUNNER_HINT = ("run it with `dot4attn generate OUT_DIR --token-ids ...` or dot4attn.runtime.InPlaceDecoder "
                        "(docs/genai.md)")
+GPU_PROVIDERS = ("cuda", "rocm")  # genai provider names whose EPs run the op's GPU kernels (which refuse 'tight')
+
+
+def choose_cache_layout(v_format: str, inplace_runner: bool, cache_layout: str | None,
+                        head_size: int | None = None) -> str:
+    """The op's cache_layout for a folder: the one asked for, checked against the V format and the runner, or (None)
+    the default: "pair" for q4_0 / q6_0 V (og.Generator's one width), "rows" for q8_0 V and for the in-place
+    runner. Raises GenaiError saying why a combination cannot run."""
+    from ..formats import CACHE_LAYOUTS, PAIR_V_FORMATS, cache_row_widths
+
+    if inplace_runner and v_format not in PAIR_V_FORMATS:
+        # the folder would be barred from og.Generator (its model type says so) for nothing: K and V rows of one
+        # width run under og.Generator and under the in-place runner alike
+        raise GenaiError(f"--for-inplace-runner (inplace_runner=True) is for --v-format q4_0 or q6_0; a {v_format} "
+                         "V folder runs under og.Generator and under dot4attn's in-place runner as it is")
+    if cache_layout is None:
+        return "pair" if v_format in PAIR_V_FORMATS and not inplace_runner else "rows"
+    if cache_layout not in CACHE_LAYOUTS:
+        raise GenaiError(f"--cache-layout (cache_layout): expected {', '.join(CACHE_LAYOUTS)}, got {cache_layout!r}")
+    if cache_layout == "pair":
+        if v_format not in PAIR_V_FORMATS:
+            raise GenaiError(f"--cache-layout pair is for --v-format q4_0 or q6_0 (V's values and both scale runs in a "
+                             f"row of head-size bytes); a {v_format} V cache has K's row width already (the rows "
+                             "layout, or tight on the CPU execution provider)")
+        if inplace_runner:
+            raise GenaiError("--cache-layout pair with --for-inplace-runner: the pair layout runs under og.Generator "
+                             "and dot4attn's in-place runner as it is; --for-inplace-runner writes V rows narrower "
+                             "than K's (--cache-layout rows, the default there, or tight)")
+        return cache_layout
+    if v_format in PAIR_V_FORMATS and not inplace_runner:
+        widths = ""
+        if isinstance(head_size, int) and head_size > 0 and head_size % 32 == 0:
+            k_row, v_row = cache_row_widths(head_size, v_format, cache_layout)
+            widths = f" ({v_row} vs {k_row} bytes per token and KV head at head size {head_size})"
+        raise GenaiError(f"--cache-layout {cache_layout} with --v-format {v_format} makes V rows narrower than K's"
+                         f"{widths}, which og.Generator cannot allocate (onnxruntime-genai gives V the K cache's "
+                         "width): add --for-inplace-runner for a folder dot4attn's in-place runner runs, or leave "
+                         "--cache-layout out for the pair layout, which og.Generator runs")
+    return cache_layout
+
+
+def _refuse_tight_on_a_gpu(cfg_path: Path, decoder: dict) -> None:
+    """cache_layout 'tight' runs on the CPU EP only: a folder genai runs on CUDA / ROCm would fail when its session
+    is created (the op's refusal), so the rewrite refuses it first."""
+    options = decoder.get("session_options", {}).get("provider_options") or []
+    gpus = [name for o in options if isinstance(o, dict) for name in o if name.lower() in GPU_PROVIDERS]
+    if gpus:
+        raise GenaiError(f"{cfg_path}: --cache-layout tight runs on the CPU execution provider only (the GPU kernels "
+                         "read rows of 16-byte multiples), and model.decoder.session_options.provider_options runs "
+                         f"the decoder on {', '.join(gpus)}: Dot4GroupQueryAttention would refuse the folder when "
+                         "genai creates its session. Leave --cache-layout out (the rows or pair layout runs on the "
+                         "GPU), or build the folder for the CPU (-e cpu)")
 
 
 def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str = "q8_0", *,
                    inplace_runner: bool = False, split_k_min_keys: int | None = None,
-                   rotate_v: bool = False) -> GenaiRewriteReport:
+                   rotate_v: bool = False, cache_layout: str | None = None) -> GenaiRewriteReport:
     """Rewrites the genai folder `src` into the new folder `dst` (which must not exist, or be empty).
 
     inplace_runner: q4_0 / q6_0 V only: a folder for dot4attn's in-place runner only, its V rows narrower than K's
@@ -77,9 +132,11 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
     which runs under og.Generator and the in-place runner. split_k_min_keys: the op's rule for decode
     steps (split_k from this many keys on; None keeps the op's default, 2048). rotate_v: fold a per-head Hadamard
     rotation of V into the V projection and o_proj weights (passes.rotate_v: the same model, a cache whose V
-    quantizes better; float weights and a power-of-2 head size only)."""
+    quantizes better; float weights and a power-of-2 head size only). cache_layout: the op's layout (None: "pair" for
+    q4_0 / q6_0 V, else "rows"); "tight" is the rows layout without its padding, for the CPU execution provider only:
+    a q8_0 V folder runs under og.Generator, a q4_0 / q6_0 one needs inplace_runner (choose_cache_layout)."""
     from . import RewriteError, load_checked, save_atomic
-    from ..formats import PAIR_V_FORMATS, cache_row_widths
+    from ..formats import cache_row_widths
     from .genai_gqa import GenaiRewriteError, float_mask_sum, rewrite_gqa
 
     src, dst = Path(src).resolve(), Path(dst).resolve()
@@ -93,12 +150,9 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
     if (src / FACTS).exists():
         raise GenaiError(f"{src}: already rewritten by dot4attn ({FACTS} is there)")
     decoder = cfg["model"]["decoder"]
-    cache_layout = "pair" if v_format in PAIR_V_FORMATS and not inplace_runner else "rows"
-    if inplace_runner and v_format not in PAIR_V_FORMATS:
-        # the folder would be barred from og.Generator (its model type says so) for nothing: K and V rows of one
-        # width run under og.Generator and under the in-place runner alike
-        raise GenaiError(f"--for-inplace-runner (inplace_runner=True) is for --v-format q4_0 or q6_0; a {v_format} "
-                         "V folder runs under og.Generator and under dot4attn's in-place runner as it is")
+    cache_layout = choose_cache_layout(v_format, inplace_runner, cache_layout, decoder.get("head_size"))
+    if cache_layout == "tight":
+        _refuse_tight_on_a_gpu(src / CONFIG, decoder)
     if split_k_min_keys is not None and split_k_min_keys < 1:
         raise GenaiError(f"split_k_min_keys must be >= 1, got {split_k_min_keys}")
     drop_window, window_cap = _sliding_window(src, cfg)
@@ -150,6 +204,12 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
         report.notes.append(f"{CONFIG}: model.decoder.sliding_window removed: genai would give the op present "
                             f"views of a window-sized cache it does not write; every node attends to the whole "
                             f"cache{capped}")
+    if cache_layout == "tight":
+        k_row, v_row = cache_row_widths(report.head_size, v_format, "tight")
+        r_k, r_v = cache_row_widths(report.head_size, v_format, "rows")
+        report.notes.append(f"cache layout tight (the rows without their 16-byte padding: K {k_row} + V {v_row} bytes "
+                            f"per token and KV head instead of {r_k} + {r_v}): the CPU execution provider only, a GPU "
+                            "one refuses the folder when its session is created")
     if inplace_runner:
         report.notes.append(f"written for dot4attn's in-place runner, not og.Generator: {INPLACE_RUNNER_HINT}")
     elif cache_layout == "pair":

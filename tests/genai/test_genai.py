@@ -418,6 +418,109 @@ def test_q4_0_and_q6_0_folders_run_under_og_generator_in_the_pair_layout(rewritt
     assert seq == want
 
 
+def test_tight_q8_0_folder_runs_under_og_generator_as_the_rows_folder(rewritten, tmp_path, capsys):
+    """--cache-layout tight (head size 64, where the rows layout pads 68 bytes to 80): K and q8_0 V rows of 68 bytes,
+    one width, so og.Generator runs the folder on the CPU EP; the same packed values as the rows folder, so the same
+    logits to the last bit (a prompt and decode steps) and the same greedy tokens; 136 cache bytes per token and KV
+    head (rows: 160, ORT's int8 cache: 128). Asked to run on CUDA, the runners refuse it with the reason before a
+    session is made (the op's own refusal: tests/gpu/test_ort_cuda.py)."""
+    from dot4attn import formats
+    from dot4attn.runtime import open_decoder
+    from dot4attn.runtime.og import generate as og_generate
+
+    src, rows = rewritten("gqa7-d64", "fp32")
+    tight = tmp_path / "tight"
+    capsys.readouterr()
+    assert cli(["rewrite", str(src), str(tight), "--cache-layout", "tight"]) == 0
+    assert "note: cache layout tight (the rows without their 16-byte padding: K 68 + V 68 bytes per token and KV " \
+           "head instead of 80 + 80)" in capsys.readouterr().out
+    facts = json.loads((tight / "dot4attn.json").read_text())
+    L, h, d = facts["layers"], facts["kv_heads"], facts["head_size"]
+    assert (facts["cache_layout"], facts["runner"], facts["v_format"], d) == ("tight", "og", "q8_0", 64)
+    assert facts["k_row_bytes"] == facts["v_row_bytes"] == 68
+    assert facts["kv_bytes_per_token_after"] == L * h * 136 == formats.bytes_per_token(L, h, d, layout="tight")
+    assert json.loads((rows / "dot4attn.json").read_text())["kv_bytes_per_token_after"] == L * h * 160
+    m = onnx.load(str(tight / "model.onnx"), load_external_data=False)
+    nodes = [n for n in m.graph.node if n.op_type == "Dot4GroupQueryAttention"]
+    assert len(nodes) == L and all(
+        onnx.helper.get_attribute_value(next(a for a in n.attribute if a.name == "cache_layout")) == b"tight"
+        for n in nodes)
+    caches = [v for v in m.graph.input if v.name.startswith("past_key_values.")]
+    assert {v.type.tensor_type.shape.dim[3].dim_value for v in caches} == {68}
+    tokens = [int(t) for t in np.random.default_rng(1).integers(0, 256, 40)]
+    for mode in ("prompt", "steps"):
+        want = teacher_forced_logits(rows, tokens, mode)
+        assert np.array_equal(teacher_forced_logits(tight, tokens, mode), want), mode
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [20, 21, 22, 23]]
+    assert og_generate(tight, prompts, 16) == og_generate(rows, prompts, 16)
+    dec = open_decoder(tight)
+    assert type(dec).__name__ == "OgDecoder" and dec.cache_bytes_per_token() == L * h * 136
+    dec.close()
+    for runner in ("og", "inplace"):
+        with pytest.raises(ValueError, match=r"its cache is in the tight layout \(dot4attn.json: cache_layout "
+                                             r"'tight', rows without padding\), which runs on the CPU execution "
+                                             r"provider only, not on cuda"):
+            open_decoder(tight, device="cuda", runner=runner)
+    assert cli(["generate", str(tight), "--device", "cuda", "--token-ids", "5,6,7"]) == 2
+    assert "which runs on the CPU execution provider only, not on cuda: run it on the CPU (--device cpu)" in \
+        capsys.readouterr().err
+
+
+@pytest.mark.parametrize("v_format", ["q4_0", "q6_0"])
+def test_tight_q4_0_and_q6_0_folders_are_for_the_in_place_runner(rewritten, tmp_path, capsys, v_format):
+    """Tight q4_0 / q6_0 V rows are narrower than K's (head size 128: 72 / 104 vs 136), which og.Generator cannot
+    allocate: without --for-inplace-runner the rewrite refuses with why and what to do; with it, the in-place runner
+    runs the folder on the CPU with the logits of the rows --for-inplace-runner folder, to the last bit."""
+    from dot4attn.runtime import open_decoder
+
+    src = genai_model("qwen3-d128", "fp32")
+    v_row = {"q4_0": 72, "q6_0": 104}[v_format]
+    _rewrite_fails(src, tmp_path / "og", capsys, f"--cache-layout tight with --v-format {v_format} makes V rows "
+                   f"narrower than K's ({v_row} vs 136 bytes per token and KV head at head size 128), which "
+                   "og.Generator cannot allocate", args=["--v-format", v_format, "--cache-layout", "tight"])
+    tight = tmp_path / "tight"
+    assert cli(["rewrite", str(src), str(tight), "--v-format", v_format, "--cache-layout", "tight",
+                "--for-inplace-runner"]) == 0
+    facts = json.loads((tight / "dot4attn.json").read_text())
+    assert (facts["cache_layout"], facts["runner"], facts["k_row_bytes"], facts["v_row_bytes"]) == \
+        ("tight", "inplace", 136, v_row)
+    rows = rewritten("qwen3-d128", "fp32", v_format)[1]  # the rows layout, --for-inplace-runner
+    prompt = np.random.default_rng(3).integers(3, 256, size=(1, 20)).astype(np.int64)
+    logits = {}
+    for name, folder in (("tight", tight), ("rows", rows)):
+        dec = open_decoder(folder)  # the folder's runner: in place, on the CPU
+        dec.reset(1, 32)
+        logits[name] = np.concatenate([dec.prefill(prompt, chunk=8)] +
+                                      [dec.step(np.array([[t]])) for t in (17, 18, 19, 20)])
+        if name == "tight":
+            assert dec.cache_bytes_per_token() == facts["layers"] * facts["kv_heads"] * (136 + v_row)
+        dec.close()
+    assert np.array_equal(logits["tight"], logits["rows"])
+    capsys.readouterr()
+    assert cli(["generate", str(tight), "--token-ids", "5,6,7", "--max-new-tokens", "4"]) == 0
+    assert "in-place cache on cpu" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--cache-layout", "pair"], "--cache-layout pair is for --v-format q4_0 or q6_0"),
+    (["--cache-layout", "pair", "--v-format", "q4_0", "--for-inplace-runner"],
+     "--cache-layout pair with --for-inplace-runner: the pair layout runs under og.Generator"),
+    (["--cache-layout", "rows", "--v-format", "q6_0"], "--cache-layout rows with --v-format q6_0 makes V rows narrower "
+                                                       "than K's (112 vs 144 bytes per token and KV head at head size "
+                                                       "128)")])
+def test_cache_layouts_the_runners_cannot_run_are_refused(tmp_path, capsys, args, match):
+    _rewrite_fails(genai_model("qwen3-d128", "fp32"), tmp_path / "out", capsys, match, args=args)
+
+
+def test_tight_is_refused_for_a_folder_genai_runs_on_cuda(tmp_path, capsys):
+    """The CUDA build's genai_config.json runs the decoder on the CUDA EP, which refuses the tight layout when the
+    session is created: the rewrite refuses first, saying why and what to do."""
+    _rewrite_fails(genai_model("qwen3-d128", "fp16", "cuda"), tmp_path / "out", capsys,
+                   "--cache-layout tight runs on the CPU execution provider only (the GPU kernels read rows of "
+                   "16-byte multiples), and model.decoder.session_options.provider_options runs the decoder on cuda",
+                   args=["--cache-layout", "tight"])
+
+
 def test_for_inplace_runner_is_for_q4_0_and_q6_0(tmp_path, capsys):
     src = genai_model("qwen3-d128", "fp32")
     # asked for without q4_0 / q6_0, it would bar og.Generator from a folder it runs
@@ -430,6 +533,13 @@ def test_for_inplace_runner_is_for_q4_0_and_q6_0(tmp_path, capsys):
 def test_options_of_onnx_files_are_refused_for_folders(tmp_path, capsys, args, match):
     _rewrite_fails(genai_model("qwen2-bias", "fp32"), tmp_path / "out", capsys, match, args=args,
                    refused_by_rewrite=False)
+
+
+@pytest.mark.parametrize("flag", [["--cache-layout", "tight"], ["--for-inplace-runner"], ["--rotate-v"]])
+def test_options_of_folders_are_refused_for_onnx_files(tmp_path, capsys, flag):
+    assert cli(["rewrite", str(tmp_path / "m.onnx"), str(tmp_path / "out.onnx"), *flag]) == 2
+    assert f"dot4attn rewrite: {flag[0]} is for genai folders; an .onnx file is not one" in capsys.readouterr().err
+    assert not (tmp_path / "out.onnx").exists()
 
 
 def test_the_decoder_file_of_a_folder_points_at_the_folder(tmp_path, capsys):
