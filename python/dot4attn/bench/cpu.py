@@ -24,7 +24,9 @@ GroupQueryAttention (share-buffer KV cache) vs numpy, in one process.
   ========== ==========================================================================================
 
   cache_q4_0_pair is cache_q4_0 in the pair layout (K and V rows of D bytes), as q4_0 V folders hold it under
-  og.Generator; cache_q6_0_pair the same with V q6_0 (ORT int8's bytes per token).
+  og.Generator; cache_q6_0_pair the same with V q6_0 (ORT int8's bytes per token); cache_q8_0_tight is cache_q8_0
+  in the tight layout (the rows without their 16-byte padding, the CPU EP only: 136 instead of 160 bytes per token
+  and KV head at D = 64).
 
   The op contract ties V's float dtype to the query dtype (``value: T``), so the "float16 V" line is T=float16.
 
@@ -73,6 +75,7 @@ CANDIDATES = {
     "cache_q4_0": "Dot4GroupQueryAttention in-place packed cache, V q4_0",
     "cache_q4_0_pair": "Dot4GroupQueryAttention in-place packed cache, V q4_0, pair layout (og.Generator's)",
     "cache_q6_0_pair": "Dot4GroupQueryAttention in-place packed cache, V q6_0, pair layout (og.Generator's)",
+    "cache_q8_0_tight": "Dot4GroupQueryAttention in-place packed cache, V q8_0, tight layout (rows without padding)",
 }
 DOT4_CANDIDATES = [c for c in CANDIDATES if c.startswith("d4a_")]
 CACHE_CANDIDATES = [c for c in CANDIDATES if c.startswith("cache_")]
@@ -81,9 +84,12 @@ BASELINE = "gqa_f32"
 
 def cache_candidate(name: str) -> tuple[str, str]:
     """(V format, cache layout) of a cache_* candidate: cache_q8_0, cache_q4_0 (rows), cache_q4_0_pair,
-    cache_q6_0_pair."""
+    cache_q6_0_pair, cache_q8_0_tight."""
     body = name[len("cache_"):]
-    return (body[:-len("_pair")], "pair") if body.endswith("_pair") else (body, "rows")
+    for layout in ("pair", "tight"):
+        if body.endswith(f"_{layout}"):
+            return body[:-len(layout) - 1], layout
+    return body, "rows"
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -295,8 +301,8 @@ class CacheRunner:
             ck[:, :, :Sk - Sq], cv[:, :, :Sk - Sq] = ref.pack_cache_pair(k[:, :, :Sk - Sq], v[:, :, :Sk - Sq],
                                                                          v_format)
         else:
-            ck[:, :, :Sk - Sq] = ref.pack_cache_rows(k[:, :, :Sk - Sq])
-            cv[:, :, :Sk - Sq] = ref.pack_cache_rows(v[:, :, :Sk - Sq], v_format)
+            ck[:, :, :Sk - Sq] = ref.pack_cache_rows(k[:, :, :Sk - Sq], "q8_0", cache_layout)
+            cv[:, :, :Sk - Sq] = ref.pack_cache_rows(v[:, :, :Sk - Sq], v_format, cache_layout)
         self.cache_k, self.cache_v = _ov(ck), _ov(cv)
         del ck, cv
         bsh = lambda x: x.transpose(0, 2, 1, 3).reshape(x.shape[0], x.shape[2], -1).astype(np.float32)  # noqa: E731
