@@ -96,16 +96,20 @@ def test_tight_layout_is_the_rows_layout_without_its_padding(case):
 @pytest.mark.parametrize("valid", [[4999, 3000], [4999, 4999]], ids=["own-lengths", "one-length"])
 def test_split_k_route_over_a_long_cache(valid):
     """Decode over 5000 keys (the split_k route) of a cache with more rows than valid keys; rows of one length
-    attend in one call."""
+    attend in one call. The same keys in the tight layout give the rows layout's output to the last bit."""
     B, hq, hkv, d = 2, 8, 2, 128
-    sess = session(cache_attention_model(np.float32, num_heads=hq, kv_num_heads=hkv, rotary=True))
     feeds = _inputs(B, 1, hq, hkv, d, rotary=True, past_rows=6000, seed=3, max_pos=6000)
     rng = np.random.default_rng(4)
-    for name in ("past_key", "past_value"):
-        x = rng.standard_normal((B, hkv, 6000, d)).astype(np.float32)
-        feeds[name] = ref.pack_cache_rows(x)
-    out, f = _run(sess, feeds, valid, 5000)
-    _expect(f, dict(num_heads=hq, kv_num_heads=hkv, do_rotary=1), out, 1e-4)
+    x = {name: rng.standard_normal((B, hkv, 6000, d)).astype(np.float32) for name in ("past_key", "past_value")}
+    outs = {}
+    for layout in ("rows", "tight"):
+        sess = session(cache_attention_model(np.float32, num_heads=hq, kv_num_heads=hkv, rotary=True,
+                                             cache_layout=layout))
+        f = dict(feeds, **{name: ref.pack_cache_rows(v, "q8_0", layout) for name, v in x.items()})
+        out, f = _run(sess, f, valid, 5000)
+        _expect(f, dict(num_heads=hq, kv_num_heads=hkv, do_rotary=1, cache_layout=layout), out, 1e-4)
+        outs[layout] = out[0]
+    assert np.array_equal(outs["tight"], outs["rows"])
 
 
 def test_a_shared_buffer_too_small_for_the_new_rows_is_an_error():
@@ -213,10 +217,11 @@ def test_a_tight_v_cache_of_the_wrong_width_names_the_layout(vf, padded):
 
 
 @pytest.mark.parametrize("vf, d", [("q8_0", 64), ("q4_0", 96), ("q6_0", 128), ("q6_0", 32)])
-def test_tight_layout_appends_in_place_and_holds_the_rows_layouts_values(vf, d):
-    """The tight layout on a shared buffer (onnxruntime-genai's in-place cache): only the new rows change, rows past
-    each batch row's valid length (huge values) are never read, the appended rows are the reference's tight rows and
-    the rows layout's without padding, and the output is the rows layout's to the last bit."""
+def test_tight_layout_appends_in_place_and_holds_the_rows_layouts_values(vf, d, isa):
+    """The tight layout on a shared buffer (onnxruntime-genai's in-place cache), every CPU ISA path: only the new rows
+    change, rows past each batch row's valid length (huge values) are never read, the appended rows are the
+    reference's tight rows and the rows layout's without padding, and the output is the rows layout's to the last
+    bit."""
     valid = [20, 33, 7]
     B, hq, hkv, L = len(valid), 8, 2, 48
     caches = {layout: cache_with_garbage(np.random.default_rng(11), B, hkv, L, d, valid, layout, vf)
