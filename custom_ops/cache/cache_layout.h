@@ -1,5 +1,5 @@
 // The packed KV cache of Dot4GroupQueryAttention (docs/ops.md, "Packed cache"): one uint8 tensor per K and one
-// per V per layer, [B, Hkv, L, row bytes]. Two layouts (attribute `cache_layout`) place a token's packed K and V:
+// per V per layer, [B, Hkv, L, row bytes]. Three layouts (attribute `cache_layout`) place a token's packed K and V:
 //
 //  rows  every token row is self-contained -- its int8 / q4_0 / q6_0 payload, then its float16 block scales, then
 //        zero padding to a multiple of 16 bytes (K 144, q4_0 V 80 and q6_0 V 112 bytes at D = 128). The default.
