@@ -187,6 +187,33 @@ def test_resume_measures_a_rows_failed_case_again(smoke, tmp_path):
     assert len(again) == 1 and "failed" not in again[0] and again[0]["ms_per_token"] > 0, again
 
 
+def test_the_q6_0_row_is_asked_for_by_name(smoke, tmp_path):
+    """Row 5 (packed K + q6_0 V in the pair layout, og.Generator) runs when --rows names it: ORT int8's bytes per
+    token (qwen2-bias, D 32: K and V rows of 32 bytes) and KL against row 1 within the compare bar of q6_0 V (5e-3).
+    Default runs leave it out (the tests above); on a GPU without q6_0's experimental switch it is unavailable."""
+    from dot4attn.e2e import models
+
+    base = ["e2e", "--smoke", "--out", str(tmp_path), "--contexts", "64", "--batches", "1"]
+    assert cli(base + ["--rows", "genai,d4a-q6_0"]) == 0
+    data = json.loads((tmp_path / "smoke.json").read_text())
+    rows = {r["row"]: r for r in data["results"]}
+    assert list(rows) == ["genai", "d4a-q6_0"]
+    q6 = rows["d4a-q6_0"]
+    assert q6["cache_bytes_per_token"] == 2 * 2 * (32 + 32) and q6["runner"] == "og"
+    assert 0 <= q6["kl"] <= 5e-3 and q6["ms_per_token"] > 0
+    assert "5. `d4a-q6_0`" in (tmp_path / "smoke.md").read_text()
+    assert models.unavailable("d4a-q6_0", "cpu") is None and models.unavailable("d4a-q8_0", "cuda") is None
+
+
+def test_the_q6_0_row_needs_the_switch_on_a_gpu(monkeypatch):
+    from dot4attn.e2e import models
+
+    monkeypatch.delenv(models.EXPERIMENTAL_GPU_Q6, raising=False)
+    assert "DOT4ATTN_EXPERIMENTAL_GPU_Q6=1" in models.unavailable("d4a-q6_0", "cuda")
+    monkeypatch.setenv(models.EXPERIMENTAL_GPU_Q6, "1")
+    assert models.unavailable("d4a-q6_0", "cuda") is None
+
+
 @pytest.mark.parametrize("row", ["genai", "d4a-q4_0"])
 def test_fit_probe_answers_in_its_own_process(smoke, row):
     """One try of the fit search (fit_probe.py, a process per try): a small batch fits; an absurd one is refused

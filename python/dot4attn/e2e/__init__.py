@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 from ..argtypes import int_list, nonnegative_int, positive_int
-from .models import ROWS
+from .models import DEFAULT_ROWS, ROWS
 
 HELP = "end-to-end decode: genai baseline, ORT int8 KV, rewritten folders; table, JSON and plot"
 DESCRIPTION = __doc__
@@ -75,7 +75,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "or ~/.cache/dot4attn/models/e2e)")
     p.add_argument("--out", type=Path, default=Path("e2e-out"), help="folder for DEVICE.json/.md/.png (DEVICE: cpu, "
                    "cuda or smoke; with the precision where it is not the device's default: cuda-int4)")
-    p.add_argument("--rows", type=_rows, help=f"rows to run, comma-separated (default all: {', '.join(ROWS)})")
+    p.add_argument("--rows", type=_rows, help=f"rows to run, comma-separated (default: {', '.join(DEFAULT_ROWS)}; "
+                   f"known: {', '.join(ROWS)})")
     p.add_argument("--render", action="store_true",
                    help="measure nothing: write OUT/DEVICE.md and .png (and the JSON's derived fields: ratios, TTFT, "
                         "request times, goals) again from OUT/DEVICE.json with this version's report")
@@ -186,7 +187,7 @@ def run(args) -> int:
     cache = args.cache or model_cache_dir() / "e2e"
     spec = ModelSpec(shape, precision, args.device, max(settings.contexts + [settings.fit_context]) + MARGIN)
     try:
-        folders = prepare(cache, spec, log=con.log, rows=args.rows or list(ROWS))
+        folders = prepare(cache, spec, log=con.log, rows=args.rows or list(DEFAULT_ROWS))
     except (ValueError, RuntimeError) as e:
         print(f"dot4attn e2e: {e}", file=sys.stderr)
         return 1
@@ -213,7 +214,8 @@ def run(args) -> int:
             for path in paths.values():
                 con.log(f"wrote {path}")
 
-    finish(run_rows(folders, settings, vocab, log=con.log, on_case=finish, previous=previous, rows=args.rows,
+    finish(run_rows(folders, settings, vocab, log=con.log, on_case=finish, previous=previous,
+                    rows=args.rows or list(DEFAULT_ROWS),
                     references=folders["genai"].parent / "references"), final=True)
     return 0
 

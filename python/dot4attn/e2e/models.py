@@ -28,8 +28,13 @@ ROWS = {
     "genai-int8kv": "same + ORT int8 KV cache (int8_per_channel, calibrated), og.Generator",
     "d4a-q8_0": "dot4attn rewrite: packed K + q8_0 V, og.Generator",
     "d4a-q4_0": "packed K + q4_0 V, dot4attn.runtime.inplace (InPlaceDecoder)",
+    "d4a-q6_0": "packed K + q6_0 V in the pair layout (ORT int8's bytes), og.Generator",
 }
-RUNNER = {"genai": "og", "genai-int8kv": "og", "d4a-q8_0": "og", "d4a-q4_0": "inplace"}
+RUNNER = {"genai": "og", "genai-int8kv": "og", "d4a-q8_0": "og", "d4a-q4_0": "inplace", "d4a-q6_0": "og"}
+# The rows a run measures unless --rows names others: row 5 (q6_0 V) is asked for by name. On a GPU it needs the
+# experimental switch of q6_0's GPU kernels (docs/ops.md); without it the row is reported unavailable, saying why.
+DEFAULT_ROWS = ("genai", "genai-int8kv", "d4a-q8_0", "d4a-q4_0")
+EXPERIMENTAL_GPU_Q6 = "DOT4ATTN_EXPERIMENTAL_GPU_Q6"
 # Every builder run: the LM head over the last position only. Without it a prefill returns [batch, tokens, vocab]
 # logits (20 GB in fp32 for one 32k prompt of a 152k vocabulary), for every row alike.
 BUILD_OPTIONS = {"prune_lm_head": "true"}
@@ -65,8 +70,16 @@ def _hf_device() -> tuple[str, str]:
     return ("float16", "cuda") if torch.cuda.is_available() else ("float32", "cpu")
 
 
+def unavailable(row: str, ep: str) -> str | None:
+    """Why `row` cannot run on the builder's execution provider `ep` in this process, or None."""
+    if row == "d4a-q6_0" and ep != "cpu" and os.environ.get(EXPERIMENTAL_GPU_Q6) != "1":
+        return (f"q6_0's GPU kernels are experimental: the ops take q6_0 on {ep} only with {EXPERIMENTAL_GPU_Q6}=1 "
+                "in the environment")
+    return None
+
+
 def prepare(cache: Path, spec: ModelSpec, calib_tokens: int = 512, log=print,
-            rows: list[str] | tuple[str, ...] = tuple(ROWS)) -> dict[str, Path | str]:
+            rows: list[str] | tuple[str, ...] = DEFAULT_ROWS) -> dict[str, Path | str]:
     """Builds (or finds) the folders of `rows` (row 1's always: the others come from it) under cache/spec.key();
     a row whose folder cannot be built maps to the reason (a string) instead of a path. rows=["genai"] makes the
     HF model and row 1's folder only, which needs no GPU build of onnxruntime (a machine can make them while the
@@ -104,11 +117,16 @@ def prepare(cache: Path, spec: ModelSpec, calib_tokens: int = 512, log=print,
     for fmt in PACKED_FORMATS:
         if f"d4a-{fmt}" not in rows:
             continue
+        why = unavailable(f"d4a-{fmt}", spec.ep)
+        if why:
+            folders[f"d4a-{fmt}"] = why
+            continue
 
         def rewrite(tmp: Path, fmt=fmt):
             log(f"dot4attn rewrite --v-format {fmt} -> d4a-{fmt}")
             tmp.rmdir()  # rewrite_folder wants a new or empty folder and writes atomically itself
-            rewrite_folder(folders["genai"], tmp, fmt, inplace_runner=fmt == "q4_0")  # q4_0 V: row 4 runs in place
+            # q4_0 V: row 4 runs in place; q6_0 V (row 5): the pair layout, og.Generator
+            rewrite_folder(folders["genai"], tmp, fmt, inplace_runner=fmt == "q4_0")
         folders[f"d4a-{fmt}"] = atomic_dir(root / f"d4a-{fmt}", rewrite)
     return folders
 

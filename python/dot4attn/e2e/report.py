@@ -146,10 +146,12 @@ HEADER = ["#", "row", "context", "batch", "TTFT s (x row 1)", "ms/token", "reque
 def markdown(results: list[dict], goal_list: list[dict], facts: dict) -> str:
     lines = [f"Model: {facts['model']}. Machine: {facts['machine']}.", ""]
     if facts.get("settings", {}).get("cuda_graph"):
-        lines += ["Decode steps replay as CUDA graphs: rows 1-3 with onnxruntime-genai's `enable_cuda_graph=1` (a case "
-                  "where that mode fails runs launched and says so), row 4 through dot4attn.runtime.inplace.", ""]
-    lines += [f"{ROW_NUMBER[row]}. `{row}`: {label}" + ("  " if i < len(ROWS) - 1 else "")
-              for i, (row, label) in enumerate(ROWS.items())]
+        lines += ["Decode steps replay as CUDA graphs: the og.Generator rows with onnxruntime-genai's "
+                  "`enable_cuda_graph=1` (a case where that mode fails runs launched and says so), row 4 through "
+                  "dot4attn.runtime.inplace.", ""]
+    shown = rows_of(results)
+    lines += [f"{ROW_NUMBER[row]}. `{row}`: {ROWS[row]}" + ("  " if i < len(shown) - 1 else "")
+              for i, row in enumerate(shown)]
     lines += ["",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(results)]
@@ -171,8 +173,8 @@ def _wanted(g: dict) -> str:
 def print_report(con, results, goal_list, facts) -> None:
     from rich.table import Table
 
-    for row, label in ROWS.items():
-        con.print(f"{ROW_NUMBER[row]}. {row}: {label}")
+    for row in rows_of(results):
+        con.print(f"{ROW_NUMBER[row]}. {row}: {ROWS[row]}")
     table = Table(title=f"end to end: {facts['model']}")
     for h in HEADER:
         table.add_column(h, overflow="fold")
@@ -188,6 +190,12 @@ def print_report(con, results, goal_list, facts) -> None:
                             _wanted(g), verdict)
     if goal_list:
         con.print(goals_table)
+
+
+def rows_of(results: list[dict]) -> list[str]:
+    """The rows the results hold (measured or unavailable), in row order."""
+    present = {r["row"] for r in results}
+    return [row for row in ROWS if row in present]
 
 
 def ordered(results: list[dict]) -> list[dict]:
