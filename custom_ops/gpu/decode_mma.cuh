@@ -130,6 +130,16 @@ __device__ __forceinline__ uint32_t level_pair(const uint32_t* wa, const uint32_
   }
 }
 
+// The V scales of 32-block bt for a P.V step's four keys: keys k0, k0 + 1 as the f16 pair h01, k0 + 8, k0 + 9 as
+// h89, from the stage's scale rows (STEP halves apart).
+template <int STEP>
+__device__ __forceinline__ void v_scale_pairs(const uint16_t* vss, int k0, int bt, __half2& h01, __half2& h89) {
+  const uint32_t s01 = __byte_perm(vss[k0 * STEP + bt], vss[(k0 + 1) * STEP + bt], 0x5410);
+  const uint32_t s89 = __byte_perm(vss[(k0 + 8) * STEP + bt], vss[(k0 + 9) * STEP + bt], 0x5410);
+  h01 = *reinterpret_cast<const __half2*>(&s01);
+  h89 = *reinterpret_cast<const __half2*>(&s89);
+}
+
 // The f16 pair (key a, key b) of local column lc of a thread's q6_0 words (one 32-block's part, decode_mma_kernel's
 // P.V): low nibbles in wla / wlb as q4_0's, high 2-bit pairs in wha / whb (the block's bytes 16..23, shifted right
 // by the thread's first column / 8 pairs already), so column lc takes high byte lc % 8 at bit 2 (lc / 8). Even lc:
@@ -939,11 +949,9 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
         // from byte (c0 % 32) / 2, and the block's 8 bytes of high pairs, shifted by 2 (c0 % 32 / 8) once per key
         constexpr int TW = D / 64;
         const int k0 = 16 * kk + 2 * tq, c0 = g * (D / 8);
-        const uint16_t* vss = reinterpret_cast<const uint16_t*>(st) + VS_OFF;
         const int bt = c0 / 32, lo_off = 24 * bt + (c0 & 31) / 2, hsh = 2 * ((c0 & 31) >> 3);
-        const uint32_t s01 = __byte_perm(vss[k0 * VS_STEP + bt], vss[(k0 + 1) * VS_STEP + bt], 0x5410);
-        const uint32_t s89 = __byte_perm(vss[(k0 + 8) * VS_STEP + bt], vss[(k0 + 9) * VS_STEP + bt], 0x5410);
-        const __half2 h01 = *reinterpret_cast<const __half2*>(&s01), h89 = *reinterpret_cast<const __half2*>(&s89);
+        __half2 h01, h89;
+        v_scale_pairs<VS_STEP>(reinterpret_cast<const uint16_t*>(st) + VS_OFF, k0, bt, h01, h89);
         uint32_t wl[4][TW], wh[4][2];
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -975,11 +983,8 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
         constexpr int GW = TW < 4 ? TW : 4, NG = TW / GW, MPG = MT / NG;  // words / M tiles per load group
         const int k0 = 16 * kk + 2 * tq;
         // V scales of the thread's block for the four keys, as (k0, k0+1) and (k0+8, k0+9) f16 pairs.
-        const uint16_t* vss = reinterpret_cast<const uint16_t*>(st) + VS_OFF;
-        const int bt = (g * (D / 8)) / 32;
-        const uint32_t s01 = __byte_perm(vss[k0 * VS_STEP + bt], vss[(k0 + 1) * VS_STEP + bt], 0x5410);
-        const uint32_t s89 = __byte_perm(vss[(k0 + 8) * VS_STEP + bt], vss[(k0 + 9) * VS_STEP + bt], 0x5410);
-        const __half2 h01 = *reinterpret_cast<const __half2*>(&s01), h89 = *reinterpret_cast<const __half2*>(&s89);
+        __half2 h01, h89;
+        v_scale_pairs<VS_STEP>(reinterpret_cast<const uint16_t*>(st) + VS_OFF, k0, (g * (D / 8)) / 32, h01, h89);
 #pragma unroll
         for (int gi = 0; gi < NG; ++gi) {
           uint32_t wv[4][GW];
