@@ -21,14 +21,10 @@ const char* ep_name(Ep ep) {
   return "CPUExecutionProvider";
 }
 
-bool gpu_takes_vformat(VFormat f) {
-  if (f != VFormat::kQ6_0) return true;
-  const char* e = std::getenv(kExperimentalGpuQ6);
-  return e != nullptr && std::string(e) == "1";
-}
-
 void refuse_cpu_only_vformat(const char* op, const char* attribute, VFormat f, Ep ep, const char* gpu_formats) {
-  if (ep == Ep::kCpu || gpu_takes_vformat(f)) return;
+  if (ep == Ep::kCpu || f != VFormat::kQ6_0) return;
+  const char* e = std::getenv(kExperimentalGpuQ6);
+  if (e != nullptr && std::string(e) == "1") return;
   fail(op, "attribute '", attribute, "' = '", vformat_name(f), "' runs on the CPU execution provider only (GPU kernels "
        "take ", gpu_formats, "; q6_0's are experimental: ", kExperimentalGpuQ6, "=1), got a node assigned to ",
        ep_name(ep));

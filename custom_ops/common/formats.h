@@ -42,7 +42,6 @@ inline int64_t payload_bytes(int64_t D, VFormat f) {
 // created unless the environment sets DOT4ATTN_EXPERIMENTAL_GPU_Q6=1 (the kernel-level C entry dot4attn_gpu, which
 // kernel tests and `dot4attn bench` use, always takes it).
 constexpr const char* kExperimentalGpuQ6 = "DOT4ATTN_EXPERIMENTAL_GPU_Q6";
-bool gpu_takes_vformat(VFormat f);  // custom_op.cc
 
 // q6_0: per 32-value block 24 bytes. Bytes 0..15 hold the low 4 bits of u = n + 32 exactly like q4_0's payload
 // (element 2i in the low nibble of byte i, 2i+1 in its high nibble); bytes 16..23 the high 2 bits, byte 16 + j
