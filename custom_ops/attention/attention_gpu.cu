@@ -43,6 +43,7 @@ TileArgs make_tile_args(const AttentionParams& p, const GpuPlan& plan) {
   a.v_stride = v_stride_bytes(p);
   a.vs_stride = p.vs_row();
   a.v_flags = nullptr;  // the prefill's V scan sets it (run_prefill)
+  a.k_flags = nullptr;  // the prefill's K copy sets it (run_prefill)
   a.seqlens = p.dev_seqlens;
   a.pdl = p.follows_prologue && plan.kernel == KernelKind::kDecodeMma && plan.cluster == 0 &&
                   device_facts().cc_major >= 9 ? 1 : 0;

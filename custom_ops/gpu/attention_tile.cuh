@@ -79,6 +79,9 @@ struct TileArgs {
   // Tensor-core decode launched as a programmatic dependent of the kernel that writes Q and keys Sk - Sq .. Sk - 1
   // (AttentionParams::follows_prologue): it waits for that kernel before reading them.
   int pdl;
+  // Tensor-core prefill with Q.K on f16 wgmma (k_dequant.cuh): k is then K's float16 copy, and per (b, kv head) a
+  // nonzero flag says that head's copy holds K times 2^-8 (its logits are multiplied back by 2^8).
+  const int* k_flags;
 };
 
 // Keys of batch row b (row_keys) and the length of its key splits (split_keys). With device lengths the host

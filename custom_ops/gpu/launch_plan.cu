@@ -1,6 +1,7 @@
 // The GPU planner (launch_plan.h): one pure function per route maps a call and the device's facts to the kernel and
 // its configuration. Nothing here touches the GPU; the route files execute what it decides.
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -519,6 +520,34 @@ bool plan_v_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& de
 }
 #endif
 
+#if defined(D4A_HAS_PREFILL_MMA)
+// Q.K on f16 wgmma from K dequantized once into float16 rows (k_dequant.cuh; prefill_mma.cuh, QK16): the int8 Q.K's
+// per-block scaling (two FFMAs per logit and 32-block) is the largest part of the int8 prefill's instruction stream
+// (docs/performance.md). Taken where the plan is the float16-V wgmma instance with 3 blocks per SM at D 64 / 128 (V
+// float16, or its float16 copy), the scale is positive (the softmax multiplies unscaled dot products by it, and takes
+// their max first) and the copy fits kMaxDequantBytes. Only when asked (k_dequant=1): those instances have not run
+// on a GPU yet, and their Q.K rounds Q and K to float16 (reference.dot4_logits(qk_f16=True), docs/ops.md).
+template <int D>
+int qk16_smem_bytes() {
+  return pmma::Traits<kVF16, D, 1>::qk16_bytes;
+}
+
+void plan_k_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
+  if (ov.k_dequant != 1 || pl.kernel != KernelKind::kPrefillMma || pl.vk != kVF16 || !pl.tma || !pl.wgmma ||
+      pl.min_blocks != 3 || pl.m_tiles != 1 || (p.D != 64 && p.D != 128) || !(p.scale > 0.f) ||
+      !std::isfinite(p.scale) || p.B * p.Hkv == 0)
+    return;
+  const int smem = p.D == 64 ? qk16_smem_bytes<64>() : qk16_smem_bytes<128>();
+  const size_t bytes = (size_t(p.B * p.Hkv) * size_t(p.head_rows()) * size_t(p.D) * 2 + 255) / 256 * 256;
+  if (smem > dev.max_smem || bytes > kMaxDequantBytes) return;
+  pl.k_dequant = true;
+  pl.smem_bytes = smem;
+  pl.k_dequant_bytes = bytes;
+  pl.k_flag_bytes = (size_t(p.B * p.Hkv) * sizeof(int) + 255) / 256 * 256;
+  pl.scratch_bytes += bytes + pl.k_flag_bytes;
+}
+#endif
+
 bool plan_prefill_mma(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov,
                       std::string& why) {
 #if defined(D4A_HAS_PREFILL_MMA)
@@ -535,14 +564,19 @@ bool plan_prefill_mma(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& 
     return refuse(why, "tensor-core prefill: scale row strides not multiples of 4 bytes");
   if (p.ks_row() > 0x7fffffffLL / pmma::kKeys || p.vs_row() > 0x7fffffffLL / pmma::kKeys)
     return refuse(why, "tensor-core prefill: scale row strides of 2^25 halves or more");
-  if (plan_v_dequant(pl, p, dev, ov)) return true;
+  if (plan_v_dequant(pl, p, dev, ov)) {
+    plan_k_dequant(pl, p, dev, ov);
+    return true;
+  }
   if (pl.vk == kVQ6)
     return refuse(why, ov.v_dequant == 0 ? "tensor-core prefill: q6_0 V runs on its float16 copy (v_dequant=0)"
                                          : "tensor-core prefill: q6_0 V's float16 copy is larger than " +
                                                std::to_string(kMaxDequantBytesQ6 >> 20) + " MiB");
-  return pl.vk == kVF16 ? plan_prefill_vk<kVF16>(pl, p, dev, ov, why)
-         : pl.vk == kVQ8 ? plan_prefill_vk<kVQ8>(pl, p, dev, ov, why)
-                         : plan_prefill_vk<kVQ4>(pl, p, dev, ov, why);
+  const bool ok = pl.vk == kVF16 ? plan_prefill_vk<kVF16>(pl, p, dev, ov, why)
+                  : pl.vk == kVQ8 ? plan_prefill_vk<kVQ8>(pl, p, dev, ov, why)
+                                  : plan_prefill_vk<kVQ4>(pl, p, dev, ov, why);
+  if (ok) plan_k_dequant(pl, p, dev, ov);
+  return ok;
 #else
   (void)pl; (void)p; (void)dev; (void)ov;
   why = "tensor-core prefill: not in this build (CUDA only)";
@@ -723,9 +757,10 @@ PlanOverrides parse_plan_overrides(const char* s) {
     else if (k == "split_waves") ov.split_waves = to_int(k, v, 0, 64, kWhat);
     else if (k == "v_scan") ov.v_scan = to_int(k, v, 0, 1, kWhat);
     else if (k == "v_dequant") ov.v_dequant = to_int(k, v, 0, 1, kWhat);
+    else if (k == "k_dequant") ov.k_dequant = to_int(k, v, 0, 1, kWhat);
     else
       fail(kWhat, "unknown key '", k, "' (expected kernel, warps, stages, staging, cluster, m_tiles, min_blocks, tma, ",
-           "wgmma, split_waves, v_scan, v_dequant)");
+           "wgmma, split_waves, v_scan, v_dequant, k_dequant)");
   }
   return ov;
 }
@@ -770,7 +805,8 @@ std::string plan_json(const GpuPlan& pl) {
   if (pl.kernel == KernelKind::kPrefillMma)
     o << ", \"m_tiles\": " << pl.m_tiles << ", \"min_blocks\": " << pl.min_blocks << ", \"tma\": "
       << (pl.tma ? "true" : "false") << ", \"wgmma\": " << (pl.wgmma ? "true" : "false") << ", \"v_scan\": "
-      << (pl.v_scan ? "true" : "false") << ", \"v_dequant\": " << (pl.v_dequant ? "true" : "false");
+      << (pl.v_scan ? "true" : "false") << ", \"v_dequant\": " << (pl.v_dequant ? "true" : "false")
+      << ", \"k_dequant\": " << (pl.k_dequant ? "true" : "false");
   o << ", \"smem_bytes\": " << pl.smem_bytes << ", \"n_splits\": " << pl.n_splits << ", \"split_len\": "
     << pl.split_len << ", \"n_chunks\": " << pl.n_chunks << ", \"blocks\": " << pl.blocks
     << ", \"scratch_bytes\": " << pl.scratch_bytes << ", \"strided\": " << (pl.strided ? "true" : "false")

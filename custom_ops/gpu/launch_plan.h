@@ -18,6 +18,10 @@
 //   v_dequant=0|1               a q8_0 / q4_0 V dequantized once into float16 rows for the float16-V wgmma prefill
 //                               (GpuPlan::v_dequant; 1: wherever that instance runs, short calls too; q6_0 V always
 //                               takes the copy there, and 0 sends it to the tile kernel)
+//   k_dequant=0|1               K dequantized once into float16 rows and the Q.K on f16 wgmma (GpuPlan::k_dequant;
+//                               1: wherever the float16-V wgmma instance with 3 blocks per SM runs at D 64 / 128;
+//                               default 0: not yet run on a GPU, and its numerics are the reference's qk_f16 mode,
+//                               not the contract's default math, docs/ops.md)
 // Host code only; no GPU runtime call here (device facts come in as a value).
 #pragma once
 
@@ -66,6 +70,7 @@ struct PlanOverrides {
   int split_waves = 0;       // 0: the default (2)
   int v_scan = -1;           // -1 auto, 0 off, 1 on (tensor-core prefill, float16 V)
   int v_dequant = -1;        // -1 auto, 0 off, 1 on (tensor-core prefill, quantized V; q6_0 always on unless 0)
+  int k_dequant = -1;        // -1 auto (off for now), 0 off, 1 on (tensor-core prefill: Q.K on f16 wgmma)
 };
 
 // The largest float16 copy of a quantized V the prefill dequantizes into (scratch): past it, the kernel converts
@@ -105,6 +110,12 @@ struct GpuPlan {
   bool v_dequant = false;
   int v_source = 0;
   size_t v_dequant_bytes = 0;
+  // Tensor-core prefill with Q.K on f16 wgmma (k_dequant.cuh, prefill_mma.cuh's QK16): after the V copy (if any) in the
+  // scratch, k_dequant_bytes hold K dequantized into float16 rows (K's layout), then k_flag_bytes the per-(batch, KV
+  // head) flags of heads whose copy is K times 2^-8; the V scan's flags follow.
+  bool k_dequant = false;
+  size_t k_dequant_bytes = 0;
+  size_t k_flag_bytes = 0;
   bool strided = false;      // K / V rows strided (AttentionParams' row layout is not the dense one)
   std::string fallback;      // why the route's preferred kernel was not taken ("" when it was)
   PlanOverrides overrides;   // what the plan was made with (a refused cluster launch is planned again without)

@@ -145,6 +145,18 @@ struct Traits {
   static constexpr int T_SC = T_RINGO + 2 * T_RING;
   static constexpr int T_BAR = T_SC + 2 * SC;
   static constexpr int tma_bytes = T_BAR + 16 + 1024;
+  // QK16 layout (Q.K on f16 wgmma from K's float16 copy, k_dequant.cuh; float16 V, TMA, wgmma): no scale runs, no K
+  // scale table. Two ring slots of [K tile: 64 keys x 2 D bytes | V tile: 64 keys x 2 D bytes], both as 128-byte slabs
+  // in the TMA's swizzle (K: the K-major operand of the Q.K, V: the MN-major operand of the P.V), then the two
+  // mbarriers. Q's int8 rows and block scales are only read in the prologue, before the first copy into slot 1, so
+  // they overlay that slot: 3 blocks per SM fit (D = 128: 66,576 bytes a block).
+  static constexpr int Q16_KT = kKeys * 2 * D;
+  static constexpr int Q16_RING = up1024(Q16_KT + T_VT);
+  static constexpr int Q16_Q = Q16_RING;                 // int8 Q [kRows][QSTR], then float SQ [kRows][NB]
+  static constexpr int Q16_SQ = Q16_Q + kRows * QSTR;
+  static constexpr int Q16_BAR = 2 * Q16_RING;
+  static constexpr int qk16_bytes = Q16_BAR + 16 + 1024;
+  static_assert(VK != kVF16 || MT != 1 || kRows * QSTR + kRows * NB * 4 <= Q16_RING, "Q does not fit ring slot 1");
 };
 
 // The K scales of a 64-key tile as one float4 per (32-block, 16-key step np, quad lane tig): the four keys a
@@ -300,14 +312,23 @@ __device__ __forceinline__ void run_kminmax(const TileArgs& a, int64_t r0, int64
 // VC = false (float16 V only): the instance without the V check, for the heads a V scan left unflagged
 // (v_scan.cuh); with a scan (a.v_flags set) the VC = true instance runs only the flagged heads. Their other blocks
 // return at once. Without a scan (a.v_flags null) the VC = true instance runs every head, checking each tile.
-template <int VK, int D, int MT, int MINB, bool TMA, bool WG, bool VC = true>
+// QK16 (float16 V, MT = 1, TMA, WG): Q.K on f16 wgmma from K's float16 copy (a.k, rows of 2 D bytes; k_dequant.cuh)
+// instead of the int8 mma.sync and its per-block scaling: Q's int8 levels times their block scale as float16 A
+// fragments in registers, the K tile as the K-major operand. The logits stay unscaled dot products until the softmax,
+// whose exponent takes scale * log2 e (times 2^8 on a head whose copy was shifted, a.k_flags) in the FFMA it has
+// anyway.
+template <int VK, int D, int MT, int MINB, bool TMA, bool WG, bool VC = true, bool QK16 = false>
 __global__ void __launch_bounds__(kThreads, MINB)
     prefill_mma_kernel(const TileArgs a, const int64_t ncq, const __grid_constant__ TmaMaps tm) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  static_assert(!QK16 || (VK == kVF16 && MT == 1 && TMA && WG), "QK16: float16 V, one m tile, TMA, wgmma");
 #if !defined(D4A_WGMMA)
-  // Only wgmma plans launch the unchecked instance (launch_plan.cu, v_scan), so only sm_90a code needs its body: the
-  // trap keeps the other targets' copies empty (less for ptxas) and loud if ever reached.
-  if constexpr (!VC) __trap();
+  // Only wgmma plans launch the unchecked and the QK16 instances (launch_plan.cu, v_scan, k_dequant), so only sm_90a
+  // code needs their bodies: the trap keeps the other targets' copies empty (less for ptxas) and loud if ever reached.
+  if constexpr (!VC || QK16) {
+    __trap();
+    return;
+  }
 #endif
   using Tr = Traits<VK, D, MT>;
   constexpr int kRows = Tr::kRows;
@@ -321,6 +342,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
 #else
   constexpr bool kWG = false;
 #endif
+  constexpr bool kQ16 = QK16 && kWG;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw;
   if constexpr (kT) smem += smem_pad1024(smem_raw);  // TMA: the swizzle period (the launcher adds the slack)
@@ -366,8 +388,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
   }
 
   constexpr bool kPipe = Tr::kPipe;
-  int8_t* Qs = reinterpret_cast<int8_t*>(smem + (kPipe ? Tr::P_Q : Tr::OFF_Q));
-  float* SQ = reinterpret_cast<float*>(smem + (kPipe ? Tr::P_SQ : Tr::OFF_SQ));
+  int8_t* Qs = reinterpret_cast<int8_t*>(smem + (kQ16 ? Tr::Q16_Q : kPipe ? Tr::P_Q : Tr::OFF_Q));
+  float* SQ = reinterpret_cast<float*>(smem + (kQ16 ? Tr::Q16_SQ : kPipe ? Tr::P_SQ : Tr::OFF_SQ));
   float4* KSF = reinterpret_cast<float4*>(smem + (kPipe ? Tr::P_KSF : Tr::OFF_KSF));
   uint8_t* VH = smem + (kPipe ? Tr::P_VH : Tr::OFF_VH);
   uint8_t* stages = smem + Tr::OFF_ST;
@@ -431,12 +453,13 @@ __global__ void __launch_bounds__(kThreads, MINB)
   static_assert(!kPipe || (kKeys * kch % kThreads == 0 && kKeys * vch % kThreads == 0 && kThreads % vch == 0),
                 "pipelined copy split");
   constexpr int kSC = kT ? Tr::T_SC : Tr::P_SC;          // scale-run slots
-  constexpr int kRingO = kT ? Tr::T_RINGO : Tr::P_RING;  // ring slots
-  constexpr int kRingB = kT ? Tr::T_RING : Tr::RING;
+  constexpr int kRingO = kQ16 ? 0 : kT ? Tr::T_RINGO : Tr::P_RING;  // ring slots
+  constexpr int kRingB = kQ16 ? Tr::Q16_RING : kT ? Tr::T_RING : Tr::RING;
   constexpr int kVR = kT ? Tr::T_VR : Tr::P_VR;          // raw q8_0 / q4_0 V
-  const unsigned bar0 = smem_u32(smem + Tr::T_BAR);       // kT: the mbarrier of ring slot s is bar0 + 8 s
-  auto issue_scales = [&](int tile) {  // fp16 scale runs of `tile` into slot tile & 1
-    if (tile < nkt) {
+  constexpr int kVOff = kQ16 ? Tr::Q16_KT : kT ? Tr::T_KT : Tr::ST_K;  // the V tile in a ring slot
+  const unsigned bar0 = smem_u32(smem + (kQ16 ? Tr::Q16_BAR : Tr::T_BAR));  // kT: ring slot s's mbarrier: bar0 + 8 s
+  auto issue_scales = [&](int tile) {  // fp16 scale runs of `tile` into slot tile & 1 (QK16: none needed)
+    if (!kQ16 && tile < nkt) {
       const int64_t head_row = first_row();
       const int j0 = tile * kKeys;
       const int nv = int(kend - j0 < kKeys ? kend - j0 : kKeys);
@@ -464,11 +487,16 @@ __global__ void __launch_bounds__(kThreads, MINB)
       // slab of V (keys past Sk arrive as zeros; keys past the block's range are masked like any causal key)
       if (tile < nkt && tid == 0) {
         const unsigned bar = bar0 + 8u * unsigned(tile & 1);
-        mbar_arrive_expect(bar, Tr::T_KT + Tr::T_VT);
+        mbar_arrive_expect(bar, (kQ16 ? Tr::Q16_KT : Tr::T_KT) + Tr::T_VT);
         uint8_t* ring = smem + kRingO + int(tile & 1) * kRingB;
         const int y = int(tile * kKeys), z = int(bh);
-        tma_load_3d_plain(smem_u32(ring), &tm.k, 0, y, z, bar);
-        uint8_t* vd = Tr::kConv ? smem + kVR : ring + Tr::T_KT;
+        if constexpr (kQ16) {  // float16 K rows of 2 D bytes: 128-byte slabs, as V's
+#pragma unroll
+          for (int x = 0; x < 2 * D; x += 128) tma_load_3d_plain(smem_u32(ring + (x / 128) * (kKeys * 128)), &tm.k, x, y, z, bar);
+        } else {
+          tma_load_3d_plain(smem_u32(ring), &tm.k, 0, y, z, bar);
+        }
+        uint8_t* vd = Tr::kConv ? smem + kVR : ring + kVOff;
         constexpr int W = tma_slab(Tr::VROW);
 #pragma unroll
         for (int x = 0; x < Tr::VROW; x += W) tma_load_3d_plain(smem_u32(vd + (x / W) * (kKeys * W)), &tm.v, x, y, z, bar);
@@ -524,7 +552,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     const int buf = int(tile & 1);
     const uint8_t* sc = smem + kSC + buf * Tr::SC;
     const uint16_t* kst = reinterpret_cast<const uint16_t*>(sc);
-    k_scales<NB>(kst, KSF + buf * Tr::KSF_N, tid);
+    if constexpr (!kQ16) k_scales<NB>(kst, KSF + buf * Tr::KSF_N, tid);
     vbad = false;
     const int jv = tid / vch, pv = tid % vch;
     if constexpr (Tr::kConv) {
@@ -569,7 +597,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
       if constexpr (kWG) fence_proxy_async_smem();
     } else if constexpr (kVCheck) {
       // f16 V where it lies in the ring slot (this thread's chunks: the ones it copied, or with TMA the same split)
-      const uint8_t* vt = smem + kRingO + buf * kRingB + (kT ? Tr::T_KT : Tr::ST_K);
+      const uint8_t* vt = smem + kRingO + buf * kRingB + kVOff;
       vbad = f16_pieces_nonfinite<VIT, 0>([&](int i) {
         const int j = jv + i * (kThreads / vch);
         return *reinterpret_cast<const uint4*>(
@@ -589,14 +617,25 @@ __global__ void __launch_bounds__(kThreads, MINB)
         const uint16_t* vs = reinterpret_cast<const uint16_t*>(smem + kSC + buf * Tr::SC + Tr::ST_KS);
         bad = v_scales_poisoned<NB>(vs + tid * NB);
       } else {
-        uint8_t* vt = smem + kRingO + buf * kRingB + (kT ? Tr::T_KT : Tr::ST_K);
+        uint8_t* vt = smem + kRingO + buf * kRingB + kVOff;
         bad = f16_row_poisoned<vch>([&](int c) {
           return reinterpret_cast<uint4*>(vt + (kT ? tma_row_byte<Tr::VROW, kKeys>(tid, c * 16)
                                                    : tid * Tr::VRAW + c * 16));
         });
+        if constexpr (kQ16) {  // no K scale table: the key's float16 K row becomes NaN, so its dot product is NaN
+          if (bad) {
+            uint8_t* kt = smem + kRingO + buf * kRingB;
+#pragma unroll
+            for (int c = 0; c < 2 * D / 16; ++c)
+              *reinterpret_cast<uint4*>(kt + tma_row_byte<2 * D, kKeys>(tid, c * 16)) =
+                  make_uint4(0x7e007e00u, 0x7e007e00u, 0x7e007e00u, 0x7e007e00u);
+          }
+        }
         if constexpr (kT) fence_proxy_async_smem();  // zeroed bytes: before wgmma / the next TMA into the slot
       }
-      if (bad) ksf_poison(KSF + buf * Tr::KSF_N, tid);
+      if constexpr (!kQ16) {
+        if (bad) ksf_poison(KSF + buf * Tr::KSF_N, tid);
+      }
     }
     __syncthreads();  // the NaN K scales and zeroed V; every scale read before issue_pipe(tile + 1) refills the slot
   };
@@ -675,8 +714,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
 
   // A fragments of Q (m16n8k32 row layout via ldmatrix: matrices rows 0-7 / 8-15 x bytes 0-15 / 16-31)
   const unsigned q_addr = smem_u32(qw + ((lane >> 3) & 1) * 8 * Tr::QSTR + (lane & 7) * Tr::QSTR + (lane >> 4) * 16);
-  uint32_t qa[MT][Tr::kQReg ? NB : 1][4];
-  if constexpr (Tr::kQReg) {
+  uint32_t qa[MT][Tr::kQReg && !kQ16 ? NB : 1][4];
+  if constexpr (Tr::kQReg && !kQ16) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -687,14 +726,38 @@ __global__ void __launch_bounds__(kThreads, MINB)
   // Q block scales of this thread's rows: h = 2 * mt + (0: row gid, 1: row gid + 8) of m tile mt. The other row
   // facts (last visible key, mask and output offsets) are derived where they are needed (masked tiles, the
   // epilogue), not kept in registers for the whole key walk.
-  float sq[NH][Tr::kQReg ? NB : 1];  // Q block scale * scale * log2 e, q_scale23 (else read from shared memory)
+  float sq[NH][Tr::kQReg && !kQ16 ? NB : 1];  // Q block scale * scale * log2 e, q_scale23 (else read from shared memory)
   auto row_local = [&](int h) { return warp * RW + (h >> 1) * 16 + gid + 8 * (h & 1); };
-  if constexpr (Tr::kQReg) {
+  if constexpr (Tr::kQReg && !kQ16) {
 #pragma unroll
     for (int h = 0; h < NH; ++h)
 #pragma unroll
       for (int blk = 0; blk < NB; ++blk) sq[h][blk] = q_scale23(SQ[row_local(h) * NB + blk] * a.scale_log2);
   }
+  // QK16: Q's A fragments in float16 (int8 level * float32 block scale, one rounding: the contract's quantized Q as
+  // float16), one set of 4 registers per 16 columns, in the mma.sync m16n8k16 A layout that wgmma takes per warp; and
+  // the factor of the softmax's exponent, scale * log2 e (times 2^8 where this head's K copy holds K times 2^-8).
+  uint32_t qh[kQ16 ? D / 16 : 1][4];
+  float c_qk = 1.f;
+  if constexpr (kQ16) {
+    const int r0 = row_local(0), r1 = row_local(1);
+    auto pair = [&](int r, int col, float sc) {
+      const int8_t* q = Qs + r * Tr::QSTR + col;
+      return pack_h2(float(q[0]) * sc, float(q[1]) * sc);
+    };
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const float s0 = SQ[r0 * NB + ks / 2], s1 = SQ[r1 * NB + ks / 2];
+      qh[ks][0] = pair(r0, 16 * ks + 2 * tig, s0);
+      qh[ks][1] = pair(r1, 16 * ks + 2 * tig, s1);
+      qh[ks][2] = pair(r0, 16 * ks + 8 + 2 * tig, s0);
+      qh[ks][3] = pair(r1, 16 * ks + 8 + 2 * tig, s1);
+    }
+    fence_proxy_async_smem();  // these reads of ring slot 1 before its first tensor copy (after the next barrier)
+    c_qk = a.scale_log2 * (a.k_flags != nullptr && a.k_flags[bh] != 0 ? 256.f : 1.f);
+  }
+  // an additive mask value in the logits' units: log2 units, or with QK16 unscaled dot products
+  const float mask_mul = kQ16 ? kLog2e / c_qk : kLog2e;
 
   float oacc[MT][ND][4];
 #pragma unroll
@@ -742,8 +805,29 @@ __global__ void __launch_bounds__(kThreads, MINB)
   // One tile of this warp: S = Q.K, mask, online softmax, O += P.V. K from the stage at k_st, the K scale
   // pairs at KSF, f16 V rows at v_addr (shared addresses).
   auto compute = [&](const int j0, const unsigned k_st, const float4* __restrict__ ksf, const unsigned v_addr) {
-    // ---- S = Q.K (log2 units) ----
+    // ---- S = Q.K (log2 units; QK16: unscaled dot products, the softmax scales them) ----
     float S[MT][8][4];
+#if defined(D4A_WGMMA)
+    if constexpr (kQ16) {
+      // D / 16 wgmma m64n64k16 for the warpgroup's 64 rows x 64 keys: Q from registers, the K tile (64 rows of 2 D
+      // bytes in 128-byte slabs of 64 columns, the TMA's swizzle) as the K-major B operand; k step ks reads columns
+      // 16 ks .. 16 ks + 15 of slab ks / 4, 32 (ks % 4) bytes into its rows
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const uint64_t desc = wg_desc_k_sw128(k_st + (ks / 4) * (kKeys * 128) + (ks % 4) * 32);
+        if (ks == 0) wgmma_f16_n64_kmajor<false>(S[0], qh[ks], desc);
+        else wgmma_f16_n64_kmajor<true>(S[0], qh[ks], desc);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) wg_reg_fence(S[0][n][e]);
+    } else
+#endif
+    {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -804,6 +888,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
         }
       }
     }
+    }  // int8 Q.K
 
     // ---- masking: causal diagonal / Sk tail / explicit mask only ----
     if (a.mask_kind != 0 || j0 + kKeys - 1 > kmin_w) {
@@ -837,7 +922,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
               else {  // additive; -inf hides the key (even a NaN logit)
                 const float mv = load_t(a.mask, mo, a.half);
                 vis = mv != -INFINITY;
-                x += mv * kLog2e;
+                x += mv * mask_mul;
               }
             }
             S[mt][n][e] = vis ? x : -INFINITY;
@@ -863,6 +948,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
         const int h = 2 * mt + hh;
         mx[hh] = fmaxf(mx[hh], shfl_xor(mx[hh], 1));
         mx[hh] = fmaxf(mx[hh], shfl_xor(mx[hh], 2));
+        if constexpr (kQ16) mx[hh] *= c_qk;  // into log2 units (c_qk > 0: the planner's condition)
         // The running max moves only when the tile's passes it by more than kMaxSlack: p <= 2^kMaxSlack then (exact
         // scaling in the f16 P and the float sum), and most tiles leave O's scale alone (alpha == 1, no rescale).
         const float mn = !kLazyMax || mx[hh] > m_run[h] + kMaxSlack ? fmaxf(m_run[h], mx[hh]) : m_run[h];
@@ -873,10 +959,17 @@ __global__ void __launch_bounds__(kThreads, MINB)
       float ls[2] = {0.f, 0.f};
 #pragma unroll
       for (int n = 0; n < 8; ++n) {
-        S[mt][n][0] = ex2(S[mt][n][0] - mu[0]);
-        S[mt][n][1] = ex2(S[mt][n][1] - mu[0]);
-        S[mt][n][2] = ex2(S[mt][n][2] - mu[1]);
-        S[mt][n][3] = ex2(S[mt][n][3] - mu[1]);
+        if constexpr (kQ16) {  // the scale rides in the FFMA that replaces the subtraction
+          S[mt][n][0] = ex2(fmaf(S[mt][n][0], c_qk, -mu[0]));
+          S[mt][n][1] = ex2(fmaf(S[mt][n][1], c_qk, -mu[0]));
+          S[mt][n][2] = ex2(fmaf(S[mt][n][2], c_qk, -mu[1]));
+          S[mt][n][3] = ex2(fmaf(S[mt][n][3], c_qk, -mu[1]));
+        } else {
+          S[mt][n][0] = ex2(S[mt][n][0] - mu[0]);
+          S[mt][n][1] = ex2(S[mt][n][1] - mu[0]);
+          S[mt][n][2] = ex2(S[mt][n][2] - mu[1]);
+          S[mt][n][3] = ex2(S[mt][n][3] - mu[1]);
+        }
         ls[0] += S[mt][n][0] + S[mt][n][1];
         ls[1] += S[mt][n][2] + S[mt][n][3];
       }
@@ -1057,7 +1150,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
                                  // all 4 warps take part: such a warp's rows are all masked, so its P is 0)
       const unsigned ring = smem_u32(smem + kRingO + buf * kRingB);
       compute(j0, ring, KSF + buf * Tr::KSF_N,
-              Tr::kConv ? smem_u32(VH + buf * Tr::P_VHB) : ring + unsigned(kT ? Tr::T_KT : Tr::ST_K));
+              Tr::kConv ? smem_u32(VH + buf * Tr::P_VHB) : ring + unsigned(kVOff));
     }
     cp_async_wait<0>();  // this thread's copies of tile + 1
     if (tile + 1 < nkt) {

@@ -4,7 +4,8 @@
 //     mma.sync P.V, or on sm_90a wgmma P.V from TMA tiles; with float16 V a long wgmma call first scans V once for
 //     NaN / Inf (gpu/v_scan.cuh), then runs the unflagged heads on an instance without the V check and the flagged
 //     ones on the checked instance; a long q8_0 / q4_0 V call first converts V once into float16 rows
-//     (gpu/v_dequant.cuh) and runs the float16-V instance on them;
+//     (gpu/v_dequant.cuh) and runs the float16-V instance on them; with k_dequant (asked for only, for now) K is
+//     converted once into float16 rows too (gpu/k_dequant.cuh) and the QK16 instance runs the Q.K on f16 wgmma;
 //   * the tile kernel (gpu/attention_tile.cuh; every other case, and HIP): a block owns 64 rows of one (batch, KV
 //     head) row space and walks the keys in 64-key tiles (32-key tiles, and 32 rows at D = 256, where that block does
 //     not fit the shared memory: AMD's 64 KB LDS); with causal masking it stops at the last key its rows can
@@ -14,6 +15,7 @@
 #include <stdexcept>
 
 #include "gpu/attention_gpu_internal.h"
+#include "gpu/k_dequant.cuh"
 #include "gpu/prefill_mma.cuh"
 #include "gpu/v_dequant.cuh"
 #include "gpu/v_scan.cuh"
@@ -95,6 +97,26 @@ void mma_inst(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s
   launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, false, false>, pl, s, a, pl.causal_tiles, tm);
 }
 
+// The QK16 instance (float16 V, 3 blocks per SM, TMA, wgmma) on a's K, already the float16 copy (rows of 2 D bytes),
+// with the V scan's two launches where the plan scans V.
+template <int D>
+void mma_qk16(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s) {
+  using Tr = pmma::Traits<kVF16, D, 1>;
+  TmaMaps tm{};
+  if (!tma_map_rows(&tm.k, a.k, 2 * D, a.k_stride, a.kv_rows, a.Sk, a.B * a.Hkv, pmma::kKeys) ||
+      !tma_map_rows(&tm.v, a.v, Tr::VROW, a.v_stride, a.kv_rows, a.Sk, a.B * a.Hkv, pmma::kKeys))
+    throw std::runtime_error("Dot4Attention GPU: the driver refused the K / V tensor maps of a TMA plan");
+  if (pl.v_scan) {
+    TileArgs b = a;
+    b.v_flags = static_cast<const int*>(scratch);
+    scan_v_nonfinite(b, static_cast<int*>(scratch), s);
+    launch_planned(pmma::prefill_mma_kernel<kVF16, D, 1, 3, true, true, false, true>, pl, s, b, pl.causal_tiles, tm);
+    return launch_planned(pmma::prefill_mma_kernel<kVF16, D, 1, 3, true, true, true, true>, pl, s, b, pl.causal_tiles,
+                          tm);
+  }
+  launch_planned(pmma::prefill_mma_kernel<kVF16, D, 1, 3, true, true, true, true>, pl, s, a, pl.causal_tiles, tm);
+}
+
 template <int VK>
 void mma_vk(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s) {
   const int mt = pl.m_tiles, minb = pl.min_blocks;
@@ -144,17 +166,31 @@ void run_prefill(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_
   }
 #if defined(D4A_HAS_PREFILL_MMA)
   if (pl.kernel == KernelKind::kPrefillMma) {
-    if (pl.v_dequant) {  // q8_0 / q4_0 V into float16 rows first (v_dequant.cuh), then the float16-V instance
-      uint8_t* vh = static_cast<uint8_t*>(scratch);
-      dequant_v(a, pl.v_source, vh, s);
-      TileArgs b = a;
+    uint8_t* sc = static_cast<uint8_t*>(scratch);  // [V copy][K copy, K flags][V scan flags], as the plan sized them
+    TileArgs b = a;
+    if (pl.v_dequant) {  // q8_0 / q4_0 / q6_0 V into float16 rows first (v_dequant.cuh), then a float16-V instance
+      dequant_v(a, pl.v_source, sc, s);
       b.vk = kVF16;
-      b.v = vh;
+      b.v = sc;
       b.vs = nullptr;
       b.v_stride = 2 * a.D;
       b.vs_stride = 0;
-      return mma_vk<kVF16>(pl, b, vh + pl.v_dequant_bytes, s);
+      sc += pl.v_dequant_bytes;
     }
+    if (pl.k_dequant) {  // K into float16 rows (k_dequant.cuh), then the QK16 instance
+      int* kflags = reinterpret_cast<int*>(sc + pl.k_dequant_bytes);
+      dequant_k(a, sc, kflags, s);
+      b.k = reinterpret_cast<const int8_t*>(sc);
+      b.k_stride = 2 * a.D;
+      b.ks = nullptr;
+      b.ks_stride = 0;
+      b.k_flags = kflags;
+      sc += pl.k_dequant_bytes + pl.k_flag_bytes;
+      if (a.D == 64) return mma_qk16<64>(pl, b, sc, s);
+      if (a.D == 128) return mma_qk16<128>(pl, b, sc, s);
+      no_instance(pl);
+    }
+    if (pl.v_dequant) return mma_vk<kVF16>(pl, b, sc, s);
     switch (a.vk) {
       case kVF16: return mma_vk<kVF16>(pl, a, scratch, s);
       case kVQ8: return mma_vk<kVQ8>(pl, a, scratch, s);

@@ -146,8 +146,26 @@ def choose_route(sq: int, sk: int, split_k_min_keys: int = 2048) -> str:
     return "decode" if sk < split_k_min_keys else "split_k"
 
 
-def dot4_logits(query: np.ndarray, k_payload: np.ndarray, k_scales: np.ndarray, scale: float | None = None):
-    """scale * sum_blocks(sq * sk * int32 dot) for every (b, h, i, j): float32 [B, Hq, Sq, Sk]."""
+# The largest K scale whose dequantized values stay finite in float16 (127 * 515.5 < 65520): the f16 Q.K prefill
+# stores the K of a (batch, KV head) that holds a larger one times 2^-8 (gpu/k_dequant.cuh).
+K_SCALE_F16_LIMIT = 515.5
+
+
+def _round_f16_wide(x: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """x rounded to float16's significand, the exponent range widened by 2^8 where `shift` (broadcast) is set."""
+    f = np.where(shift, np.float32(2.0 ** -8), np.float32(1.0))
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (x * f).astype(np.float16).astype(np.float32) / f
+
+
+def dot4_logits(query: np.ndarray, k_payload: np.ndarray, k_scales: np.ndarray, scale: float | None = None,
+                qk_f16: bool = False):
+    """scale * sum_blocks(sq * sk * int32 dot) for every (b, h, i, j): float32 [B, Hq, Sq, Sk].
+
+    qk_f16: the Hopper prefill's Q.K on f16 tensor cores (plan override k_dequant=1, docs/ops.md): Q's int8 levels
+    times their float32 block scale and K's dequantized values k * sk, each rounded to float16 once (a (batch, KV
+    head) with a K scale past K_SCALE_F16_LIMIT keeps its values' float16 significands with the exponent range
+    shifted by 2^-8), then one float32 dot product over D, times scale."""
     B, Hq, Sq, D = query.shape
     Hkv = k_payload.shape[1]
     g = Hq // Hkv
@@ -159,6 +177,13 @@ def dot4_logits(query: np.ndarray, k_payload: np.ndarray, k_scales: np.ndarray, 
     qsg = qs.reshape(B, Hkv, g * Sq, nb)
     ksf = k_scales.astype(np.float32)
     Sk = k_payload.shape[2]
+    if qk_f16:
+        with np.errstate(invalid="ignore"):
+            qf = (qb * qsg[..., None]).astype(np.float16).astype(np.float32).reshape(B, Hkv, g * Sq, D)
+            big = (np.abs(np.nan_to_num(ksf, nan=0.0)) > K_SCALE_F16_LIMIT).reshape(B, Hkv, -1).any(axis=-1)
+            kf = _round_f16_wide(kb * ksf[..., None], big[:, :, None, None, None]).reshape(B, Hkv, -1, D)
+            out = qf @ np.swapaxes(kf, -1, -2)
+        return (out * scale).reshape(B, Hq, Sq, Sk)
     out = np.zeros((B, Hkv, g * Sq, Sk), np.float32)
     for n in range(nb):
         dot = qb[..., n, :] @ np.swapaxes(kb[..., n, :], -1, -2)  # exact integers in float32
@@ -191,8 +216,9 @@ def _masked(logits: np.ndarray, attn_mask, causal) -> np.ndarray:
 
 
 def attention(query, k_payload, k_scales, value, v_scales=None, attn_mask=None, *, scale=None, causal=1,
-              v_format="float"):
-    """Dot4Attention's output (dtype of query) for the given packed K and V.
+              v_format="float", qk_f16=False):
+    """Dot4Attention's output (dtype of query) for the given packed K and V (qk_f16: the logits of the f16 Q.K
+    prefill, dot4_logits).
 
     Non-finite policy (docs/ops.md): a query row is NaN (all D values) exactly when it sees a poisoned key: one
     whose logit is NaN or +inf (a NaN K scale, a non-finite query, a NaN / +inf float mask value) or whose V
@@ -205,7 +231,7 @@ def attention(query, k_payload, k_scales, value, v_scales=None, attn_mask=None, 
     if v_scales is not None and v_scales.size and np.isinf(v_scales).any():
         raise ValueError("v_scales holds +-inf: packed scales are finite or NaN (PackV never writes inf)")
     with np.errstate(invalid="ignore", over="ignore"):
-        logits, visible = _visible(dot4_logits(query, k_payload, k_scales, scale), attn_mask, causal)
+        logits, visible = _visible(dot4_logits(query, k_payload, k_scales, scale, qk_f16), attn_mask, causal)
     if v_format == "float":
         vf = value.astype(np.float32)
     else:

@@ -30,11 +30,14 @@ pytestmark = pytest.mark.gpu
 # Plans forced per route on top of the automatic one: every fallback kernel the planner can pick.
 FALLBACKS = {"prefill": ["kernel=tile"], "decode": ["kernel=simt", "kernel=tile"],
              "split_k": ["kernel=simt", "kernel=tile"]}
+# Q.K on f16 wgmma from K's float16 copy (the QK16 prefill, k_dequant.cuh), with V's float16 copy where V is quantized:
+# asked for by override only, so the shared table and the long cases run it explicitly.
+K16 = "k_dequant=1,v_dequant=1"
 # The tensor-core kernels' instances (float16 T, D 64 / 128 / 256), forced on the long cases.
 MMA_DECODE = ["staging=cp_async", "staging=tma", "staging=regs", "staging=bulk", "cluster=1", "warps=2,stages=1",
               "warps=8"]
 MMA_PREFILL = ["tma=0", "wgmma=0", "min_blocks=2", "m_tiles=2", "tma=0,stages=1", "v_scan=0", "v_scan=1",
-               "v_dequant=0", "v_dequant=1"]
+               "v_dequant=0", "v_dequant=1", K16, K16 + ",v_scan=0"]
 KERNEL_OF = {"kernel=simt": "decode_simt", "kernel=tile": "tile"}
 # q6_0 V has no tensor-core prefill of its own: it runs on its float16 copy (v_dequant), so v_dequant=0 takes the tile
 # kernel, with this reason
@@ -51,7 +54,13 @@ def _params(cases, variants_of):
 
 
 def _table_variants(c, r):
-    return ["", *FALLBACKS[r]]
+    return ["", *FALLBACKS[r], *([K16] if r == "prefill" and _mma_ok(c) else [])]
+
+
+def _qk16_expected(torch, c, plan) -> bool:
+    """Whether a plan made with K16 must be the QK16 instance: sm_90a's float16-V wgmma instance at D 64 / 128."""
+    return (torch.cuda.get_device_capability()[0] == 9 and c.D in (64, 128) and plan["kernel"] == "prefill_mma"
+            and plan.get("wgmma", False) and plan.get("min_blocks") == 3)
 
 
 def _long_variants(c, r):
@@ -66,6 +75,15 @@ def _call(c, t, mask, out, route, overrides):
                                  mask_strides=mask_strides(mask, (c.B, c.Hq, c.Sq, c.Sk)))
 
 
+@functools.lru_cache(maxsize=None)
+def _qk16_ref(name: str):
+    """The reference of case `name` with the f16 Q.K prefill's logits (reference.dot4_logits(qk_f16=True))."""
+    c = AC.CASE_BY_NAME[name]
+    (q, kp, ks, value, v_scales, mask), _, _ = AC.case_data(name)
+    return R.attention(q, kp, ks, value, v_scales, mask, scale=c.scale, causal=c.causal, v_format=c.v_format,
+                       qk_f16=True)
+
+
 def _run(torch, name: str, route: str, overrides: str):
     c = AC.CASE_BY_NAME[name]
     (q, kp, ks, value, v_scales, mask), ref, dead = AC.case_data(name)
@@ -73,6 +91,8 @@ def _run(torch, name: str, route: str, overrides: str):
     out = torch.full(q.shape, float("nan"), dtype=t[0].dtype, device="cuda")
     plan = _call(c, t, mask, out, route, overrides)(return_plan=True)
     torch.cuda.synchronize()
+    if plan.get("k_dequant"):  # the f16 Q.K prefill: its own numerics (docs/ops.md), to the same tolerance
+        ref = _qk16_ref(name)
     o = out.cpu().numpy()
     what = f"{c} route={route} plan={plan}"
     check_nmse(o, ref, AC.REF_TOL, what)
@@ -84,8 +104,11 @@ def _run(torch, name: str, route: str, overrides: str):
 def test_case_table(torch_cuda, name, route, overrides):
     plan = _run(torch_cuda, name, route, overrides)
     assert plan["route"] == route
-    if overrides:
+    if overrides in KERNEL_OF:
         assert plan["kernel"] == KERNEL_OF[overrides]
+    elif overrides == K16:
+        c = AC.CASE_BY_NAME[name]
+        assert plan.get("k_dequant", False) == _qk16_expected(torch_cuda, c, plan), plan
 
 
 @pytest.mark.parametrize("name,route,overrides", _params(AC.LONG_CASES, _long_variants))
@@ -94,6 +117,8 @@ def test_long_cases(torch_cuda, name, route, overrides):
     c = AC.CASE_BY_NAME[name]
     if overrides in KERNEL_OF:
         assert plan["kernel"] == KERNEL_OF[overrides]
+    elif overrides.startswith(K16):
+        assert plan.get("k_dequant", False) == _qk16_expected(torch_cuda, c, plan), plan
     elif _mma_ok(c) and c.v_format == "q6_0" and overrides == "v_dequant=0":
         assert (plan["kernel"], plan["fallback"]) == ("tile", Q6_NO_COPY), plan
     elif _mma_ok(c):  # every tensor-core variant must have run on the tensor-core kernel
@@ -226,8 +251,9 @@ def _run_strided(torch, name: str, route: str, overrides: str, layout: str = "pa
     what = f"{c} route={route} overrides={overrides!r} layout={strided.kv_layout}"
     assert plan.pop("strided") == (c.Sk > 0 and (layout == "packed" or c.B * c.Hkv > 1)), what
     assert dense_plan.pop("strided") is False, what
-    # a dequantized V's float16 copy (v_dequant) spans the layout's rows per head: its scratch follows the layout
-    layout_bytes = ("scratch_bytes",) if plan.get("v_dequant") else ()
+    # a dequantized V's / K's float16 copy (v_dequant, k_dequant) spans the layout's rows per head: its scratch
+    # follows the layout
+    layout_bytes = ("scratch_bytes",) if plan.get("v_dequant") or plan.get("k_dequant") else ()
     math = lambda pl: {k: v for k, v in pl.items() if k not in STAGING_KEYS + layout_bytes}  # noqa: E731
     if "staging=bulk" in overrides and layout == "packed" and math(plan) != math(dense_plan):
         # forced bulk copies may take other warps or no cluster (their shared memory, their instances) than the
@@ -371,3 +397,41 @@ def test_v_dequant_prefill_matches_the_kernels_own_conversion(torch_cuda, v_form
     assert torch.equal(torch.isnan(a), torch.isnan(b))
     assert torch.isnan(a[0, :, 2500:]).any() and not torch.isnan(a[0, :4, :2500]).any()  # seen from 2500 on
     assert torch.equal(torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0))
+
+
+@pytest.mark.parametrize("v_format,D", [("float", 128), ("q8_0", 128), ("q4_0", 64), ("float", 64)])
+def test_qk16_prefill_edges_against_the_reference(torch_cuda, v_format, D):
+    """The QK16 prefill (k_dequant=1) on the edges its K copy has to keep: a head whose K is packed from float32 values
+    past float16's range (scales past 515.5: that head's copy holds K times 2^-8 and its logits are multiplied back),
+    a NaN K scale (the rows that see the key turn NaN, the others not), a NaN V scale / NaN float16 V value
+    (V-poisoned: the key's K row turns NaN in shared memory), a partial last tile. Against reference.attention with
+    the f16 Q.K's logits (qk_f16): the same NaN rows and NMSE <= 1e-6 on the rest."""
+    torch = torch_cuda
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the QK16 prefill runs on sm_90a")
+    rng = np.random.default_rng(11)
+    B, Hq, Hkv, S = 1, 8, 2, 1500
+    q = rng.standard_normal((B, Hq, S, D)).astype(np.float16)
+    k = rng.standard_normal((B, Hkv, S, D)).astype(np.float32)
+    k[:, 1] *= 2e5  # head 1: K beyond float16 (scales ~ 5e3)
+    v = rng.standard_normal((B, Hkv, S, D)).astype(np.float16)
+    kp, ks = R.pack_k(k)
+    ks[0, 0, 700, 1] = np.float16("nan")
+    if v_format == "float":
+        value, vs = v.copy(), None
+        value[0, 1, 900, 3] = np.float16("nan")
+    else:
+        value, vs = R.pack_v(v, v_format)
+        vs[0, 1, 900, 0] = np.float16("nan")
+    ref = R.attention(q, kp, ks, value, vs, None, causal=1, v_format=v_format, qk_f16=True)
+    t = [to_device(torch, a) for a in (q, kp, ks, value, vs)]
+    out = torch.full(q.shape, float("nan"), dtype=torch.float16, device="cuda")
+    plan = native.TorchAttention(*t, out, v_format=v_format, route="prefill", overrides=K16)(return_plan=True)
+    torch.cuda.synchronize()
+    assert plan["k_dequant"], plan
+    o = out.cpu().numpy()
+    bad = np.isnan(ref)
+    assert np.array_equal(np.isnan(o), bad), "NaN rows differ from the reference's"
+    assert bad[0, :4, 700:].all() and not bad[0, :4, :700].any() and bad[0, 4:, 900:].all()
+    check_nmse(np.where(bad, 0, o).astype(np.float16), np.where(bad, 0, ref).astype(np.float16), AC.REF_TOL,
+               f"QK16 {v_format} D={D} plan={plan}")

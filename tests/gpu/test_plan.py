@@ -707,3 +707,36 @@ def test_info_plan_on_amd_devices(capsys):
             out = capsys.readouterr().out
             for word in words:
                 assert word in out, (device, shape, out)
+
+
+def test_k_dequant_plans_the_f16_qk_prefill_only_where_asked():
+    """k_dequant=1: K converted once into float16 rows (k_dequant.cuh) and the Q.K on f16 wgmma (prefill_mma.cuh,
+    QK16), on the float16-V wgmma instance with 3 blocks per SM at D 64 / 128 (V float16, or its float16 copy). Its
+    shared memory: two ring slots of K and V float16 tiles + the mbarriers + the swizzle slack; scratch: [V copy][K copy
+    (the layout's rows per head), K flags (256-byte rounded)][V scan flags]. Not taken without the override (those
+    instances have not run on a GPU yet), nor where that instance does not run."""
+    p = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1")
+    assert (p["kernel"], p["wgmma"], p["min_blocks"], p["k_dequant"], p["v_scan"]) == \
+        ("prefill_mma", True, 3, True, True), p
+    assert p["smem_bytes"] == 2 * (64 * 256 * 2) + 16 + 1024
+    assert p["scratch_bytes"] == 2 * 8 * 8192 * 128 * 2 + 256 + 2 * 8 * 4
+    q8 = plan(2, 32, 8, 8192, 8192, 128, v_format="q8_0", overrides="k_dequant=1")
+    assert (q8["v_dequant"], q8["k_dequant"]) == (True, True), q8
+    assert q8["scratch_bytes"] == 2 * (2 * 8 * 8192 * 128 * 2) + 256 + 2 * 8 * 4
+    d64 = plan(1, 32, 8, 4096, 4096, 64, v_format="q4_0", overrides="k_dequant=1,v_dequant=1")
+    assert d64["k_dequant"] and d64["smem_bytes"] == 2 * (64 * 128 * 2) + 16 + 1024, d64
+    cache = plan(1, 28, 4, 16384, 131072, 128, v_format="q8_0", overrides="k_dequant=1",
+                 kv_layout=packed_layout(128, "q8_0", 140000))
+    assert cache["k_dequant"] and cache["scratch_bytes"] == 2 * 4 * 140000 * 128 * 2 + 256 + 4 * 4, cache
+    assert not plan(2, 32, 8, 8192, 8192, 128, v_format="float")["k_dequant"]  # off by default
+    for off in (plan(1, 32, 8, 8192, 8192, 256, v_format="float", overrides="k_dequant=1"),
+                plan(1, 32, 8, 8192, 8192, 128, device=H100_PLAIN_SM90, overrides="k_dequant=1"),
+                plan(1, 32, 8, 8192, 8192, 128, device=A100, overrides="k_dequant=1"),
+                plan(1, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,min_blocks=2"),
+                plan(1, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,m_tiles=2"),
+                plan(1, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,wgmma=0"),
+                plan(1, 32, 8, 8192, 8192, 128, v_format="q8_0", overrides="k_dequant=1,v_dequant=0"),
+                plan(1, 32, 8, 8192, 8192, 128, v_format="float", half=False, overrides="k_dequant=1")):
+        assert not off.get("k_dequant", False), off
+    with pytest.raises(native.NativeError, match="k_dequant"):
+        plan(1, 32, 8, 8192, 8192, 128, overrides="k_dequant=2")

@@ -7,7 +7,9 @@ GroupQueryAttention on the CUDA execution provider, in one process.
   each row records the launch plan; ORT's session time for the same op (io_binding on device buffers, wall clock
   per run) is reported separately for decode.
 * Candidates: d4a_f16 / d4a_q8_0 / d4a_q4_0 / d4a_q6_0 (query f16, packed int8 K, V float16 / q8_0 / q4_0 / q6_0;
-  q6_0 at head sizes that are multiples of 64, the GPU kernels' rule: formats.gpu_takes);
+  q6_0 at head sizes that are multiples of 64, the GPU kernels' rule: formats.gpu_takes); prefill rows also
+  d4a_<V>_qk16 where the planner takes it (sm_90a, D 64 / 128): the same call with K (and a quantized V) converted
+  once into float16 rows and the Q.K on f16 wgmma (override k_dequant=1,v_dequant=1);
   sdpa_flash, sdpa_cudnn (torch.nn.functional.scaled_dot_product_attention, f16, GQA through enable_gqa);
   ort_gqa_f16 / ort_gqa_int8 (com.microsoft.GroupQueryAttention on the CUDA EP, f16 or ORT's own int8 (per-tensor
   scale) share-buffer cache, run on torch's stream
@@ -364,6 +366,12 @@ def _prefill_case(run, hq, hkv, d, s):
     for fmt in _v_formats(case):
         vp, vs = (v, None) if fmt == "float" else _pack(run.torch, v, fmt)
         _time_d4a(run, case, q, kp, ks, vp, vs, fmt, ref, flops=flops)
+        # Q.K on f16 wgmma from K's float16 copy (k_dequant.cuh; asked for by override until it is the default):
+        # "<name>_qk16", where the planner takes it (sm_90a, D 64 / 128)
+        r = native.TorchAttention(q, kp, ks, vp, vs, run.torch.empty_like(q), v_format=fmt, overrides=QK16)
+        if native.gpu_plan(r.call).get("k_dequant"):
+            _time_d4a(run, case, q, kp, ks, vp, vs, fmt, ref, flops=flops, overrides=QK16, suffix="_qk16")
+        del r
     del q, k, v, kp, ks, ref
     run.torch.cuda.empty_cache()
 
@@ -401,11 +409,15 @@ def _kv_bytes(kp, ks, vp, vs) -> int:
     return kp.numel() + ks.numel() * 2 + vp.numel() * vp.element_size() + (vs.numel() * 2 if vs is not None else 0)
 
 
-def _time_d4a(run, case, q, kp, ks, vp, vs, fmt, ref, flops=None):
+# The overrides of the "_qk16" prefill rows: K (and a quantized V) converted once into float16 rows, Q.K on f16 wgmma.
+QK16 = "k_dequant=1,v_dequant=1"
+
+
+def _time_d4a(run, case, q, kp, ks, vp, vs, fmt, ref, flops=None, overrides="", suffix=""):
     """Dot4Attention through the C entry point; decode rows carry KV bytes and splits, prefill rows FLOP/s."""
-    r = native.TorchAttention(q, kp, ks, vp, vs, run.torch.empty_like(q), v_format=fmt)
+    r = native.TorchAttention(q, kp, ks, vp, vs, run.torch.empty_like(q), v_format=fmt, overrides=overrides)
     r()
-    name = "d4a_f16" if fmt == "float" else f"d4a_{fmt}"
+    name = ("d4a_f16" if fmt == "float" else f"d4a_{fmt}") + suffix
     nmse = _nmse(r.out.float(), ref) if ref is not None else None
     extra = {"nmse": nmse, "plan": r.plan}
     if flops is None:
@@ -535,6 +547,7 @@ GOAL_DECODE_128K_F16 = 0.85   # decode 128k, f16 V: time <= 0.85x cuDNN
 GOAL_DECODE_16K_Q4_0 = 0.7    # decode 16k, q4_0 V: time <= 0.7x cuDNN
 GOAL_DECODE_512_US = 10.0     # decode 512 keys, q4_0 V: kernel time <= 10 us
 GOAL_PREFILL_8K_VS_FA2 = 1.0  # causal prefill 8k, f16 V: speed >= 1.0x FlashAttention-2
+GOAL_PREFILL_VS_CUDNN = 1.0   # causal prefill 8k / 32k, f16 and q8_0 V: speed >= 1.0x cuDNN (issue 38's target)
 GOAL_CACHE_128K = 1.05        # decode 128k over the packed cache (strided rows; in place, through ORT) <= 1.05x dense
 CACHE_GOAL_FORMATS = ("q8_0", "q4_0")  # the V formats GOAL_CACHE_128K is set for (q6_0's rows are measured, no goal)
 
@@ -558,6 +571,11 @@ def _targets(results):
                     "met": a <= GOAL_DECODE_512_US})
     ratio("prefill", 8192, "d4a_f16", "sdpa_flash", GOAL_PREFILL_8K_VS_FA2, "prefill 8k causal speed vs FA2 (f16 V)",
           True)
+    for sk in (8192, 32768):
+        for fmt in ("f16", "q8_0"):
+            for sfx, how in (("", ""), ("_qk16", ", Q.K on f16 wgmma")):
+                ratio("prefill", sk, f"d4a_{fmt}{sfx}", "sdpa_cudnn", GOAL_PREFILL_VS_CUDNN,
+                      f"prefill {sk // 1024}k causal speed vs cuDNN ({fmt} V{how})", True)
     for fmt in CACHE_GOAL_FORMATS:
         ratio("decode", 131072, f"d4a_cache_{fmt}", f"d4a_{fmt}", GOAL_CACHE_128K,
               f"decode 128k {fmt}: packed-cache rows / dense, kernel time")
