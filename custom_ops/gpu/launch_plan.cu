@@ -523,21 +523,23 @@ bool plan_v_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& de
 #if defined(D4A_HAS_PREFILL_MMA)
 // Q.K on f16 wgmma from K dequantized once into float16 rows (k_dequant.cuh; prefill_mma.cuh, QK16): the int8 Q.K's
 // per-block scaling (two FFMAs per logit and 32-block) is the largest part of the int8 prefill's instruction stream
-// (docs/performance.md). Taken where the plan is the float16-V wgmma instance with 3 blocks per SM at D 64 / 128 (V
-// float16, or its float16 copy), the scale is positive (the softmax multiplies unscaled dot products by it, and takes
+// (docs/performance.md). Taken where the plan is the float16-V wgmma instance at D 64 / 128 (V float16, or its
+// float16 copy): with 3 blocks per SM, or with 2 (min_blocks=2) the schedule that overlaps each tile's softmax with
+// the next tile's Q.K (three ring slots), the scale is positive (the softmax multiplies unscaled dot products by it, and takes
 // their max first) and the copy fits kMaxDequantBytes. Only when asked (k_dequant=1): those instances have not run
 // on a GPU yet, and their Q.K rounds Q and K to float16 (reference.dot4_logits(qk_f16=True), docs/ops.md).
 template <int D>
-int qk16_smem_bytes() {
-  return pmma::Traits<kVF16, D, 1>::qk16_bytes;
+int qk16_smem_bytes(int min_blocks) {
+  using Tr = pmma::Traits<kVF16, D, 1>;
+  return min_blocks == 2 ? Tr::qk16p_bytes : Tr::qk16_bytes;
 }
 
 void plan_k_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
   if (ov.k_dequant != 1 || pl.kernel != KernelKind::kPrefillMma || pl.vk != kVF16 || !pl.tma || !pl.wgmma ||
-      pl.min_blocks != 3 || pl.m_tiles != 1 || (p.D != 64 && p.D != 128) || !(p.scale > 0.f) ||
+      (pl.min_blocks != 3 && pl.min_blocks != 2) || pl.m_tiles != 1 || (p.D != 64 && p.D != 128) || !(p.scale > 0.f) ||
       !std::isfinite(p.scale) || p.B * p.Hkv == 0)
     return;
-  const int smem = p.D == 64 ? qk16_smem_bytes<64>() : qk16_smem_bytes<128>();
+  const int smem = p.D == 64 ? qk16_smem_bytes<64>(pl.min_blocks) : qk16_smem_bytes<128>(pl.min_blocks);
   const size_t bytes = (size_t(p.B * p.Hkv) * size_t(p.head_rows()) * size_t(p.D) * 2 + 255) / 256 * 256;
   if (smem > dev.max_smem || bytes > kMaxDequantBytes) return;
   pl.k_dequant = true;

@@ -19,7 +19,8 @@
 //                               (GpuPlan::v_dequant; 1: wherever that instance runs, short calls too; q6_0 V always
 //                               takes the copy there, and 0 sends it to the tile kernel)
 //   k_dequant=0|1               K dequantized once into float16 rows and the Q.K on f16 wgmma (GpuPlan::k_dequant;
-//                               1: wherever the float16-V wgmma instance with 3 blocks per SM runs at D 64 / 128;
+//                               1: wherever the float16-V wgmma instance runs at D 64 / 128 (3 blocks per SM, or
+//                               with min_blocks=2 the schedule that overlaps the softmax with the next Q.K);
 //                               default 0: not yet run on a GPU, and its numerics are the reference's qk_f16 mode,
 //                               not the contract's default math, docs/ops.md)
 // Host code only; no GPU runtime call here (device facts come in as a value).

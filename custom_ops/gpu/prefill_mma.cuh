@@ -156,6 +156,14 @@ struct Traits {
   static constexpr int Q16_SQ = Q16_Q + kRows * QSTR;
   static constexpr int Q16_BAR = 2 * Q16_RING;
   static constexpr int qk16_bytes = Q16_BAR + 16 + 1024;
+  // QK16 with 2 blocks per SM (MINB = 2, up to 255 registers): the Q.K of tile t + 1 runs on the tensor cores while
+  // the softmax of tile t runs (FlashAttention-3's intra-warpgroup overlap), which needs tile t + 1's K while tile t's
+  // V is still read and tile t + 2 is in flight: three ring slots, Q on the third, three mbarriers (D = 128: 99,360
+  // bytes a block).
+  static constexpr int Q16P_Q = 2 * Q16_RING;
+  static constexpr int Q16P_SQ = Q16P_Q + kRows * QSTR;
+  static constexpr int Q16P_BAR = 3 * Q16_RING;
+  static constexpr int qk16p_bytes = Q16P_BAR + 32 + 1024;
   static_assert(VK != kVF16 || MT != 1 || kRows * QSTR + kRows * NB * 4 <= Q16_RING, "Q does not fit ring slot 1");
 };
 
@@ -343,6 +351,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   constexpr bool kWG = false;
 #endif
   constexpr bool kQ16 = QK16 && kWG;
+  constexpr bool kQ16P = kQ16 && MINB == 2;  // the overlapped schedule (Traits::qk16p_bytes)
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw;
   if constexpr (kT) smem += smem_pad1024(smem_raw);  // TMA: the swizzle period (the launcher adds the slack)
@@ -388,8 +397,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
   }
 
   constexpr bool kPipe = Tr::kPipe;
-  int8_t* Qs = reinterpret_cast<int8_t*>(smem + (kQ16 ? Tr::Q16_Q : kPipe ? Tr::P_Q : Tr::OFF_Q));
-  float* SQ = reinterpret_cast<float*>(smem + (kQ16 ? Tr::Q16_SQ : kPipe ? Tr::P_SQ : Tr::OFF_SQ));
+  int8_t* Qs = reinterpret_cast<int8_t*>(smem + (kQ16P ? Tr::Q16P_Q : kQ16 ? Tr::Q16_Q : kPipe ? Tr::P_Q : Tr::OFF_Q));
+  float* SQ = reinterpret_cast<float*>(smem + (kQ16P ? Tr::Q16P_SQ : kQ16 ? Tr::Q16_SQ : kPipe ? Tr::P_SQ : Tr::OFF_SQ));
   float4* KSF = reinterpret_cast<float4*>(smem + (kPipe ? Tr::P_KSF : Tr::OFF_KSF));
   uint8_t* VH = smem + (kPipe ? Tr::P_VH : Tr::OFF_VH);
   uint8_t* stages = smem + Tr::OFF_ST;
@@ -457,7 +466,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
   constexpr int kRingB = kQ16 ? Tr::Q16_RING : kT ? Tr::T_RING : Tr::RING;
   constexpr int kVR = kT ? Tr::T_VR : Tr::P_VR;          // raw q8_0 / q4_0 V
   constexpr int kVOff = kQ16 ? Tr::Q16_KT : kT ? Tr::T_KT : Tr::ST_K;  // the V tile in a ring slot
-  const unsigned bar0 = smem_u32(smem + (kQ16 ? Tr::Q16_BAR : Tr::T_BAR));  // kT: ring slot s's mbarrier: bar0 + 8 s
+  const unsigned bar0 = smem_u32(smem + (kQ16P ? Tr::Q16P_BAR : kQ16 ? Tr::Q16_BAR : Tr::T_BAR));  // kT: slot s: bar0 + 8 s
+  // A tile's ring slot is tile & 1, or tile % 3 in the overlapped QK16 schedule (its mbarrier's phase: tile / 3); the
+  // expressions are spelled out where used: through a shared lambda, ptxas schedules the other instances differently.
   auto issue_scales = [&](int tile) {  // fp16 scale runs of `tile` into slot tile & 1 (QK16: none needed)
     if (!kQ16 && tile < nkt) {
       const int64_t head_row = first_row();
@@ -486,9 +497,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
       // one thread: arm the slot's mbarrier with the tile's bytes, then one tensor copy for K and one per 128-byte
       // slab of V (keys past Sk arrive as zeros; keys past the block's range are masked like any causal key)
       if (tile < nkt && tid == 0) {
-        const unsigned bar = bar0 + 8u * unsigned(tile & 1);
+        const unsigned bar = bar0 + 8u * unsigned(kQ16P ? tile % 3 : tile & 1);
         mbar_arrive_expect(bar, (kQ16 ? Tr::Q16_KT : Tr::T_KT) + Tr::T_VT);
-        uint8_t* ring = smem + kRingO + int(tile & 1) * kRingB;
+        uint8_t* ring = smem + kRingO + (kQ16P ? tile % 3 : int(tile & 1)) * kRingB;
         const int y = int(tile * kKeys), z = int(bh);
         if constexpr (kQ16) {  // float16 K rows of 2 D bytes: 128-byte slabs, as V's
 #pragma unroll
@@ -549,7 +560,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   // the next barrier ORs it (see the loop).
   bool vbad = false;
   auto prep_pipe = [&](int tile) {
-    const int buf = int(tile & 1);
+    const int buf = int(tile & 1), slot = kQ16P ? tile % 3 : buf;
     const uint8_t* sc = smem + kSC + buf * Tr::SC;
     const uint16_t* kst = reinterpret_cast<const uint16_t*>(sc);
     if constexpr (!kQ16) k_scales<NB>(kst, KSF + buf * Tr::KSF_N, tid);
@@ -597,7 +608,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
       if constexpr (kWG) fence_proxy_async_smem();
     } else if constexpr (kVCheck) {
       // f16 V where it lies in the ring slot (this thread's chunks: the ones it copied, or with TMA the same split)
-      const uint8_t* vt = smem + kRingO + buf * kRingB + kVOff;
+      const uint8_t* vt = smem + kRingO + slot * kRingB + kVOff;
       vbad = f16_pieces_nonfinite<VIT, 0>([&](int i) {
         const int j = jv + i * (kThreads / vch);
         return *reinterpret_cast<const uint4*>(
@@ -610,21 +621,21 @@ __global__ void __launch_bounds__(kThreads, MINB)
   // still in the tile's scale slot: issue_pipe(tile + 1) refills that after this) and, when it is bad, makes its K
   // scale NaN in the tile's K scale table (ksf_poison) before compute reads it.
   auto v_poison_pipe = [&](int tile) {
-    const int buf = int(tile & 1);
+    const int buf = int(tile & 1), slot = kQ16P ? tile % 3 : buf;
     if (tid < kKeys) {
       bool bad;
       if constexpr (Tr::kConv) {
         const uint16_t* vs = reinterpret_cast<const uint16_t*>(smem + kSC + buf * Tr::SC + Tr::ST_KS);
         bad = v_scales_poisoned<NB>(vs + tid * NB);
       } else {
-        uint8_t* vt = smem + kRingO + buf * kRingB + kVOff;
+        uint8_t* vt = smem + kRingO + slot * kRingB + kVOff;
         bad = f16_row_poisoned<vch>([&](int c) {
           return reinterpret_cast<uint4*>(vt + (kT ? tma_row_byte<Tr::VROW, kKeys>(tid, c * 16)
                                                    : tid * Tr::VRAW + c * 16));
         });
         if constexpr (kQ16) {  // no K scale table: the key's float16 K row becomes NaN, so its dot product is NaN
           if (bad) {
-            uint8_t* kt = smem + kRingO + buf * kRingB;
+            uint8_t* kt = smem + kRingO + slot * kRingB;
 #pragma unroll
             for (int c = 0; c < 2 * D / 16; ++c)
               *reinterpret_cast<uint4*>(kt + tma_row_byte<2 * D, kKeys>(tid, c * 16)) =
@@ -641,7 +652,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
   };
 
   auto wait_tma = [&](int tile) {  // kT: every thread waits until the tile's tensor copies have landed
-    if constexpr (kT) mbar_wait(bar0 + 8u * unsigned(tile & 1), unsigned(tile >> 1) & 1u);
+    if constexpr (kQ16P) mbar_wait(bar0 + 8u * unsigned(tile % 3), unsigned(tile / 3) & 1u);
+    else if constexpr (kT) mbar_wait(bar0 + 8u * unsigned(tile & 1), unsigned(tile >> 1) & 1u);
   };
 
   // Start the first tiles before quantizing Q (they do not depend on it).
@@ -649,6 +661,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     if (tid == 0) {
       mbar_init(bar0, 1);
       mbar_init(bar0 + 8, 1);
+      if constexpr (kQ16P) mbar_init(bar0 + 16, 1);
       mbar_init_fence();
     }
     __syncthreads();
@@ -656,6 +669,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   if constexpr (kPipe) {
     issue_scales(0);
     issue_pipe(0);
+    if constexpr (kQ16P) issue_pipe(1);  // two tiles ahead (Q lies in the third slot)
   } else {
     for (int s = 0; s < nst - 1; ++s) issue_tile(s);
   }
@@ -753,7 +767,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
       qh[ks][2] = pair(r0, 16 * ks + 8 + 2 * tig, s0);
       qh[ks][3] = pair(r1, 16 * ks + 8 + 2 * tig, s1);
     }
-    fence_proxy_async_smem();  // these reads of ring slot 1 before its first tensor copy (after the next barrier)
+    fence_proxy_async_smem();  // these reads of Q's ring slot before its first tensor copy (after the next barrier)
     c_qk = a.scale_log2 * (a.k_flags != nullptr && a.k_flags[bh] != 0 ? 256.f : 1.f);
   }
   // an additive mask value in the logits' units: log2 units, or with QK16 unscaled dot products
@@ -802,29 +816,54 @@ __global__ void __launch_bounds__(kThreads, MINB)
 #endif
   };
 
-  // One tile of this warp: S = Q.K, mask, online softmax, O += P.V. K from the stage at k_st, the K scale
-  // pairs at KSF, f16 V rows at v_addr (shared addresses).
-  auto compute = [&](const int j0, const unsigned k_st, const float4* __restrict__ ksf, const unsigned v_addr) {
-    // ---- S = Q.K (log2 units; QK16: unscaled dot products, the softmax scales them) ----
-    float S[MT][8][4];
+  // QK16: issue (and commit, not wait for) the Q.K of the K tile at k_st into s: D / 16 wgmma m64n64k16 for the
+  // warpgroup's 64 rows x 64 keys, Q from registers, the K tile (64 rows of 2 D bytes in 128-byte slabs of 64
+  // columns, the TMA's swizzle) as the K-major B operand; k step ks reads columns 16 ks .. 16 ks + 15 of slab ks / 4,
+  // 32 (ks % 4) bytes into its rows
+  auto qk16_issue = [&](const unsigned k_st, float (&s)[8][4]) {
 #if defined(D4A_WGMMA)
     if constexpr (kQ16) {
-      // D / 16 wgmma m64n64k16 for the warpgroup's 64 rows x 64 keys: Q from registers, the K tile (64 rows of 2 D
-      // bytes in 128-byte slabs of 64 columns, the TMA's swizzle) as the K-major B operand; k step ks reads columns
-      // 16 ks .. 16 ks + 15 of slab ks / 4, 32 (ks % 4) bytes into its rows
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
         const uint64_t desc = wg_desc_k_sw128(k_st + (ks / 4) * (kKeys * 128) + (ks % 4) * 32);
-        if (ks == 0) wgmma_f16_n64_kmajor<false>(S[0], qh[ks], desc);
-        else wgmma_f16_n64_kmajor<true>(S[0], qh[ks], desc);
+        if (ks == 0) wgmma_f16_n64_kmajor<false>(s, qh[ks], desc);
+        else wgmma_f16_n64_kmajor<true>(s, qh[ks], desc);
       }
       wgmma_commit();
-      wgmma_wait<0>();
+    }
+#endif
+  };
+  // after a wgmma wait: the compiler must not move reads of s above it
+  auto s_fence = [&](float (&s)[8][4]) {
+#if defined(D4A_WGMMA)
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) wg_reg_fence(s[n][e]);
+#endif
+  };
+
+  // One tile of this warp: S = Q.K, mask, online softmax, O += P.V. K from the stage at k_st, the K scale
+  // pairs at KSF, f16 V rows at v_addr (shared addresses).
+  // pre: nullptr, or (the overlapped QK16 schedule) the tile's S, its Q.K already done.
+  auto compute = [&](const int j0, const unsigned k_st, const float4* __restrict__ ksf, const unsigned v_addr,
+                     auto pre) {
+    // ---- S = Q.K (log2 units; QK16: unscaled dot products, the softmax scales them) ----
+    float S[MT][8][4];
+#if defined(D4A_WGMMA)
+    if constexpr (!std::is_same_v<decltype(pre), std::nullptr_t>) {
 #pragma unroll
       for (int n = 0; n < 8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) wg_reg_fence(S[0][n][e]);
+        for (int e = 0; e < 4; ++e) S[0][n][e] = (*pre)[0][n][e];
+    } else if constexpr (kQ16) {
+      // D / 16 wgmma m64n64k16 for the warpgroup's 64 rows x 64 keys: Q from registers, the K tile (64 rows of 2 D
+      // bytes in 128-byte slabs of 64 columns, the TMA's swizzle) as the K-major B operand; k step ks reads columns
+      // 16 ks .. 16 ks + 15 of slab ks / 4, 32 (ks % 4) bytes into its rows
+      qk16_issue(k_st, S[0]);
+      wgmma_wait<0>();
+      s_fence(S[0]);
     } else
 #endif
     {
@@ -1125,8 +1164,53 @@ __global__ void __launch_bounds__(kThreads, MINB)
     const int j0 = tile * kKeys;
     if (j0 > kmax_w) continue;  // no row of this warp sees any key of the tile (uniform per warp)
     compute(j0, smem_u32(st), KSF,
-            smem_u32(Tr::kConv ? static_cast<const void*>(VH) : static_cast<const void*>(st + Tr::ST_K)));
+            smem_u32(Tr::kConv ? static_cast<const void*>(VH) : static_cast<const void*>(st + Tr::ST_K)), nullptr);
   }
+  } else if constexpr (kQ16P) {
+#if defined(D4A_WGMMA)
+  // The overlapped QK16 schedule (3 ring slots, 2 blocks per SM). Entering the step of tile t, S(t) is in registers and
+  // P.V(t - 1) is done: tile t + 1 has landed and its V is checked (a poisoned key's K row turns NaN before its Q.K)
+  // -> one barrier, after which tile t - 1's slot is free -> the tensor copy of tile t + 2 into it -> Q.K(t + 1) is
+  // issued -> the softmax and P.V of tile t run while the tensor cores compute Q.K(t + 1) -> wait for both.
+  // Unrolled by two so that S(t) and S(t + 1) swap roles instead of being copied.
+  float sa[MT][8][4], sb[MT][8][4];
+  auto ring_at = [&](int tile) { return smem_u32(smem + kRingO + (tile % 3) * kRingB); };
+  __syncthreads();
+  if (nkt > 0) {
+    wait_tma(0);
+    prep_pipe(0);
+    if constexpr (kVCheck) {
+      if (__syncthreads_or(vbad) != 0) v_poison_pipe(0);  // rare
+    }
+    qk16_issue(ring_at(0), sa[0]);
+    wgmma_wait<0>();
+    s_fence(sa[0]);
+  }
+  auto step = [&](const int tile, float (&sc)[MT][8][4], float (&sn)[MT][8][4]) {
+    const bool more = tile + 1 < nkt;
+    vbad = false;
+    if (more) {
+      wait_tma(tile + 1);
+      prep_pipe(tile + 1);
+    }
+    if constexpr (kVCheck) {
+      if (__syncthreads_or(vbad) != 0) v_poison_pipe(tile + 1);  // rare
+    } else {
+      __syncthreads();
+    }
+    issue_pipe(tile + 2);  // into tile - 1's slot: every thread has waited for P.V(t - 1) before the barrier
+    if (more) qk16_issue(ring_at(tile + 1), sn[0]);
+    compute(tile * kKeys, 0u, KSF, ring_at(tile) + unsigned(kVOff), &sc);  // S(t): sc
+    wg_wait_o();  // Q.K(t + 1) and P.V(t)
+    s_fence(sn[0]);
+  };
+  int tile = 0;
+  for (; tile + 1 < nkt; tile += 2) {
+    step(tile, sa, sb);
+    step(tile + 1, sb, sa);
+  }
+  if (tile < nkt) step(tile, sa, sb);
+#endif
   } else {
   // one barrier per tile: it publishes KSF / f16 V of `tile` (prepared at the end of tile - 1) and K (+ f16 V)
   // of `tile`, and frees the buffers of tile - 1 (ring slot, KSF / V buffer, scale slot) for tile + 1 / + 2.
@@ -1150,7 +1234,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
                                  // all 4 warps take part: such a warp's rows are all masked, so its P is 0)
       const unsigned ring = smem_u32(smem + kRingO + buf * kRingB);
       compute(j0, ring, KSF + buf * Tr::KSF_N,
-              Tr::kConv ? smem_u32(VH + buf * Tr::P_VHB) : ring + unsigned(kVOff));
+              Tr::kConv ? smem_u32(VH + buf * Tr::P_VHB) : ring + unsigned(kVOff), nullptr);
     }
     cp_async_wait<0>();  // this thread's copies of tile + 1
     if (tile + 1 < nkt) {

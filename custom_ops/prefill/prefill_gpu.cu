@@ -97,8 +97,9 @@ void mma_inst(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s
   launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, false, false>, pl, s, a, pl.causal_tiles, tm);
 }
 
-// The QK16 instance (float16 V, 3 blocks per SM, TMA, wgmma) on a's K, already the float16 copy (rows of 2 D bytes),
-// with the V scan's two launches where the plan scans V.
+// The QK16 instances (float16 V, TMA, wgmma) on a's K, already the float16 copy (rows of 2 D bytes): 3 blocks per SM,
+// with the V scan's two launches where the plan scans V, or 2 blocks per SM, the schedule that overlaps the softmax
+// with the next tile's Q.K.
 template <int D>
 void mma_qk16(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s) {
   using Tr = pmma::Traits<kVF16, D, 1>;
@@ -106,6 +107,11 @@ void mma_qk16(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s
   if (!tma_map_rows(&tm.k, a.k, 2 * D, a.k_stride, a.kv_rows, a.Sk, a.B * a.Hkv, pmma::kKeys) ||
       !tma_map_rows(&tm.v, a.v, Tr::VROW, a.v_stride, a.kv_rows, a.Sk, a.B * a.Hkv, pmma::kKeys))
     throw std::runtime_error("Dot4Attention GPU: the driver refused the K / V tensor maps of a TMA plan");
+  if (pl.min_blocks == 2) {
+    if (pl.v_scan) no_instance(pl);
+    return launch_planned(pmma::prefill_mma_kernel<kVF16, D, 1, 2, true, true, true, true>, pl, s, a, pl.causal_tiles,
+                          tm);
+  }
   if (pl.v_scan) {
     TileArgs b = a;
     b.v_flags = static_cast<const int*>(scratch);

@@ -33,11 +33,12 @@ FALLBACKS = {"prefill": ["kernel=tile"], "decode": ["kernel=simt", "kernel=tile"
 # Q.K on f16 wgmma from K's float16 copy (the QK16 prefill, k_dequant.cuh), with V's float16 copy where V is quantized:
 # asked for by override only, so the shared table and the long cases run it explicitly.
 K16 = "k_dequant=1,v_dequant=1"
+K16O = K16 + ",min_blocks=2"  # its overlapped schedule (2 blocks per SM, three ring slots)
 # The tensor-core kernels' instances (float16 T, D 64 / 128 / 256), forced on the long cases.
 MMA_DECODE = ["staging=cp_async", "staging=tma", "staging=regs", "staging=bulk", "cluster=1", "warps=2,stages=1",
               "warps=8"]
 MMA_PREFILL = ["tma=0", "wgmma=0", "min_blocks=2", "m_tiles=2", "tma=0,stages=1", "v_scan=0", "v_scan=1",
-               "v_dequant=0", "v_dequant=1", K16, K16 + ",v_scan=0"]
+               "v_dequant=0", "v_dequant=1", K16, K16 + ",v_scan=0", K16O]
 KERNEL_OF = {"kernel=simt": "decode_simt", "kernel=tile": "tile"}
 # q6_0 V has no tensor-core prefill of its own: it runs on its float16 copy (v_dequant), so v_dequant=0 takes the tile
 # kernel, with this reason
@@ -54,13 +55,13 @@ def _params(cases, variants_of):
 
 
 def _table_variants(c, r):
-    return ["", *FALLBACKS[r], *([K16] if r == "prefill" and _mma_ok(c) else [])]
+    return ["", *FALLBACKS[r], *([K16, K16O] if r == "prefill" and _mma_ok(c) else [])]
 
 
 def _qk16_expected(torch, c, plan) -> bool:
-    """Whether a plan made with K16 must be the QK16 instance: sm_90a's float16-V wgmma instance at D 64 / 128."""
+    """Whether a plan made with K16 (K16O) must be a QK16 instance: sm_90a's float16-V wgmma instance at D 64 / 128."""
     return (torch.cuda.get_device_capability()[0] == 9 and c.D in (64, 128) and plan["kernel"] == "prefill_mma"
-            and plan.get("wgmma", False) and plan.get("min_blocks") == 3)
+            and plan.get("wgmma", False) and plan.get("min_blocks") in (2, 3) and plan.get("m_tiles") == 1)
 
 
 def _long_variants(c, r):
@@ -106,7 +107,7 @@ def test_case_table(torch_cuda, name, route, overrides):
     assert plan["route"] == route
     if overrides in KERNEL_OF:
         assert plan["kernel"] == KERNEL_OF[overrides]
-    elif overrides == K16:
+    elif overrides in (K16, K16O):
         c = AC.CASE_BY_NAME[name]
         assert plan.get("k_dequant", False) == _qk16_expected(torch_cuda, c, plan), plan
 
@@ -399,8 +400,9 @@ def test_v_dequant_prefill_matches_the_kernels_own_conversion(torch_cuda, v_form
     assert torch.equal(torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0))
 
 
+@pytest.mark.parametrize("overrides", [K16, K16O])
 @pytest.mark.parametrize("v_format,D", [("float", 128), ("q8_0", 128), ("q4_0", 64), ("float", 64)])
-def test_qk16_prefill_edges_against_the_reference(torch_cuda, v_format, D):
+def test_qk16_prefill_edges_against_the_reference(torch_cuda, v_format, D, overrides):
     """The QK16 prefill (k_dequant=1) on the edges its K copy has to keep: a head whose K is packed from float32 values
     past float16's range (scales past 515.5: that head's copy holds K times 2^-8 and its logits are multiplied back),
     a NaN K scale (the rows that see the key turn NaN, the others not), a NaN V scale / NaN float16 V value
@@ -426,7 +428,7 @@ def test_qk16_prefill_edges_against_the_reference(torch_cuda, v_format, D):
     ref = R.attention(q, kp, ks, value, vs, None, causal=1, v_format=v_format, qk_f16=True)
     t = [to_device(torch, a) for a in (q, kp, ks, value, vs)]
     out = torch.full(q.shape, float("nan"), dtype=torch.float16, device="cuda")
-    plan = native.TorchAttention(*t, out, v_format=v_format, route="prefill", overrides=K16)(return_plan=True)
+    plan = native.TorchAttention(*t, out, v_format=v_format, route="prefill", overrides=overrides)(return_plan=True)
     torch.cuda.synchronize()
     assert plan["k_dequant"], plan
     o = out.cpu().numpy()

@@ -711,10 +711,11 @@ def test_info_plan_on_amd_devices(capsys):
 
 def test_k_dequant_plans_the_f16_qk_prefill_only_where_asked():
     """k_dequant=1: K converted once into float16 rows (k_dequant.cuh) and the Q.K on f16 wgmma (prefill_mma.cuh,
-    QK16), on the float16-V wgmma instance with 3 blocks per SM at D 64 / 128 (V float16, or its float16 copy). Its
-    shared memory: two ring slots of K and V float16 tiles + the mbarriers + the swizzle slack; scratch: [V copy][K copy
-    (the layout's rows per head), K flags (256-byte rounded)][V scan flags]. Not taken without the override (those
-    instances have not run on a GPU yet), nor where that instance does not run."""
+    QK16), on the float16-V wgmma instance at D 64 / 128 (V float16, or its float16 copy): 3 blocks per SM, two ring
+    slots of K and V float16 tiles + the mbarriers + the swizzle slack; or with min_blocks=2 the schedule that overlaps
+    the softmax with the next tile's Q.K, three slots (no V scan there). Scratch: [V copy][K copy (the layout's rows per
+    head), K flags (256-byte rounded)][V scan flags]. Not taken without the override (those instances have not run on
+    a GPU yet), nor where that instance does not run."""
     p = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1")
     assert (p["kernel"], p["wgmma"], p["min_blocks"], p["k_dequant"], p["v_scan"]) == \
         ("prefill_mma", True, 3, True, True), p
@@ -729,10 +730,13 @@ def test_k_dequant_plans_the_f16_qk_prefill_only_where_asked():
                  kv_layout=packed_layout(128, "q8_0", 140000))
     assert cache["k_dequant"] and cache["scratch_bytes"] == 2 * 4 * 140000 * 128 * 2 + 256 + 4 * 4, cache
     assert not plan(2, 32, 8, 8192, 8192, 128, v_format="float")["k_dequant"]  # off by default
+    over = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,min_blocks=2")
+    assert (over["k_dequant"], over["min_blocks"], over["wgmma"], over["v_scan"]) == (True, 2, True, False), over
+    assert over["smem_bytes"] == 3 * (64 * 256 * 2) + 32 + 1024
+    assert over["scratch_bytes"] == 2 * 8 * 8192 * 128 * 2 + 256
     for off in (plan(1, 32, 8, 8192, 8192, 256, v_format="float", overrides="k_dequant=1"),
                 plan(1, 32, 8, 8192, 8192, 128, device=H100_PLAIN_SM90, overrides="k_dequant=1"),
                 plan(1, 32, 8, 8192, 8192, 128, device=A100, overrides="k_dequant=1"),
-                plan(1, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,min_blocks=2"),
                 plan(1, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,m_tiles=2"),
                 plan(1, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,wgmma=0"),
                 plan(1, 32, 8, 8192, 8192, 128, v_format="q8_0", overrides="k_dequant=1,v_dequant=0"),
