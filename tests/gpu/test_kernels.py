@@ -8,6 +8,9 @@ The same cases and plans again over strided K / V rows (a packed cache: payload 
 row, more rows per head than keys, garbage in the padding and the rows past Sk) must give the dense call's output
 bit for bit, under the same plan.
 
+The Q.K-on-f16 prefill (override k_dequant=1: K's float16 copy, QK16 instances, 3 or 2 blocks per SM) runs the
+shared table and the long cases too, held to the reference's qk_f16 numerics at the same tolerance.
+
 q6_0 V runs here at D a multiple of 64 (the shared table's q6_0 cases and long cases at D 64 / 128 / 256); at the
 other head sizes the planner refuses it, with a message these tests check."""
 from __future__ import annotations
@@ -437,3 +440,52 @@ def test_qk16_prefill_edges_against_the_reference(torch_cuda, v_format, D, overr
     assert bad[0, :4, 700:].all() and not bad[0, :4, :700].any() and bad[0, 4:, 900:].all()
     check_nmse(np.where(bad, 0, o).astype(np.float16), np.where(bad, 0, ref).astype(np.float16), AC.REF_TOL,
                f"QK16 {v_format} D={D} plan={plan}")
+
+
+@pytest.mark.parametrize("overrides", [K16, K16O])
+def test_qk16_prefill_streams_and_graph(torch_cuda, overrides):
+    """The QK16 prefill (K's float16 copy, its flags, V's copy and scan, then the kernel) on four streams at once
+    equals one call bit for bit, and captured into a CUDA graph and replayed it matches the reference (qk_f16)."""
+    torch = torch_cuda
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the QK16 prefill runs on sm_90a")
+    rng = np.random.default_rng(23)
+    B, Hq, Hkv, S, D = 1, 8, 2, 2000, 128
+    q = (rng.standard_normal((B, Hq, S, D)) * 3).astype(np.float16)
+    kp, ks = R.pack_k(rng.standard_normal((B, Hkv, S, D)).astype(np.float16))
+    value, vs = R.pack_v(rng.standard_normal((B, Hkv, S, D)).astype(np.float16), "q8_0")
+    ref = R.attention(q, kp, ks, value, vs, None, causal=1, v_format="q8_0", qk_f16=True)
+    t = [to_device(torch, a) for a in (q, kp, ks, value, vs)]
+    new = lambda: native.TorchAttention(*t, torch.empty_like(t[0]), v_format="q8_0", route="prefill",  # noqa: E731
+                                        overrides=overrides)
+    one = new()
+    assert one(return_plan=True)["k_dequant"]
+    torch.cuda.synchronize()
+    want = one.tensors[-1].clone()
+    check_nmse(want.cpu().numpy(), ref, AC.REF_TOL, f"QK16 {overrides}")
+    streams = [torch.cuda.Stream() for _ in range(4)]
+    calls = [[new() for _ in range(8)] for _ in streams]
+    torch.cuda.synchronize()
+    for i in range(8):
+        for s, st in enumerate(streams):
+            with torch.cuda.stream(st):
+                calls[s][i]()
+    torch.cuda.synchronize()
+    differ = sum(not torch.equal(c.tensors[-1], want) for row in calls for c in row)
+    assert differ == 0, f"{differ} of 32 concurrent QK16 prefill outputs differ from a single call"
+
+    g = new()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        g()  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g()
+    for _ in range(3):
+        g.tensors[-1].fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(g.tensors[-1], want), "QK16 prefill graph replay differs from a direct call"
