@@ -550,6 +550,18 @@ void plan_k_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& de
 }
 #endif
 
+#if defined(D4A_HAS_PREFILL_MMA)
+// The contract's int8 Q.K on wgmma (prefill_mma.cuh, S8W): the float16-V wgmma instance with 2 blocks per SM (the
+// registers for the next block's wgmma in flight during this block's scaling FFMAs; at 3 blocks per SM ptxas spilled
+// 152-160 bytes and serialized every wgmma, so that instance is not built) at D 64 / 128, where k_dequant is not
+// taken. Only when asked (qk_wgmma=1, with min_blocks=2): those instances have not run on a GPU yet.
+void plan_qk_wgmma(GpuPlan& pl, const AttentionParams& p, const PlanOverrides& ov) {
+  if (ov.qk_wgmma == 1 && !pl.k_dequant && pl.kernel == KernelKind::kPrefillMma && pl.vk == kVF16 && pl.tma &&
+      pl.wgmma && pl.min_blocks == 2 && pl.m_tiles == 1 && (p.D == 64 || p.D == 128))
+    pl.qk_wgmma = true;
+}
+#endif
+
 bool plan_prefill_mma(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov,
                       std::string& why) {
 #if defined(D4A_HAS_PREFILL_MMA)
@@ -568,6 +580,7 @@ bool plan_prefill_mma(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& 
     return refuse(why, "tensor-core prefill: scale row strides of 2^25 halves or more");
   if (plan_v_dequant(pl, p, dev, ov)) {
     plan_k_dequant(pl, p, dev, ov);
+    plan_qk_wgmma(pl, p, ov);
     return true;
   }
   if (pl.vk == kVQ6)
@@ -577,7 +590,10 @@ bool plan_prefill_mma(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& 
   const bool ok = pl.vk == kVF16 ? plan_prefill_vk<kVF16>(pl, p, dev, ov, why)
                   : pl.vk == kVQ8 ? plan_prefill_vk<kVQ8>(pl, p, dev, ov, why)
                                   : plan_prefill_vk<kVQ4>(pl, p, dev, ov, why);
-  if (ok) plan_k_dequant(pl, p, dev, ov);
+  if (ok) {
+    plan_k_dequant(pl, p, dev, ov);
+    plan_qk_wgmma(pl, p, ov);
+  }
   return ok;
 #else
   (void)pl; (void)p; (void)dev; (void)ov;
@@ -760,9 +776,10 @@ PlanOverrides parse_plan_overrides(const char* s) {
     else if (k == "v_scan") ov.v_scan = to_int(k, v, 0, 1, kWhat);
     else if (k == "v_dequant") ov.v_dequant = to_int(k, v, 0, 1, kWhat);
     else if (k == "k_dequant") ov.k_dequant = to_int(k, v, 0, 1, kWhat);
+    else if (k == "qk_wgmma") ov.qk_wgmma = to_int(k, v, 0, 1, kWhat);
     else
       fail(kWhat, "unknown key '", k, "' (expected kernel, warps, stages, staging, cluster, m_tiles, min_blocks, tma, ",
-           "wgmma, split_waves, v_scan, v_dequant, k_dequant)");
+           "wgmma, split_waves, v_scan, v_dequant, k_dequant, qk_wgmma)");
   }
   return ov;
 }
@@ -808,7 +825,8 @@ std::string plan_json(const GpuPlan& pl) {
     o << ", \"m_tiles\": " << pl.m_tiles << ", \"min_blocks\": " << pl.min_blocks << ", \"tma\": "
       << (pl.tma ? "true" : "false") << ", \"wgmma\": " << (pl.wgmma ? "true" : "false") << ", \"v_scan\": "
       << (pl.v_scan ? "true" : "false") << ", \"v_dequant\": " << (pl.v_dequant ? "true" : "false")
-      << ", \"k_dequant\": " << (pl.k_dequant ? "true" : "false");
+      << ", \"k_dequant\": " << (pl.k_dequant ? "true" : "false")
+      << ", \"qk_wgmma\": " << (pl.qk_wgmma ? "true" : "false");
   o << ", \"smem_bytes\": " << pl.smem_bytes << ", \"n_splits\": " << pl.n_splits << ", \"split_len\": "
     << pl.split_len << ", \"n_chunks\": " << pl.n_chunks << ", \"blocks\": " << pl.blocks
     << ", \"scratch_bytes\": " << pl.scratch_bytes << ", \"strided\": " << (pl.strided ? "true" : "false")

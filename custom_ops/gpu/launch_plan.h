@@ -21,6 +21,9 @@
 //   k_dequant=0|1               K dequantized once into float16 rows and the Q.K on f16 wgmma (GpuPlan::k_dequant;
 //                               1: wherever the float16-V wgmma instance runs at D 64 / 128 (3 blocks per SM, or
 //                               with min_blocks=2 the schedule that overlaps the softmax with the next Q.K);
+//   qk_wgmma=0|1                the contract's int8 Q.K on wgmma (GpuPlan::qk_wgmma; 1: wherever the float16-V wgmma
+//                               instance runs with min_blocks=2 at D 64 / 128 and k_dequant does not; default 0: not
+//                               yet run on a GPU)
 //                               default 0: not yet run on a GPU, and its numerics are the reference's qk_f16 mode,
 //                               not the contract's default math, docs/ops.md)
 // Host code only; no GPU runtime call here (device facts come in as a value).
@@ -72,6 +75,7 @@ struct PlanOverrides {
   int v_scan = -1;           // -1 auto, 0 off, 1 on (tensor-core prefill, float16 V)
   int v_dequant = -1;        // -1 auto, 0 off, 1 on (tensor-core prefill, quantized V; q6_0 always on unless 0)
   int k_dequant = -1;        // -1 auto (off for now), 0 off, 1 on (tensor-core prefill: Q.K on f16 wgmma)
+  int qk_wgmma = -1;         // -1 auto (off for now), 0 off, 1 on (tensor-core prefill: int8 Q.K on wgmma)
 };
 
 // The largest float16 copy of a quantized V the prefill dequantizes into (scratch): past it, the kernel converts
@@ -117,6 +121,9 @@ struct GpuPlan {
   bool k_dequant = false;
   size_t k_dequant_bytes = 0;
   size_t k_flag_bytes = 0;
+  // Tensor-core prefill, float16-V wgmma instance: the int8 Q.K on wgmma m64n64k32 (prefill_mma.cuh, S8W) instead of
+  // mma.sync, same shared memory, same numerics.
+  bool qk_wgmma = false;
   bool strided = false;      // K / V rows strided (AttentionParams' row layout is not the dense one)
   std::string fallback;      // why the route's preferred kernel was not taken ("" when it was)
   PlanOverrides overrides;   // what the plan was made with (a refused cluster launch is planned again without)

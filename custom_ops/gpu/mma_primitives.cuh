@@ -131,6 +131,29 @@ __device__ __forceinline__ uint64_t wg_desc_k_sw128(unsigned addr) {
   return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
 
+// Shared-memory matrix descriptor of a K-major operand in the 64-byte swizzle (rows of 64 bytes as the TMA's
+// CU_TENSOR_MAP_SWIZZLE_64B lands them, 8-row atoms of 512 bytes); a 32-byte step along K is the start address + 32.
+__device__ __forceinline__ uint64_t wg_desc_k_sw64(unsigned addr) {
+  return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(512 >> 4) << 32) | (uint64_t(2) << 62);
+}
+
+// d (s32, m64n64, the f32 accumulator layout) += A (64x32 s8 from registers, the mma.sync m16n8k32 A layout per warp)
+// * B (N = 64 rows x 32 s8, K-major). d starts at whatever the caller put there (the int8 Q.K's magic bias).
+__device__ __forceinline__ void wgmma_s8_n64(int (&d)[8][4], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p;\n}\n"
+      : "+r"(d[0][0]), "+r"(d[0][1]), "+r"(d[0][2]), "+r"(d[0][3]), "+r"(d[1][0]), "+r"(d[1][1]), "+r"(d[1][2]), "+r"(d[1][3]),
+          "+r"(d[2][0]), "+r"(d[2][1]), "+r"(d[2][2]), "+r"(d[2][3]), "+r"(d[3][0]), "+r"(d[3][1]), "+r"(d[3][2]), "+r"(d[3][3]),
+          "+r"(d[4][0]), "+r"(d[4][1]), "+r"(d[4][2]), "+r"(d[4][3]), "+r"(d[5][0]), "+r"(d[5][1]), "+r"(d[5][2]), "+r"(d[5][3]),
+          "+r"(d[6][0]), "+r"(d[6][1]), "+r"(d[6][2]), "+r"(d[6][3]), "+r"(d[7][0]), "+r"(d[7][1]), "+r"(d[7][2]), "+r"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+__device__ __forceinline__ void wg_reg_fence_i(int& r) { asm volatile("" : "+r"(r)::"memory"); }
+
 // d (f32, m64n64) (+)= A (64x16 f16 from registers, the mma.sync m16n8k16 A layout per warp) * B (N = 64 rows x 16 f16,
 // K-major: imm-trans-b 0). ACC = false writes d (scale-d false) instead of adding to it, so d needs no zeroing.
 template <bool ACC>

@@ -325,15 +325,20 @@ __device__ __forceinline__ void run_kminmax(const TileArgs& a, int64_t r0, int64
 // fragments in registers, the K tile as the K-major operand. The logits stay unscaled dot products until the softmax,
 // whose exponent takes scale * log2 e (times 2^8 on a head whose copy was shifted, a.k_flags) in the FFMA it has
 // anyway.
-template <int VK, int D, int MT, int MINB, bool TMA, bool WG, bool VC = true, bool QK16 = false>
+// S8W (float16 V, MT = 1, TMA, WG): the contract's int8 Q.K on wgmma instead of mma.sync: one m64n64k32 per 32-block
+// with Q's int8 fragments from registers and the int8 K tile as the K-major operand, the same magic-bias accumulators
+// and per-block scaling FFMAs; at 2 blocks per SM the next block's wgmma runs while this block's FFMAs do.
+template <int VK, int D, int MT, int MINB, bool TMA, bool WG, bool VC = true, bool QK16 = false, bool S8W = false>
 __global__ void __launch_bounds__(kThreads, MINB)
     prefill_mma_kernel(const TileArgs a, const int64_t ncq, const __grid_constant__ TmaMaps tm) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   static_assert(!QK16 || (VK == kVF16 && MT == 1 && TMA && WG), "QK16: float16 V, one m tile, TMA, wgmma");
+  static_assert(!S8W || (!QK16 && VK == kVF16 && MT == 1 && TMA && WG), "S8W: float16 V, one m tile, TMA, wgmma");
 #if !defined(D4A_WGMMA)
-  // Only wgmma plans launch the unchecked and the QK16 instances (launch_plan.cu, v_scan, k_dequant), so only sm_90a
-  // code needs their bodies: the trap keeps the other targets' copies empty (less for ptxas) and loud if ever reached.
-  if constexpr (!VC || QK16) {
+  // Only wgmma plans launch the unchecked, QK16 and S8W instances (launch_plan.cu: v_scan, k_dequant, qk_wgmma), so
+  // only sm_90a code needs their bodies: the trap keeps the other targets' copies empty (less for ptxas) and loud if
+  // ever reached.
+  if constexpr (!VC || QK16 || S8W) {
     __trap();
     return;
   }
@@ -352,6 +357,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
 #endif
   constexpr bool kQ16 = QK16 && kWG;
   constexpr bool kQ16P = kQ16 && MINB == 2;  // the overlapped schedule (Traits::qk16p_bytes)
+  constexpr bool kS8 = S8W && kWG;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw;
   if constexpr (kT) smem += smem_pad1024(smem_raw);  // TMA: the swizzle period (the launcher adds the slack)
@@ -864,6 +870,52 @@ __global__ void __launch_bounds__(kThreads, MINB)
       qk16_issue(k_st, S[0]);
       wgmma_wait<0>();
       s_fence(S[0]);
+    } else if constexpr (kS8) {
+      // one wgmma m64n64k32 per 32-block into int32 accumulators that start at the magic bias (the K tile: the TMA's
+      // D-byte rows in the min(D, 128)-byte swizzle, block blk 32 bytes into them), then the same two FFMAs per logit
+      // as the mma.sync path; NACC = 2 keeps the next block's wgmma in flight during this block's FFMAs (wgmma groups
+      // complete in order, so waiting for all but one finishes this block's)
+      constexpr int NACC = MINB == 2 && NB > 1 ? 2 : 1;
+#pragma unroll
+      for (int n = 0; n < 8; ++n) S[0][n][0] = S[0][n][1] = S[0][n][2] = S[0][n][3] = 0.f;
+      int acc[NACC][8][4];
+      auto issue = [&](int blk, int (&c)[8][4]) {
+#pragma unroll
+        for (int n = 0; n < 8; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = kMagicI;
+        wgmma_fence();
+        wgmma_s8_n64(c, qa[0][blk], D == 128 ? wg_desc_k_sw128(k_st + 32 * blk) : wg_desc_k_sw64(k_st + 32 * blk));
+        wgmma_commit();
+      };
+      issue(0, acc[0]);
+      if constexpr (NACC == 2) issue(1, acc[1]);
+#pragma unroll
+      for (int blk = 0; blk < NB; ++blk) {
+        int (&c)[8][4] = acc[blk % NACC];
+        if (NACC == 2 && blk + 1 < NB) wgmma_wait<1>();
+        else wgmma_wait<0>();
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) wg_reg_fence_i(c[n][e]);
+        const float q0 = sq[0][blk], q1 = sq[1][blk], m0 = -kMagicF * q0, m1 = -kMagicF * q1;
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          const float4 k = ksf[(blk * 4 + np) * 4 + tig];  // keys 16 np + 2 tig + (0, 1) and + (8, 9)
+          const int* c0 = c[2 * np];
+          const int* c1 = c[2 * np + 1];
+          float* s0 = S[0][2 * np];
+          float* s1 = S[0][2 * np + 1];
+          s0[0] = fmaf(fmaf(__int_as_float(c0[0]), q0, m0), k.x, s0[0]);
+          s0[1] = fmaf(fmaf(__int_as_float(c0[1]), q0, m0), k.y, s0[1]);
+          s0[2] = fmaf(fmaf(__int_as_float(c0[2]), q1, m1), k.x, s0[2]);
+          s0[3] = fmaf(fmaf(__int_as_float(c0[3]), q1, m1), k.y, s0[3]);
+          s1[0] = fmaf(fmaf(__int_as_float(c1[0]), q0, m0), k.z, s1[0]);
+          s1[1] = fmaf(fmaf(__int_as_float(c1[1]), q0, m0), k.w, s1[1]);
+          s1[2] = fmaf(fmaf(__int_as_float(c1[2]), q1, m1), k.z, s1[2]);
+          s1[3] = fmaf(fmaf(__int_as_float(c1[3]), q1, m1), k.w, s1[3]);
+        }
+        if (blk + NACC < NB) issue(blk + NACC, c);
+      }
     } else
 #endif
     {

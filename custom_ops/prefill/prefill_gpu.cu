@@ -74,6 +74,13 @@ void mma_inst(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s
       if (!tma_map_rows(&tm.k, a.k, D, a.k_stride, a.kv_rows, a.Sk, a.B * a.Hkv, pmma::kKeys) ||
           !tma_map_rows(&tm.v, a.v, Tr::VROW, a.v_stride, a.kv_rows, a.Sk, a.B * a.Hkv, pmma::kKeys))
         throw std::runtime_error("Dot4Attention GPU: the driver refused the K / V tensor maps of a TMA plan");
+      if constexpr (Tr::kWgmma && VK == kVF16 && MT == 1 && MINB == 2) {
+        if (pl.qk_wgmma) {  // the int8 Q.K on wgmma (S8W), 2 blocks per SM (no V scan there)
+          if (pl.v_scan || !pl.wgmma) no_instance(pl);
+          return launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, true, true, true, false, true>, pl, s, a,
+                                pl.causal_tiles, tm);
+        }
+      }
       if constexpr (Tr::kWgmma) {
         if constexpr (VK == kVF16 && MINB == 3) {
           if (pl.wgmma && pl.v_scan) {  // unflagged heads without the V check, then the flagged ones with it
@@ -93,7 +100,7 @@ void mma_inst(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s
       return launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, true, false>, pl, s, a, pl.causal_tiles, tm);
     }
   }
-  if (pl.tma || pl.wgmma || pl.v_scan) no_instance(pl);
+  if (pl.tma || pl.wgmma || pl.v_scan || pl.qk_wgmma) no_instance(pl);
   launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, false, false>, pl, s, a, pl.causal_tiles, tm);
 }
 

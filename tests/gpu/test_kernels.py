@@ -9,7 +9,8 @@ row, more rows per head than keys, garbage in the padding and the rows past Sk) 
 bit for bit, under the same plan.
 
 The Q.K-on-f16 prefill (override k_dequant=1: K's float16 copy, QK16 instances, 3 or 2 blocks per SM) runs the
-shared table and the long cases too, held to the reference's qk_f16 numerics at the same tolerance.
+shared table and the long cases too, held to the reference's qk_f16 numerics at the same tolerance; so does the int8
+Q.K on wgmma (qk_wgmma=1, S8W instances), held to the reference itself.
 
 q6_0 V runs here at D a multiple of 64 (the shared table's q6_0 cases and long cases at D 64 / 128 / 256); at the
 other head sizes the planner refuses it, with a message these tests check."""
@@ -37,11 +38,14 @@ FALLBACKS = {"prefill": ["kernel=tile"], "decode": ["kernel=simt", "kernel=tile"
 # asked for by override only, so the shared table and the long cases run it explicitly.
 K16 = "k_dequant=1,v_dequant=1"
 K16O = K16 + ",min_blocks=2"  # its overlapped schedule (2 blocks per SM, three ring slots)
+# The contract's int8 Q.K on wgmma (S8W instances, 2 blocks per SM; V's float16 copy where V is quantized): the
+# reference's own numerics.
+S8W = ("qk_wgmma=1,v_dequant=1,min_blocks=2",)
 # The tensor-core kernels' instances (float16 T, D 64 / 128 / 256), forced on the long cases.
 MMA_DECODE = ["staging=cp_async", "staging=tma", "staging=regs", "staging=bulk", "cluster=1", "warps=2,stages=1",
               "warps=8"]
 MMA_PREFILL = ["tma=0", "wgmma=0", "min_blocks=2", "m_tiles=2", "tma=0,stages=1", "v_scan=0", "v_scan=1",
-               "v_dequant=0", "v_dequant=1", K16, K16 + ",v_scan=0", K16O]
+               "v_dequant=0", "v_dequant=1", K16, K16 + ",v_scan=0", K16O, *S8W]
 KERNEL_OF = {"kernel=simt": "decode_simt", "kernel=tile": "tile"}
 # q6_0 V has no tensor-core prefill of its own: it runs on its float16 copy (v_dequant), so v_dequant=0 takes the tile
 # kernel, with this reason
@@ -58,7 +62,7 @@ def _params(cases, variants_of):
 
 
 def _table_variants(c, r):
-    return ["", *FALLBACKS[r], *([K16, K16O] if r == "prefill" and _mma_ok(c) else [])]
+    return ["", *FALLBACKS[r], *([K16, K16O, *S8W] if r == "prefill" and _mma_ok(c) else [])]
 
 
 def _qk16_expected(torch, c, plan) -> bool:
@@ -113,6 +117,9 @@ def test_case_table(torch_cuda, name, route, overrides):
     elif overrides in (K16, K16O):
         c = AC.CASE_BY_NAME[name]
         assert plan.get("k_dequant", False) == _qk16_expected(torch_cuda, c, plan), plan
+    elif overrides in S8W:
+        c = AC.CASE_BY_NAME[name]
+        assert plan.get("qk_wgmma", False) == _qk16_expected(torch_cuda, c, plan), plan
 
 
 @pytest.mark.parametrize("name,route,overrides", _params(AC.LONG_CASES, _long_variants))
@@ -123,6 +130,8 @@ def test_long_cases(torch_cuda, name, route, overrides):
         assert plan["kernel"] == KERNEL_OF[overrides]
     elif overrides.startswith(K16):
         assert plan.get("k_dequant", False) == _qk16_expected(torch_cuda, c, plan), plan
+    elif overrides.startswith(S8W[0]):
+        assert plan.get("qk_wgmma", False) == _qk16_expected(torch_cuda, c, plan), plan
     elif _mma_ok(c) and c.v_format == "q6_0" and overrides == "v_dequant=0":
         assert (plan["kernel"], plan["fallback"]) == ("tile", Q6_NO_COPY), plan
     elif _mma_ok(c):  # every tensor-core variant must have run on the tensor-core kernel

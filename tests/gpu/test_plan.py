@@ -744,3 +744,24 @@ def test_k_dequant_plans_the_f16_qk_prefill_only_where_asked():
         assert not off.get("k_dequant", False), off
     with pytest.raises(native.NativeError, match="k_dequant"):
         plan(1, 32, 8, 8192, 8192, 128, overrides="k_dequant=2")
+
+
+def test_qk_wgmma_plans_the_int8_wgmma_qk_only_where_asked():
+    """qk_wgmma=1: the contract's int8 Q.K on wgmma m64n64k32 (prefill_mma.cuh, S8W) in the float16-V wgmma instance
+    with 2 blocks per SM (min_blocks=2) at D 64 / 128; the same shared memory and scratch as that instance. k_dequant
+    takes precedence; not taken without the override, at 3 blocks per SM, nor where that instance does not run."""
+    base = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="min_blocks=2")
+    p = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="qk_wgmma=1,min_blocks=2")
+    assert (p["qk_wgmma"], p["k_dequant"], p["min_blocks"], p["wgmma"]) == (True, False, 2, True), p
+    assert (p["smem_bytes"], p["scratch_bytes"]) == (base["smem_bytes"], base["scratch_bytes"]) and not base["qk_wgmma"]
+    two = plan(1, 32, 8, 4096, 4096, 64, v_format="q8_0", overrides="qk_wgmma=1,v_dequant=1,min_blocks=2")
+    assert (two["qk_wgmma"], two["v_dequant"], two["min_blocks"]) == (True, True, 2), two
+    assert not plan(1, 32, 8, 8192, 8192, 128, overrides="qk_wgmma=1,k_dequant=1,v_dequant=1,min_blocks=2")["qk_wgmma"]
+    assert not plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="qk_wgmma=1")["qk_wgmma"]  # 3 per SM
+    for off in (plan(1, 32, 8, 8192, 8192, 256, v_format="float", overrides="qk_wgmma=1"),
+                plan(1, 32, 8, 8192, 8192, 128, device=H100_PLAIN_SM90, overrides="qk_wgmma=1"),
+                plan(1, 32, 8, 8192, 8192, 128, device=A100, overrides="qk_wgmma=1"),
+                plan(1, 32, 8, 8192, 8192, 128, v_format="float", overrides="qk_wgmma=1,m_tiles=2"),
+                plan(1, 32, 8, 8192, 8192, 128, v_format="float", overrides="qk_wgmma=1,wgmma=0"),
+                plan(1, 32, 8, 8192, 8192, 128, v_format="q8_0", overrides="qk_wgmma=1,v_dequant=0,min_blocks=2")):
+        assert not off.get("qk_wgmma", False), off

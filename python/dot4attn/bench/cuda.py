@@ -10,7 +10,8 @@ GroupQueryAttention on the CUDA execution provider, in one process.
   q6_0 at head sizes that are multiples of 64, the GPU kernels' rule: formats.gpu_takes); prefill rows also
   d4a_<V>_qk16 where the planner takes it (sm_90a, D 64 / 128): the same call with K (and a quantized V) converted
   once into float16 rows and the Q.K on f16 wgmma (override k_dequant=1,v_dequant=1), and d4a_<V>_qk16o, the same
-  with 2 blocks per SM and each tile's softmax overlapped with the next tile's Q.K (min_blocks=2);
+  with 2 blocks per SM and each tile's softmax overlapped with the next tile's Q.K (min_blocks=2); d4a_<V>_s8w: the
+  contract's int8 Q.K on wgmma (qk_wgmma=1, 2 blocks per SM);
   sdpa_flash, sdpa_cudnn (torch.nn.functional.scaled_dot_product_attention, f16, GQA through enable_gqa);
   ort_gqa_f16 / ort_gqa_int8 (com.microsoft.GroupQueryAttention on the CUDA EP, f16 or ORT's own int8 (per-tensor
   scale) share-buffer cache, run on torch's stream
@@ -369,9 +370,11 @@ def _prefill_case(run, hq, hkv, d, s):
         _time_d4a(run, case, q, kp, ks, vp, vs, fmt, ref, flops=flops)
         # Q.K on f16 wgmma from K's float16 copy (k_dequant.cuh; asked for by override until it is the default):
         # "<name>_qk16", where the planner takes it (sm_90a, D 64 / 128)
-        for ov, sfx in ((QK16, "_qk16"), (QK16 + ",min_blocks=2", "_qk16o")):
+        for ov, sfx in ((QK16, "_qk16"), (QK16 + ",min_blocks=2", "_qk16o"),
+                        ("qk_wgmma=1,v_dequant=1,min_blocks=2", "_s8w")):
             r = native.TorchAttention(q, kp, ks, vp, vs, run.torch.empty_like(q), v_format=fmt, overrides=ov)
-            if native.gpu_plan(r.call).get("k_dequant"):
+            pl = native.gpu_plan(r.call)
+            if pl.get("k_dequant") or pl.get("qk_wgmma"):
                 _time_d4a(run, case, q, kp, ks, vp, vs, fmt, ref, flops=flops, overrides=ov, suffix=sfx)
             del r
     del q, k, v, kp, ks, ref
@@ -575,7 +578,8 @@ def _targets(results):
           True)
     for sk in (8192, 32768):
         for fmt in ("f16", "q8_0"):
-            for sfx, how in (("", ""), ("_qk16", ", Q.K on f16 wgmma"), ("_qk16o", ", Q.K on f16 wgmma, overlapped")):
+            for sfx, how in (("", ""), ("_qk16", ", Q.K on f16 wgmma"), ("_qk16o", ", Q.K on f16 wgmma, overlapped"),
+                             ("_s8w", ", int8 Q.K on wgmma")):
                 ratio("prefill", sk, f"d4a_{fmt}{sfx}", "sdpa_cudnn", GOAL_PREFILL_VS_CUDNN,
                       f"prefill {sk // 1024}k causal speed vs cuDNN ({fmt} V{how})", True)
     for fmt in CACHE_GOAL_FORMATS:
