@@ -167,6 +167,22 @@ struct Traits {
   static_assert(VK != kVF16 || MT != 1 || kRows * QSTR + kRows * NB * 4 <= Q16_RING, "Q does not fit ring slot 1");
 };
 
+// One 32-block's int8 Q.K partials of a thread's two n tiles (c0: keys j, j + 1 of rows gid, gid + 8; c1: keys j + 8,
+// j + 9), magic-biased int32 bits (kMagicI), into its logits s0 / s1: (q dot) rounded once, then times the key's
+// scale, fma(fma(c, q, -q M), sk, s); q0 / q1 the rows' Q block scale (times scale * log2 e), m = -M q, k the four
+// keys' K scales (k_scale_quad's order).
+__device__ __forceinline__ void scale_block_pair(float* s0, float* s1, const int* c0, const int* c1, float q0, float q1,
+                                                 float m0, float m1, float4 k) {
+  s0[0] = fmaf(fmaf(__int_as_float(c0[0]), q0, m0), k.x, s0[0]);
+  s0[1] = fmaf(fmaf(__int_as_float(c0[1]), q0, m0), k.y, s0[1]);
+  s0[2] = fmaf(fmaf(__int_as_float(c0[2]), q1, m1), k.x, s0[2]);
+  s0[3] = fmaf(fmaf(__int_as_float(c0[3]), q1, m1), k.y, s0[3]);
+  s1[0] = fmaf(fmaf(__int_as_float(c1[0]), q0, m0), k.z, s1[0]);
+  s1[1] = fmaf(fmaf(__int_as_float(c1[1]), q0, m0), k.w, s1[1]);
+  s1[2] = fmaf(fmaf(__int_as_float(c1[2]), q1, m1), k.z, s1[2]);
+  s1[3] = fmaf(fmaf(__int_as_float(c1[3]), q1, m1), k.w, s1[3]);
+}
+
 // The K scales of a 64-key tile as one float4 per (32-block, 16-key step np, quad lane tig): the four keys a
 // thread's two Q.K n tiles of that step hold (16 np + 2 tig + {0, 1, 8, 9}), from the fp16 scale run [64][NB]. One
 // 16-byte load per step and thread: every 4 bytes a thread loads from shared memory costs a wavefront whatever the
@@ -905,14 +921,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
           const int* c1 = c[2 * np + 1];
           float* s0 = S[0][2 * np];
           float* s1 = S[0][2 * np + 1];
-          s0[0] = fmaf(fmaf(__int_as_float(c0[0]), q0, m0), k.x, s0[0]);
-          s0[1] = fmaf(fmaf(__int_as_float(c0[1]), q0, m0), k.y, s0[1]);
-          s0[2] = fmaf(fmaf(__int_as_float(c0[2]), q1, m1), k.x, s0[2]);
-          s0[3] = fmaf(fmaf(__int_as_float(c0[3]), q1, m1), k.y, s0[3]);
-          s1[0] = fmaf(fmaf(__int_as_float(c1[0]), q0, m0), k.z, s1[0]);
-          s1[1] = fmaf(fmaf(__int_as_float(c1[1]), q0, m0), k.w, s1[1]);
-          s1[2] = fmaf(fmaf(__int_as_float(c1[2]), q1, m1), k.z, s1[2]);
-          s1[3] = fmaf(fmaf(__int_as_float(c1[3]), q1, m1), k.w, s1[3]);
+          scale_block_pair(s0, s1, c0, c1, q0, q1, m0, m1, k);
         }
         if (blk + NACC < NB) issue(blk + NACC, c);
       }
@@ -964,18 +973,10 @@ __global__ void __launch_bounds__(kThreads, MINB)
           int c1[4] = {kMagicI, kMagicI, kMagicI, kMagicI};
           mma_s8(c0, af[mt], kf[cur][0], kf[cur][1]);
           mma_s8(c1, af[mt], kf[cur][2], kf[cur][3]);
-          // (q dot) rounded once, then times sk into the logit: fma(fma(c, q, -q M), sk, s)
           const float q0 = sqv[2 * mt], q1 = sqv[2 * mt + 1], m0 = sqmv[2 * mt], m1 = sqmv[2 * mt + 1];
           float* s0 = S[mt][2 * np];
           float* s1 = S[mt][2 * np + 1];
-          s0[0] = fmaf(fmaf(__int_as_float(c0[0]), q0, m0), k.x, s0[0]);
-          s0[1] = fmaf(fmaf(__int_as_float(c0[1]), q0, m0), k.y, s0[1]);
-          s0[2] = fmaf(fmaf(__int_as_float(c0[2]), q1, m1), k.x, s0[2]);
-          s0[3] = fmaf(fmaf(__int_as_float(c0[3]), q1, m1), k.y, s0[3]);
-          s1[0] = fmaf(fmaf(__int_as_float(c1[0]), q0, m0), k.z, s1[0]);
-          s1[1] = fmaf(fmaf(__int_as_float(c1[1]), q0, m0), k.w, s1[1]);
-          s1[2] = fmaf(fmaf(__int_as_float(c1[2]), q1, m1), k.z, s1[2]);
-          s1[3] = fmaf(fmaf(__int_as_float(c1[3]), q1, m1), k.w, s1[3]);
+          scale_block_pair(s0, s1, c0, c1, q0, q1, m0, m1, k);
         }
       }
     }
