@@ -526,8 +526,8 @@ bool plan_v_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& de
 // (docs/performance.md). Taken where the plan is the float16-V wgmma instance at D 64 / 128 (V float16, or its
 // float16 copy): with 3 blocks per SM, or with 2 (min_blocks=2) the schedule that overlaps each tile's softmax with
 // the next tile's Q.K (three ring slots), the scale is positive (the softmax multiplies unscaled dot products by it, and takes
-// their max first) and the copy fits kMaxDequantBytes. Only when asked (k_dequant=1): those instances have not run
-// on a GPU yet, and their Q.K rounds Q and K to float16 (reference.dot4_logits(qk_f16=True), docs/ops.md).
+// their max first) and the copy fits kMaxDequantBytes. Only when asked (k_dequant=1): their Q.K rounds Q and K to
+// float16 (reference.dot4_logits(qk_f16=True), docs/ops.md), outside the contract's default bound.
 template <int D>
 int qk16_smem_bytes(int min_blocks) {
   using Tr = pmma::Traits<kVF16, D, 1>;
@@ -537,6 +537,9 @@ int qk16_smem_bytes(int min_blocks) {
 void plan_k_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
   if (ov.k_dequant != 1 || pl.kernel != KernelKind::kPrefillMma || pl.vk != kVF16 || !pl.tma || !pl.wgmma ||
       (pl.min_blocks != 3 && pl.min_blocks != 2) || pl.m_tiles != 1 || (p.D != 64 && p.D != 128) || !(p.scale > 0.f) ||
+      // D = 64 with 3 blocks per SM gave wrong outputs on the H200 (NMSE ~1.9 vs the reference) where the same Q.K
+      // with 2 blocks per SM and D = 128 with either were right: not taken until that is found
+      (p.D == 64 && pl.min_blocks == 3) ||
       !std::isfinite(p.scale) || p.B * p.Hkv == 0)
     return;
   const int smem = p.D == 64 ? qk16_smem_bytes<64>(pl.min_blocks) : qk16_smem_bytes<128>(pl.min_blocks);
@@ -553,11 +556,12 @@ void plan_k_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& de
 #if defined(D4A_HAS_PREFILL_MMA)
 // The contract's int8 Q.K on wgmma (prefill_mma.cuh, S8W): the float16-V wgmma instance with 2 blocks per SM (the
 // registers for the next block's wgmma in flight during this block's scaling FFMAs; at 3 blocks per SM ptxas spilled
-// 152-160 bytes and serialized every wgmma, so that instance is not built) at D 64 / 128, where k_dequant is not
-// taken. Only when asked (qk_wgmma=1, with min_blocks=2): those instances have not run on a GPU yet.
+// 152-160 bytes and serialized every wgmma, so that instance is not built) at D = 128, where k_dequant is not taken.
+//  Only when asked (qk_wgmma=1, with min_blocks=2): on the H200 it ran at the speed of the int8 instance with 2
+// blocks per SM, slower than the default 3 (docs/performance.md).
 void plan_qk_wgmma(GpuPlan& pl, const AttentionParams& p, const PlanOverrides& ov) {
   if (ov.qk_wgmma == 1 && !pl.k_dequant && pl.kernel == KernelKind::kPrefillMma && pl.vk == kVF16 && pl.tma &&
-      pl.wgmma && pl.min_blocks == 2 && pl.m_tiles == 1 && (p.D == 64 || p.D == 128))
+      pl.wgmma && pl.min_blocks == 2 && pl.m_tiles == 1 && p.D == 128)  // D = 64 (64-byte swizzle) gave wrong outputs
     pl.qk_wgmma = true;
 }
 #endif

@@ -724,8 +724,10 @@ def test_k_dequant_plans_the_f16_qk_prefill_only_where_asked():
     q8 = plan(2, 32, 8, 8192, 8192, 128, v_format="q8_0", overrides="k_dequant=1")
     assert (q8["v_dequant"], q8["k_dequant"]) == (True, True), q8
     assert q8["scratch_bytes"] == 2 * (2 * 8 * 8192 * 128 * 2) + 256 + 2 * 8 * 4
-    d64 = plan(1, 32, 8, 4096, 4096, 64, v_format="q4_0", overrides="k_dequant=1,v_dequant=1")
-    assert d64["k_dequant"] and d64["smem_bytes"] == 2 * (64 * 128 * 2) + 16 + 1024, d64
+    d64 = plan(1, 32, 8, 4096, 4096, 64, v_format="q4_0", overrides="k_dequant=1,v_dequant=1,min_blocks=2")
+    assert d64["k_dequant"] and d64["smem_bytes"] == 3 * (64 * 128 * 2) + 32 + 1024, d64
+    # D = 64 with 3 blocks per SM: wrong outputs on the H200, declined
+    assert not plan(1, 32, 8, 4096, 4096, 64, v_format="q4_0", overrides="k_dequant=1,v_dequant=1")["k_dequant"]
     cache = plan(1, 28, 4, 16384, 131072, 128, v_format="q8_0", overrides="k_dequant=1",
                  kv_layout=packed_layout(128, "q8_0", 140000))
     assert cache["k_dequant"] and cache["scratch_bytes"] == 2 * 4 * 140000 * 128 * 2 + 256 + 4 * 4, cache
@@ -754,8 +756,10 @@ def test_qk_wgmma_plans_the_int8_wgmma_qk_only_where_asked():
     p = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="qk_wgmma=1,min_blocks=2")
     assert (p["qk_wgmma"], p["k_dequant"], p["min_blocks"], p["wgmma"]) == (True, False, 2, True), p
     assert (p["smem_bytes"], p["scratch_bytes"]) == (base["smem_bytes"], base["scratch_bytes"]) and not base["qk_wgmma"]
-    two = plan(1, 32, 8, 4096, 4096, 64, v_format="q8_0", overrides="qk_wgmma=1,v_dequant=1,min_blocks=2")
+    two = plan(1, 32, 8, 4096, 4096, 128, v_format="q8_0", overrides="qk_wgmma=1,v_dequant=1,min_blocks=2")
     assert (two["qk_wgmma"], two["v_dequant"], two["min_blocks"]) == (True, True, 2), two
+    # D = 64 (the int8 K tile in the 64-byte swizzle): wrong outputs on the H200, declined
+    assert not plan(1, 32, 8, 4096, 4096, 64, v_format="q8_0", overrides="qk_wgmma=1,v_dequant=1,min_blocks=2")["qk_wgmma"]
     assert not plan(1, 32, 8, 8192, 8192, 128, overrides="qk_wgmma=1,k_dequant=1,v_dequant=1,min_blocks=2")["qk_wgmma"]
     assert not plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="qk_wgmma=1")["qk_wgmma"]  # 3 per SM
     for off in (plan(1, 32, 8, 8192, 8192, 256, v_format="float", overrides="qk_wgmma=1"),
