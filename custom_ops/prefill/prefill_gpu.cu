@@ -61,6 +61,27 @@ __global__ void wgmma_marker_kernel(int* p) {
 #endif
 }
 
+// The tensor maps of a TMA plan's K tiles (rows of k_row bytes: int8 K, or its float16 copy) and V tiles.
+inline TmaMaps kv_maps(const TileArgs& a, int k_row, int v_row) {
+  TmaMaps tm{};
+  if (!tma_map_rows(&tm.k, a.k, k_row, a.k_stride, a.kv_rows, a.Sk, a.B * a.Hkv, pmma::kKeys) ||
+      !tma_map_rows(&tm.v, a.v, v_row, a.v_stride, a.kv_rows, a.Sk, a.B * a.Hkv, pmma::kKeys))
+    throw std::runtime_error("Dot4Attention GPU: the driver refused the K / V tensor maps of a TMA plan");
+  return tm;
+}
+
+// A float16-V plan with the V scan: the scan into the flags in scratch, then the unflagged heads on `unchecked` (the
+// instance without the V check) and the flagged ones on `checked`; each launch's other blocks return at once.
+template <typename Unchecked, typename Checked>
+void launch_v_scanned(Unchecked unchecked, Checked checked, const GpuPlan& pl, const TileArgs& a, void* scratch,
+                      const TmaMaps& tm, gpuStream_t s) {
+  TileArgs b = a;
+  b.v_flags = static_cast<const int*>(scratch);
+  scan_v_nonfinite(b, static_cast<int*>(scratch), s);
+  launch_planned(unchecked, pl, s, b, pl.causal_tiles, tm);
+  launch_planned(checked, pl, s, b, pl.causal_tiles, tm);
+}
+
 // One planned instance: TMA tiles (sm_90, 2+ blocks per SM of the pipelined layout), with the wgmma P.V where the
 // plan says so, or cp.async tiles.
 // scratch: the V scan's flags (pl.v_scan: float16 V, wgmma, 3 blocks per SM; the only instances compiled without
@@ -71,9 +92,7 @@ void mma_inst(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s
   TmaMaps tm{};
   if constexpr (Tr::kPipe && MINB >= 2) {
     if (pl.tma) {
-      if (!tma_map_rows(&tm.k, a.k, D, a.k_stride, a.kv_rows, a.Sk, a.B * a.Hkv, pmma::kKeys) ||
-          !tma_map_rows(&tm.v, a.v, Tr::VROW, a.v_stride, a.kv_rows, a.Sk, a.B * a.Hkv, pmma::kKeys))
-        throw std::runtime_error("Dot4Attention GPU: the driver refused the K / V tensor maps of a TMA plan");
+      tm = kv_maps(a, D, Tr::VROW);
       if constexpr (Tr::kWgmma && VK == kVF16 && MT == 1 && MINB == 2) {
         if (pl.qk_wgmma) {  // the int8 Q.K on wgmma (S8W), 2 blocks per SM (no V scan there)
           if (pl.v_scan || !pl.wgmma) no_instance(pl);
@@ -83,15 +102,9 @@ void mma_inst(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s
       }
       if constexpr (Tr::kWgmma) {
         if constexpr (VK == kVF16 && MINB == 3) {
-          if (pl.wgmma && pl.v_scan) {  // unflagged heads without the V check, then the flagged ones with it
-            TileArgs b = a;
-            b.v_flags = static_cast<const int*>(scratch);
-            scan_v_nonfinite(b, static_cast<int*>(scratch), s);
-            launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, true, true, false>, pl, s, b, pl.causal_tiles,
-                           tm);
-            return launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, true, true>, pl, s, b, pl.causal_tiles,
-                                  tm);
-          }
+          if (pl.wgmma && pl.v_scan)
+            return launch_v_scanned(pmma::prefill_mma_kernel<VK, D, MT, MINB, true, true, false>,
+                                    pmma::prefill_mma_kernel<VK, D, MT, MINB, true, true>, pl, a, scratch, tm, s);
         }
         if (pl.wgmma && !pl.v_scan)
           return launch_planned(pmma::prefill_mma_kernel<VK, D, MT, MINB, true, true>, pl, s, a, pl.causal_tiles, tm);
@@ -109,24 +122,15 @@ void mma_inst(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s
 // with the next tile's Q.K.
 template <int D>
 void mma_qk16(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s) {
-  using Tr = pmma::Traits<kVF16, D, 1>;
-  TmaMaps tm{};
-  if (!tma_map_rows(&tm.k, a.k, 2 * D, a.k_stride, a.kv_rows, a.Sk, a.B * a.Hkv, pmma::kKeys) ||
-      !tma_map_rows(&tm.v, a.v, Tr::VROW, a.v_stride, a.kv_rows, a.Sk, a.B * a.Hkv, pmma::kKeys))
-    throw std::runtime_error("Dot4Attention GPU: the driver refused the K / V tensor maps of a TMA plan");
+  const TmaMaps tm = kv_maps(a, 2 * D, pmma::Traits<kVF16, D, 1>::VROW);
   if (pl.min_blocks == 2) {
     if (pl.v_scan) no_instance(pl);
     return launch_planned(pmma::prefill_mma_kernel<kVF16, D, 1, 2, true, true, true, true>, pl, s, a, pl.causal_tiles,
                           tm);
   }
-  if (pl.v_scan) {
-    TileArgs b = a;
-    b.v_flags = static_cast<const int*>(scratch);
-    scan_v_nonfinite(b, static_cast<int*>(scratch), s);
-    launch_planned(pmma::prefill_mma_kernel<kVF16, D, 1, 3, true, true, false, true>, pl, s, b, pl.causal_tiles, tm);
-    return launch_planned(pmma::prefill_mma_kernel<kVF16, D, 1, 3, true, true, true, true>, pl, s, b, pl.causal_tiles,
-                          tm);
-  }
+  if (pl.v_scan)
+    return launch_v_scanned(pmma::prefill_mma_kernel<kVF16, D, 1, 3, true, true, false, true>,
+                            pmma::prefill_mma_kernel<kVF16, D, 1, 3, true, true, true, true>, pl, a, scratch, tm, s);
   launch_planned(pmma::prefill_mma_kernel<kVF16, D, 1, 3, true, true, true, true>, pl, s, a, pl.causal_tiles, tm);
 }
 
