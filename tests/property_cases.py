@@ -159,8 +159,9 @@ class AttnCase:
     def inputs(self):
         return self.query, self.k_payload, self.k_scales, self.value, self.v_scales, self.mask
 
-    def reference(self) -> np.ndarray:
-        return R.attention(*self.inputs(), causal=self.causal, v_format=self.v_format)
+    def reference(self, qk_f16: bool = False) -> np.ndarray:
+        """The contract's output; qk_f16: with the f16 Q.K's logits (a GPU plan with k_dequant, docs/ops.md)."""
+        return R.attention(*self.inputs(), causal=self.causal, v_format=self.v_format, qk_f16=qk_f16)
 
     def __repr__(self):
         B, Hq, Sq, D = self.query.shape

@@ -522,12 +522,15 @@ bool plan_v_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& de
 
 #if defined(D4A_HAS_PREFILL_MMA)
 // Q.K on f16 wgmma from K dequantized once into float16 rows (k_dequant.cuh; prefill_mma.cuh, QK16): the int8 Q.K's
-// per-block scaling (two FFMAs per logit and 32-block) is the largest part of the int8 prefill's instruction stream
-// (docs/performance.md). Taken where the plan is the float16-V wgmma instance at D 64 / 128 (V float16, or its
-// float16 copy): with 3 blocks per SM, or with 2 (min_blocks=2) the schedule that overlaps each tile's softmax with
-// the next tile's Q.K (three ring slots), the scale is positive (the softmax multiplies unscaled dot products by it, and takes
-// their max first) and the copy fits kMaxDequantBytes. Only when asked (k_dequant=1): their Q.K rounds Q and K to
-// float16 (reference.dot4_logits(qk_f16=True), docs/ops.md), outside the contract's default bound.
+// per-block scaling (two FFMAs per logit and 32-block) is the largest part of the int8 prefill's instruction stream,
+// and this instance is 1.26-1.43x the int8 one at D = 128 on the H200 (docs/performance.md). Its Q.K rounds Q and K to
+// float16 (reference.dot4_logits(qk_f16=True)): the contract's documented deviation for this route (docs/ops.md).
+// Taken by default where the plan is the float16-V wgmma instance with 3 blocks per SM at D = 128 (V float16, or its
+// float16 copy), each K tile is read by 8 blocks or more over 2048+ keys (the copy is one pass over K: three times
+// its bytes, paid back only where K is read many times), the scale is positive (the softmax multiplies unscaled dot
+// products by it, and takes their max first) and the copy fits kMaxDequantBytes. k_dequant=1 drops the length rule
+// and also takes D = 64 with 2 blocks per SM, where the overlapped schedule runs (each tile's softmax over the next
+// tile's Q.K, three ring slots; slower than the int8 instance there); k_dequant=0 keeps the contract's int8 Q.K.
 template <int D>
 int qk16_smem_bytes(int min_blocks) {
   using Tr = pmma::Traits<kVF16, D, 1>;
@@ -535,13 +538,15 @@ int qk16_smem_bytes(int min_blocks) {
 }
 
 void plan_k_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
-  if (ov.k_dequant != 1 || pl.kernel != KernelKind::kPrefillMma || pl.vk != kVF16 || !pl.tma || !pl.wgmma ||
+  if (ov.k_dequant == 0 || pl.kernel != KernelKind::kPrefillMma || pl.vk != kVF16 || !pl.tma || !pl.wgmma ||
       (pl.min_blocks != 3 && pl.min_blocks != 2) || pl.m_tiles != 1 || (p.D != 64 && p.D != 128) || !(p.scale > 0.f) ||
       // D = 64 with 3 blocks per SM gave wrong outputs on the H200 (NMSE ~1.9 vs the reference) where the same Q.K
       // with 2 blocks per SM and D = 128 with either were right: not taken until that is found
       (p.D == 64 && pl.min_blocks == 3) ||
       !std::isfinite(p.scale) || p.B * p.Hkv == 0)
     return;
+  const int64_t reads = pl.blocks / (p.B * p.Hkv);  // blocks reading each K tile of a (batch, KV head)
+  if (ov.k_dequant != 1 && (p.D != 128 || pl.min_blocks != 3 || reads < 8 || p.Sk < 2048)) return;
   const int smem = p.D == 64 ? qk16_smem_bytes<64>(pl.min_blocks) : qk16_smem_bytes<128>(pl.min_blocks);
   const size_t bytes = (size_t(p.B * p.Hkv) * size_t(p.head_rows()) * size_t(p.D) * 2 + 255) / 256 * 256;
   if (smem > dev.max_smem || bytes > kMaxDequantBytes) return;

@@ -21,8 +21,9 @@
 //   k_dequant=0|1               K dequantized once into float16 rows and the Q.K on f16 wgmma (GpuPlan::k_dequant;
 //                               1: wherever the float16-V wgmma instance runs at D = 128 (3 blocks per SM, or with
 //                               min_blocks=2 the schedule that overlaps the softmax with the next Q.K) or at D = 64
-//                               with min_blocks=2; default 0: its numerics are the reference's qk_f16 mode, not the
-//                               contract's default math, docs/ops.md)
+//                               with min_blocks=2, short calls too; 0: the contract's int8 Q.K everywhere; default:
+//                               D = 128 with 3 blocks per SM where K is read by 8+ blocks over 2048+ keys; its
+//                               numerics are the reference's qk_f16 mode, docs/ops.md)
 //   qk_wgmma=0|1                the contract's int8 Q.K on wgmma (GpuPlan::qk_wgmma; 1: wherever the float16-V wgmma
 //                               instance runs with min_blocks=2 at D = 128 and k_dequant does not; default 0: slower
 //                               than the default instance on the H200, docs/performance.md)
@@ -74,7 +75,7 @@ struct PlanOverrides {
   int split_waves = 0;       // 0: the default (2)
   int v_scan = -1;           // -1 auto, 0 off, 1 on (tensor-core prefill, float16 V)
   int v_dequant = -1;        // -1 auto, 0 off, 1 on (tensor-core prefill, quantized V; q6_0 always on unless 0)
-  int k_dequant = -1;        // -1 auto (off for now), 0 off, 1 on (tensor-core prefill: Q.K on f16 wgmma)
+  int k_dequant = -1;        // -1 auto, 0 off (the int8 Q.K), 1 on (tensor-core prefill: Q.K on f16 wgmma)
   int qk_wgmma = -1;         // -1 auto (off for now), 0 off, 1 on (tensor-core prefill: int8 Q.K on wgmma)
 };
 

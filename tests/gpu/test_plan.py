@@ -95,8 +95,13 @@ def test_h200_prefill_takes_wgmma(v_format):
     ("q8_0", 8192, 8192, "v_dequant=0", False), ("q4_0", 8192, 8192, "v_scan=1,v_dequant=0", False),
     ("float", 8192, 8192, "wgmma=0", False), ("float", 8192, 8192, "min_blocks=2", False)])  # no unchecked instance
 def test_prefill_v_scan_and_its_scratch(v_format, sq, sk, overrides, scan):
+    """The V scan's flags follow K's float16 copy where the f16 Q.K runs (the long float16-V calls at 3 blocks per SM;
+    test_k_dequant_* below) and stand alone otherwise."""
     p = plan(2, 32, 8, sq, sk, 128, v_format=v_format, overrides=overrides)
-    assert (p["kernel"], p["v_scan"], p["scratch_bytes"]) == ("prefill_mma", scan, 2 * 8 * 4 if scan else 0)
+    k16 = v_format == "float" and sk >= 2048 and overrides in ("", "v_scan=0")
+    assert p["k_dequant"] == k16, p
+    k_copy = 2 * 8 * sk * 128 * 2 + 256 if k16 else 0
+    assert (p["kernel"], p["v_scan"], p["scratch_bytes"]) == ("prefill_mma", scan, k_copy + (2 * 8 * 4 if scan else 0))
 
 
 @pytest.mark.parametrize("v_format", ["q8_0", "q4_0"])
@@ -108,8 +113,8 @@ def test_long_quantized_v_prefill_dequantizes_v_once(v_format):
     p = plan(2, 32, 8, 8192, 8192, 128, v_format=v_format)
     assert (p["kernel"], p["wgmma"], p["min_blocks"], p["v_dequant"], p["v_scan"]) == \
         ("prefill_mma", True, 3, True, True), p
-    assert p["scratch_bytes"] == 2 * 8 * 8192 * 128 * 2 + 2 * 8 * 4
-    cache = plan(1, 28, 4, 16384, 131072, 128, v_format=v_format,
+    assert p["k_dequant"] and p["scratch_bytes"] == 2 * (2 * 8 * 8192 * 128 * 2) + 256 + 2 * 8 * 4  # V, K copies
+    cache = plan(1, 28, 4, 16384, 131072, 128, v_format=v_format, overrides="k_dequant=0",
                  kv_layout=packed_layout(128, v_format, 140000))  # a cache: the copy spans its rows per head
     assert cache["v_dequant"] and cache["scratch_bytes"] == 4 * 140000 * 128 * 2 + 4 * 4, cache
     for off in (plan(2, 32, 8, 8192, 8192, 128, v_format=v_format, overrides="v_dequant=0"),
@@ -292,7 +297,9 @@ def test_q6_0_prefill_runs_on_its_float16_copy(device):
     assert (p["route"], p["kernel"], p["v_dequant"], p["wgmma"], p["tma"]) == \
         ("prefill", "prefill_mma", True, wgmma, wgmma), p
     assert p["fallback"] == "" and p["v_scan"] == wgmma, p
-    assert p["scratch_bytes"] == 2 * 8 * 8192 * 128 * 2 + (2 * 8 * 4 if wgmma else 0), p
+    assert p["k_dequant"] == wgmma, p  # and the f16 Q.K on K's float16 copy where that instance runs
+    k_copy = 2 * 8 * 8192 * 128 * 2 + 256 if wgmma else 0
+    assert p["scratch_bytes"] == 2 * 8 * 8192 * 128 * 2 + k_copy + (2 * 8 * 4 if wgmma else 0), p
     short = plan(1, 32, 8, 512, 512, 128, device=device, v_format="q6_0")
     assert (short["kernel"], short["v_dequant"], short["v_scan"]) == ("prefill_mma", True, False), short
     assert short["scratch_bytes"] == 8 * 512 * 128 * 2, short
@@ -387,11 +394,11 @@ def test_q6_0_needs_d_a_multiple_of_64_on_the_gpu(D, device):
 # ---- strided K / V rows (a packed cache) ----------------------------------------------------------------------------
 
 def without_strided(p):
-    """The plan less what follows the row layout rather than the math: `strided`, and a dequantized V's float16 copy
-    (v_dequant), which spans the layout's rows per head, so its scratch size."""
+    """The plan less what follows the row layout rather than the math: `strided`, and a dequantized V's or K's float16
+    copy (v_dequant, k_dequant), which spans the layout's rows per head, so its scratch size."""
     q = dict(p)
     q.pop("strided")
-    if q.get("v_dequant"):
+    if q.get("v_dequant") or q.get("k_dequant"):
         q.pop("scratch_bytes")
     return q
 
@@ -401,9 +408,10 @@ STAGING_KEYS = ("staging", "stages", "smem_bytes", "fallback", "strided")
 
 
 def math_of(p):
-    """The parts of a plan that decide the output bits. A dequantized V's float16 copy (v_dequant) spans the rows per
-    head of the call's layout, so its scratch size follows the layout, not the math."""
-    return {k: v for k, v in p.items() if k not in STAGING_KEYS and not (k == "scratch_bytes" and p.get("v_dequant"))}
+    """The parts of a plan that decide the output bits. A dequantized V's or K's float16 copy (v_dequant, k_dequant)
+    spans the rows per head of the call's layout, so its scratch size follows the layout, not the math."""
+    return {k: v for k, v in p.items()
+            if k not in STAGING_KEYS and not (k == "scratch_bytes" and (p.get("v_dequant") or p.get("k_dequant")))}
 
 
 STRIDED_SHAPES = [  # (B, Hq, Hkv, Sq, Sk, D, v_format, device): every kernel family the planner picks on dense rows
@@ -709,13 +717,14 @@ def test_info_plan_on_amd_devices(capsys):
                 assert word in out, (device, shape, out)
 
 
-def test_k_dequant_plans_the_f16_qk_prefill_only_where_asked():
-    """k_dequant=1: K converted once into float16 rows (k_dequant.cuh) and the Q.K on f16 wgmma (prefill_mma.cuh,
-    QK16), on the float16-V wgmma instance at D 64 / 128 (V float16, or its float16 copy): 3 blocks per SM, two ring
-    slots of K and V float16 tiles + the mbarriers + the swizzle slack; or with min_blocks=2 the schedule that overlaps
-    the softmax with the next tile's Q.K, three slots (no V scan there). Scratch: [V copy][K copy (the layout's rows per
-    head), K flags (256-byte rounded)][V scan flags]. Not taken without the override (those instances have not run on
-    a GPU yet), nor where that instance does not run."""
+def test_k_dequant_plans_the_f16_qk_prefill():
+    """K converted once into float16 rows (k_dequant.cuh) and the Q.K on f16 wgmma (prefill_mma.cuh, QK16), on the
+    float16-V wgmma instance (V float16, or its float16 copy): 3 blocks per SM, two ring slots of K and V float16 tiles
+    + the mbarriers + the swizzle slack; or with min_blocks=2 the schedule that overlaps the softmax with the next
+    tile's Q.K, three slots (no V scan there). Scratch: [V copy][K copy (the layout's rows per head), K flags (256-byte
+    rounded)][V scan flags]. By default at D = 128 with 3 blocks per SM where each K tile is read by 8+ blocks over
+    2048+ keys; k_dequant=1 drops the length rule and takes D = 64 with min_blocks=2; k_dequant=0 never. Never where
+    that instance does not run."""
     p = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1")
     assert (p["kernel"], p["wgmma"], p["min_blocks"], p["k_dequant"], p["v_scan"]) == \
         ("prefill_mma", True, 3, True, True), p
@@ -731,7 +740,16 @@ def test_k_dequant_plans_the_f16_qk_prefill_only_where_asked():
     cache = plan(1, 28, 4, 16384, 131072, 128, v_format="q8_0", overrides="k_dequant=1",
                  kv_layout=packed_layout(128, "q8_0", 140000))
     assert cache["k_dequant"] and cache["scratch_bytes"] == 2 * 4 * 140000 * 128 * 2 + 256 + 4 * 4, cache
-    assert not plan(2, 32, 8, 8192, 8192, 128, v_format="float")["k_dequant"]  # off by default
+    auto = plan(2, 32, 8, 8192, 8192, 128, v_format="float")
+    assert auto["k_dequant"] and auto["scratch_bytes"] == p["scratch_bytes"], auto  # the default at D = 128
+    assert plan(1, 28, 4, 16384, 131072, 128, v_format="q4_0")["k_dequant"]  # a chunk over a long past
+    for short in (plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=0"),
+                  plan(1, 32, 8, 1024, 1024, 128, v_format="float"),  # under 2048 keys
+                  plan(1, 8, 8, 256, 8192, 128, v_format="float"),  # each K tile read by 4 blocks
+                  plan(1, 32, 8, 4096, 4096, 64, v_format="float"),  # D = 64: the int8 Q.K is faster there
+                  plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="min_blocks=2")):
+        assert not short["k_dequant"], short
+    assert plan(1, 32, 8, 1024, 1024, 128, v_format="float", overrides="k_dequant=1")["k_dequant"]
     over = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,min_blocks=2")
     assert (over["k_dequant"], over["min_blocks"], over["wgmma"], over["v_scan"]) == (True, 2, True, False), over
     assert over["smem_bytes"] == 3 * (64 * 256 * 2) + 32 + 1024

@@ -90,7 +90,9 @@ def test_prefill_v_scan_gpu(torch_cuda, overrides):
     plan = call(return_plan=True)
     torch_cuda.cuda.synchronize()
     assert plan["kernel"] == "prefill_mma" and plan["v_scan"] == (overrides != "v_scan=0")
-    P.check_attention(out.cpu().numpy(), case.reference(), case, f"{case!r} {overrides or 'auto'} EP=CUDA")
+    assert plan["k_dequant"] == (torch_cuda.cuda.get_device_capability() == (9, 0)), plan  # the f16 Q.K on sm_90a
+    P.check_attention(out.cpu().numpy(), case.reference(qk_f16=plan["k_dequant"]), case,
+                      f"{case!r} {overrides or 'auto'} EP=CUDA")
 
 
 # ---- float16 V blocks of +-65504 under q8_0 / q4_0 / q6_0 -----------------------------------------------------------
