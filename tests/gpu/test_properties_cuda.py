@@ -90,7 +90,7 @@ def test_prefill_v_scan_gpu(torch_cuda, overrides):
     plan = call(return_plan=True)
     torch_cuda.cuda.synchronize()
     assert plan["kernel"] == "prefill_mma" and plan["v_scan"] == (overrides != "v_scan=0")
-    assert plan["k_dequant"] == (torch_cuda.cuda.get_device_capability() == (9, 0)), plan  # the f16 Q.K on sm_90a
+    assert plan["k_dequant"] == plan["wgmma"], plan  # the f16 Q.K wherever the wgmma instance runs this shape
     P.check_attention(out.cpu().numpy(), case.reference(qk_f16=plan["k_dequant"]), case,
                       f"{case!r} {overrides or 'auto'} EP=CUDA")
 
