@@ -367,12 +367,31 @@ def test_a_case_whose_cuda_graph_mode_fails_runs_launched(monkeypatch, tmp_path)
                                     cuda_graph=True)
         results = harness.run_rows({"genai": tmp_path}, settings, vocab=8, log=lambda *a: None, rows=["genai"])
         (r,) = results
-        graphs = [graph for _, graph in made]
+        graphs = [graph for _, graph in made][1:]  # the first: the process's untimed warm-up (its failure only logged)
         if measured:
             assert graphs == [True, False] and r["cuda_graph"] is False and "batch_size must be 1" in r["note"]
             assert r["ms_per_token"] > 0
         else:
             assert graphs == [True] and "failed to allocate" in r["failed"]
+
+
+def test_one_untimed_warm_up_prompt_runs_before_the_first_timed_case(monkeypatch, tmp_path):
+    """What the process pays once must not land on the first case's time to first token (row 1's): one short untimed
+    prompt on the first row's model comes first, once per process, and not at all when nothing is left to measure."""
+    from dot4attn.e2e import harness
+
+    prompts = []
+    made = _fake_runners(monkeypatch, lambda runner, prompt, chunk: prompts.append(prompt.shape))
+    settings = harness.Settings(device="cpu", contexts=[16, 32], batches=[1], batch_contexts=[16], steps=2)
+    folders = {"genai": tmp_path, "d4a-q4_0": tmp_path}
+    results = harness.run_rows(folders, settings, vocab=8, log=lambda *a: None, rows=["genai", "d4a-q4_0"])
+    assert prompts == [(1, harness.WARM_UP_TOKENS), (1, 16), (1, 32), (1, 16), (1, 32)]
+    assert [kind for kind, _ in made] == ["og", "og", "og", "inplace", "inplace"]
+    assert len(results) == 4 and all("prefill_s" in r for r in results)
+    prompts.clear()
+    again = harness.run_rows(folders, settings, vocab=8, log=lambda *a: None, previous=results,
+                             rows=["genai", "d4a-q4_0"])
+    assert prompts == [] and len(again) == 4  # everything resumed: no warm-up, no case
 
 
 def test_copied_prompt_contexts_decode_one_prefilled_sequence_copied_to_the_batch(monkeypatch, tmp_path):
@@ -389,7 +408,8 @@ def test_copied_prompt_contexts_decode_one_prefilled_sequence_copied_to_the_batc
                                 chunk=64, copied_contexts=[32])
     results = harness.run_rows({"genai": tmp_path, "d4a-q4_0": tmp_path}, settings, vocab=8, log=lambda *a: None,
                                rows=["genai", "d4a-q4_0"])
-    assert [kind for kind, _ in made] == ["og", "og", "og", "inplace-copied", "inplace", "inplace", "inplace",
+    # the first og runner: the untimed warm-up on row 1's model before the first timed case
+    assert [kind for kind, _ in made] == ["og", "og", "og", "og", "inplace-copied", "inplace", "inplace", "inplace",
                                           "inplace-copied"]
     for r in results:
         copied = r["batch"] == 2 and r["context"] == 32
