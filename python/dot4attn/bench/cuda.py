@@ -375,8 +375,11 @@ def _prefill_case(run, hq, hkv, d, s):
                         ("qk_wgmma=1,v_dequant=1,min_blocks=2", "_s8w")):
             r = native.TorchAttention(q, kp, ks, vp, vs, run.torch.empty_like(q), v_format=fmt, overrides=ov)
             pl = native.gpu_plan(r.call)
-            if (default.get("k_dequant") and not pl.get("k_dequant")) if sfx == "_int8" else \
-                    (pl.get("k_dequant") or pl.get("qk_wgmma")):
+            if sfx == "_int8":
+                takes = default.get("k_dequant") and not pl.get("k_dequant")
+            else:
+                takes = pl.get("k_dequant") or pl.get("qk_wgmma")
+            if takes:
                 _time_d4a(run, case, q, kp, ks, vp, vs, fmt, ref, flops=flops, overrides=ov, suffix=sfx)
             del r
     del q, k, v, kp, ks, ref
