@@ -529,8 +529,10 @@ bool plan_v_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& de
 // float16 copy), each K tile is read by 8 blocks or more over 2048+ keys (the copy is one pass over K: three times
 // its bytes, paid back only where K is read many times), the scale is positive (the softmax multiplies unscaled dot
 // products by it, and takes their max first) and the copy fits kMaxDequantBytes. k_dequant=1 drops the length rule
-// and also takes D = 64 with 2 blocks per SM, where the overlapped schedule runs (each tile's softmax over the next
-// tile's Q.K, three ring slots; slower than the int8 instance there); k_dequant=0 keeps the contract's int8 Q.K.
+// and also takes D = 64 (3 blocks per SM; or 2, the overlapped schedule: each tile's softmax over the next tile's Q.K,
+// three ring slots), where its first build gave wrong outputs on the H200 (ptxas gave Q's fragment registers to P:
+// prefill_mma.cuh, Traits::Q16_QH) and the fix has not run on a GPU yet, so it is not the default there;
+// k_dequant=0 keeps the contract's int8 Q.K.
 template <int D>
 int qk16_smem_bytes(int min_blocks) {
   using Tr = pmma::Traits<kVF16, D, 1>;
@@ -540,9 +542,6 @@ int qk16_smem_bytes(int min_blocks) {
 void plan_k_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
   if (ov.k_dequant == 0 || pl.kernel != KernelKind::kPrefillMma || pl.vk != kVF16 || !pl.tma || !pl.wgmma ||
       (pl.min_blocks != 3 && pl.min_blocks != 2) || pl.m_tiles != 1 || (p.D != 64 && p.D != 128) || !(p.scale > 0.f) ||
-      // D = 64 with 3 blocks per SM gave wrong outputs on the H200 (NMSE ~1.9 vs the reference) where the same Q.K
-      // with 2 blocks per SM and D = 128 with either were right: not taken until that is found
-      (p.D == 64 && pl.min_blocks == 3) ||
       !std::isfinite(p.scale) || p.B * p.Hkv == 0)
     return;
   const int64_t reads = pl.blocks / (p.B * p.Hkv);  // blocks reading each K tile of a (batch, KV head)
@@ -561,12 +560,13 @@ void plan_k_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& de
 #if defined(D4A_HAS_PREFILL_MMA)
 // The contract's int8 Q.K on wgmma (prefill_mma.cuh, S8W): the float16-V wgmma instance with 2 blocks per SM (the
 // registers for the next block's wgmma in flight during this block's scaling FFMAs; at 3 blocks per SM ptxas spilled
-// 152-160 bytes and serialized every wgmma, so that instance is not built) at D = 128, where k_dequant is not taken.
-//  Only when asked (qk_wgmma=1, with min_blocks=2): on the H200 it ran at the speed of the int8 instance with 2
-// blocks per SM, slower than the default 3 (docs/performance.md).
+// 152-160 bytes and serialized every wgmma, so that instance is not built) at D 64 / 128, where k_dequant is not
+// taken. Only when asked (qk_wgmma=1, with min_blocks=2): on the H200 it ran at the speed of the int8 instance with 2
+// blocks per SM, slower than the default 3 (docs/performance.md). At D = 64 its first build gave wrong outputs (ptxas
+// gave Q's fragment registers to P; now reloaded per tile) and the fix has not run on a GPU yet.
 void plan_qk_wgmma(GpuPlan& pl, const AttentionParams& p, const PlanOverrides& ov) {
   if (ov.qk_wgmma == 1 && !pl.k_dequant && pl.kernel == KernelKind::kPrefillMma && pl.vk == kVF16 && pl.tma &&
-      pl.wgmma && pl.min_blocks == 2 && pl.m_tiles == 1 && p.D == 128)  // D = 64 (64-byte swizzle) gave wrong outputs
+      pl.wgmma && pl.min_blocks == 2 && pl.m_tiles == 1 && (p.D == 64 || p.D == 128))
     pl.qk_wgmma = true;
 }
 #endif

@@ -154,7 +154,12 @@ struct Traits {
   static constexpr int Q16_RING = up1024(Q16_KT + T_VT);
   static constexpr int Q16_Q = Q16_RING;                 // int8 Q [kRows][QSTR], then float SQ [kRows][NB]
   static constexpr int Q16_SQ = Q16_Q + kRows * QSTR;
-  static constexpr int Q16_BAR = 2 * Q16_RING;
+  // At D = 64 the Q.K's float16 A fragments of every thread (16 bytes per k step) also sit in bytes of their own, and
+  // each tile's Q.K loads them from there: kept in registers through the key loop, ptxas (13.0) gave those registers
+  // to the P fragments at D = 64, so every tile after the first multiplied K by the previous tile's P (at D = 128 it
+  // keeps them; the overlapped schedule below is right at D = 64 too).
+  static constexpr int Q16_QH = 2 * Q16_RING;
+  static constexpr int Q16_BAR = Q16_QH + (D == 64 ? kThreads * (D / 16) * 16 : 0);
   static constexpr int qk16_bytes = Q16_BAR + 16 + 1024;
   // QK16 with 2 blocks per SM (MINB = 2, up to 255 registers): the Q.K of tile t + 1 runs on the tensor cores while
   // the softmax of tile t runs (FlashAttention-3's intra-warpgroup overlap), which needs tile t + 1's K while tile t's
@@ -774,6 +779,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
   // float16), one set of 4 registers per 16 columns, in the mma.sync m16n8k16 A layout that wgmma takes per warp; and
   // the factor of the softmax's exponent, scale * log2 e (times 2^8 where this head's K copy holds K times 2^-8).
   uint32_t qh[kQ16 ? D / 16 : 1][4];
+  constexpr bool kQhSmem = kQ16 && !kQ16P && D == 64;  // Traits::Q16_QH: reloaded before each tile's Q.K
+  const unsigned qh_at = smem_u32(smem + Tr::Q16_QH) + unsigned(tid) * 16u;  // + 16 kThreads per k step
   float c_qk = 1.f;
   if constexpr (kQ16) {
     const int r0 = row_local(0), r1 = row_local(1);
@@ -788,6 +795,9 @@ __global__ void __launch_bounds__(kThreads, MINB)
       qh[ks][1] = pair(r1, 16 * ks + 2 * tig, s1);
       qh[ks][2] = pair(r0, 16 * ks + 8 + 2 * tig, s0);
       qh[ks][3] = pair(r1, 16 * ks + 8 + 2 * tig, s1);
+      if constexpr (kQhSmem)  // this thread's own bytes: it alone reads them back
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(qh_at + unsigned(ks * kThreads * 16)),
+                     "r"(qh[ks][0]), "r"(qh[ks][1]), "r"(qh[ks][2]), "r"(qh[ks][3]) : "memory");
     }
     fence_proxy_async_smem();  // these reads of Q's ring slot before its first tensor copy (after the next barrier)
     c_qk = a.scale_log2 * (a.k_flags != nullptr && a.k_flags[bh] != 0 ? 256.f : 1.f);
@@ -845,6 +855,13 @@ __global__ void __launch_bounds__(kThreads, MINB)
   auto qk16_issue = [&](const unsigned k_st, float (&s)[8][4]) {
 #if defined(D4A_WGMMA)
     if constexpr (kQ16) {
+      if constexpr (kQhSmem) {
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks)
+          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                       : "=r"(qh[ks][0]), "=r"(qh[ks][1]), "=r"(qh[ks][2]), "=r"(qh[ks][3])
+                       : "r"(qh_at + unsigned(ks * kThreads * 16)) : "memory");
+      }
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
@@ -898,6 +915,10 @@ __global__ void __launch_bounds__(kThreads, MINB)
       auto issue = [&](int blk, int (&c)[8][4]) {
 #pragma unroll
         for (int n = 0; n < 8; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = kMagicI;
+        // D = 64: Q's fragments loaded again for each tile (Q keeps its own bytes in this layout): kept in registers
+        // through the key loop, ptxas gave them to the P fragments there, as for QK16's (Traits::Q16_QH)
+        if constexpr (D == 64)
+          ldsm_x4(q_addr + blk * 32, qa[0][blk][0], qa[0][blk][1], qa[0][blk][2], qa[0][blk][3]);
         wgmma_fence();
         wgmma_s8_n64(c, qa[0][blk], D == 128 ? wg_desc_k_sw128(k_st + 32 * blk) : wg_desc_k_sw64(k_st + 32 * blk));
         wgmma_commit();

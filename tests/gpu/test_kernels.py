@@ -67,8 +67,8 @@ def _table_variants(c, r):
 
 def _qk16_expected(torch, c, plan, s8w: bool = False) -> bool:
     """Whether a plan made with K16 / K16O (S8W) must be a QK16 (S8W) instance: sm_90a's float16-V wgmma instance at
-    D = 128, or D = 64 with 2 blocks per SM for QK16 (the planner declines the others: wrong outputs on the H200)."""
-    d_ok = c.D == 128 or (c.D == 64 and plan.get("min_blocks") == 2 and not s8w)
+    D 64 / 128."""
+    d_ok = c.D in (64, 128)
     return (torch.cuda.get_device_capability()[0] == 9 and d_ok and plan["kernel"] == "prefill_mma"
             and plan.get("wgmma", False) and plan.get("min_blocks") in (2, 3) and plan.get("m_tiles") == 1)
 

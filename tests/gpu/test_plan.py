@@ -735,8 +735,11 @@ def test_k_dequant_plans_the_f16_qk_prefill():
     assert q8["scratch_bytes"] == 2 * (2 * 8 * 8192 * 128 * 2) + 256 + 2 * 8 * 4
     d64 = plan(1, 32, 8, 4096, 4096, 64, v_format="q4_0", overrides="k_dequant=1,v_dequant=1,min_blocks=2")
     assert d64["k_dequant"] and d64["smem_bytes"] == 3 * (64 * 128 * 2) + 32 + 1024, d64
-    # D = 64 with 3 blocks per SM: wrong outputs on the H200, declined
-    assert not plan(1, 32, 8, 4096, 4096, 64, v_format="q4_0", overrides="k_dequant=1,v_dequant=1")["k_dequant"]
+    # D = 64 with 3 blocks per SM: two ring slots, then every thread's Q fragments (16 bytes per k step, reloaded for
+    # each tile's Q.K: Traits::Q16_QH), then the mbarriers; only when asked
+    d64m3 = plan(1, 32, 8, 4096, 4096, 64, v_format="q4_0", overrides="k_dequant=1,v_dequant=1")
+    assert (d64m3["k_dequant"], d64m3["min_blocks"]) == (True, 3), d64m3
+    assert d64m3["smem_bytes"] == 2 * (64 * 128 * 2) + 128 * 4 * 16 + 16 + 1024, d64m3
     cache = plan(1, 28, 4, 16384, 131072, 128, v_format="q8_0", overrides="k_dequant=1",
                  kv_layout=packed_layout(128, "q8_0", 140000))
     assert cache["k_dequant"] and cache["scratch_bytes"] == 2 * 4 * 140000 * 128 * 2 + 256 + 4 * 4, cache
@@ -776,8 +779,8 @@ def test_qk_wgmma_plans_the_int8_wgmma_qk_only_where_asked():
     assert (p["smem_bytes"], p["scratch_bytes"]) == (base["smem_bytes"], base["scratch_bytes"]) and not base["qk_wgmma"]
     two = plan(1, 32, 8, 4096, 4096, 128, v_format="q8_0", overrides="qk_wgmma=1,v_dequant=1,min_blocks=2")
     assert (two["qk_wgmma"], two["v_dequant"], two["min_blocks"]) == (True, True, 2), two
-    # D = 64 (the int8 K tile in the 64-byte swizzle): wrong outputs on the H200, declined
-    assert not plan(1, 32, 8, 4096, 4096, 64, v_format="q8_0", overrides="qk_wgmma=1,v_dequant=1,min_blocks=2")["qk_wgmma"]
+    # D = 64: the int8 K tile in the 64-byte swizzle
+    assert plan(1, 32, 8, 4096, 4096, 64, v_format="q8_0", overrides="qk_wgmma=1,v_dequant=1,min_blocks=2")["qk_wgmma"]
     assert not plan(1, 32, 8, 8192, 8192, 128, overrides="qk_wgmma=1,k_dequant=1,v_dequant=1,min_blocks=2")["qk_wgmma"]
     assert not plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="qk_wgmma=1")["qk_wgmma"]  # 3 per SM
     for off in (plan(1, 32, 8, 8192, 8192, 256, v_format="float", overrides="qk_wgmma=1"),
