@@ -408,7 +408,7 @@ def test_copied_prompt_contexts_decode_one_prefilled_sequence_copied_to_the_batc
                                 chunk=64, copied_contexts=[32])
     results = harness.run_rows({"genai": tmp_path, "d4a-q4_0": tmp_path}, settings, vocab=8, log=lambda *a: None,
                                rows=["genai", "d4a-q4_0"])
-    # the first og runner: the untimed warm-up on row 1's model before the first timed case
+    # the first og runner: the untimed warm-up case on row 1's model before the first timed case
     assert [kind for kind, _ in made] == ["og", "og", "og", "og", "inplace-copied", "inplace", "inplace", "inplace",
                                           "inplace-copied"]
     for r in results:

@@ -1,13 +1,13 @@
 """The timed part of `dot4attn e2e`: every row over every (context, batch) case in one process, and the fit search
 (each of its tries in a process of its own).
 
-Before the first timed case one short untimed prompt and step run on the first row's model, so that what the process
-pays once is not charged to that case. Per case: the prompt (random token ids of the context's length, the same array for every row) is prefilled (in
-chunks at batch 1) and timed; then `warmup` untimed and `steps` timed decode steps, teacher-forced with the same
-tokens for every row at batch 1, greedy at batch > 1 (runners.py says why); the median step is ms/token. Each
-step's logits come back to the host on every runner. At batch 1, row 1's logits of the timed steps are kept so
-that every other row's KL and top-1 agreement against them (same model, same tokens, the full context behind
-them) is measured beside its speed.
+Before the first timed case one short untimed case runs on the first row's model, so that what the process pays once
+is not charged to that case. Per case: the prompt (random token ids of the context's length, the same array for every
+row) is prefilled (in chunks at batch 1) and timed; then `warmup` untimed and `steps` timed decode steps,
+teacher-forced with the same tokens for every row at batch 1, greedy at batch > 1 (runners.py says why); the median
+step is ms/token. Each step's logits come back to the host on every runner. At batch 1, row 1's logits of the timed
+steps are kept so that every other row's KL and top-1 agreement against them (same model, same tokens, the full
+context behind them) is measured beside its speed.
 """
 from __future__ import annotations
 
@@ -243,25 +243,13 @@ WARM_UP_TOKENS = 64
 
 
 def _warm_up(row: str, folder: Path, settings: Settings, vocab: int, log) -> None:
-    """One untimed short prompt and decode step on `row`'s model before the first timed case: what the process pays
-    once (the execution provider's libraries and handles, the device context, the first kernels' loading) would
-    otherwise land on the first case's time to first token, which is row 1's (a 4k prompt read 1.1 s there against
-    0.2-0.4 s in a warm process). A failure here is left to the timed cases to report."""
-    prompt, forced = _prompt(settings, WARM_UP_TOKENS, 1, vocab)
-    try:
-        runner = make_runner(RUNNER[row], folder, settings.device, settings.cuda_graph)
-    except Exception as e:  # noqa: BLE001 - the timed cases make the same runner and report it
-        log(f"warm-up: {error_line(e)}")
-        return
-    try:
-        start(runner, prompt, settings.max_length(WARM_UP_TOKENS), settings.chunk)
-        runner.step(forced[:, :1])
-    except Exception as e:  # noqa: BLE001
-        log(f"warm-up: {error_line(e)}")
-    runner.release()
-    runner.close()
-    del runner
-    gc.collect()
+    """One untimed short case on `row`'s model before the first timed case: what the process pays once (the execution
+    provider's libraries and handles, the device context, the first kernels' loading) would otherwise land on the
+    first case's time to first token, which is row 1's (a 4k prompt read 1.1 s there against 0.2-0.4 s in a warm
+    process). A failure here is left to the timed cases to report."""
+    _, failed = _measure(row, folder, settings, WARM_UP_TOKENS, 1, vocab, settings.cuda_graph)
+    if failed:
+        log(f"warm-up: {failed}")
 
 
 def _measure(row: str, folder: Path, settings: Settings, context: int, batch: int, vocab: int,
