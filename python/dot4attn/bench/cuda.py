@@ -9,8 +9,9 @@ GroupQueryAttention on the CUDA execution provider, in one process.
 * Candidates: d4a_f16 / d4a_q8_0 / d4a_q4_0 / d4a_q6_0 (query f16, packed int8 K, V float16 / q8_0 / q4_0 / q6_0;
   q6_0 at head sizes that are multiples of 64, the GPU kernels' rule: formats.gpu_takes). Where the default prefill
   runs Q.K on f16 wgmma from K's float16 copy (sm_90a, D = 128: docs/ops.md), prefill rows also d4a_<V>_int8, the
-  same call with the contract's int8 Q.K (override k_dequant=0); where the planner takes them (sm_90a, D 64 / 128),
-  d4a_<V>_qk16o, the f16 Q.K with 2 blocks per SM and each tile's softmax overlapped with the next tile's Q.K
+  same call with the contract's int8 Q.K (override k_dequant=0), and where it keeps the int8 Q.K but the planner
+  takes the f16 one (sm_90a, D = 64), d4a_<V>_qk16 (k_dequant=1,v_dequant=1); where the planner takes them (sm_90a,
+  D 64 / 128), d4a_<V>_qk16o, the f16 Q.K with 2 blocks per SM and each tile's softmax overlapped with the next tile's Q.K
   (k_dequant=1,v_dequant=1,min_blocks=2), and d4a_<V>_s8w, the int8 Q.K on wgmma (qk_wgmma=1, 2 blocks per SM);
   sdpa_flash, sdpa_cudnn (torch.nn.functional.scaled_dot_product_attention, f16, GQA through enable_gqa);
   ort_gqa_f16 / ort_gqa_int8 (com.microsoft.GroupQueryAttention on the CUDA EP, f16 or ORT's own int8 (per-tensor
@@ -371,12 +372,14 @@ def _prefill_case(run, hq, hkv, d, s):
         # the other Q.K instances, where the planner takes them: the contract's int8 Q.K where the default is the f16
         # one (k_dequant.cuh), the f16 Q.K overlapped, the int8 Q.K on wgmma
         default = native.gpu_plan(native.TorchAttention(q, kp, ks, vp, vs, run.torch.empty_like(q), v_format=fmt).call)
-        for ov, sfx in (("k_dequant=0", "_int8"), (QK16 + ",min_blocks=2", "_qk16o"),
+        for ov, sfx in (("k_dequant=0", "_int8"), (QK16, "_qk16"), (QK16 + ",min_blocks=2", "_qk16o"),
                         ("qk_wgmma=1,v_dequant=1,min_blocks=2", "_s8w")):
             r = native.TorchAttention(q, kp, ks, vp, vs, run.torch.empty_like(q), v_format=fmt, overrides=ov)
             pl = native.gpu_plan(r.call)
             if sfx == "_int8":
                 takes = default.get("k_dequant") and not pl.get("k_dequant")
+            elif sfx == "_qk16":  # the f16 Q.K where the default keeps the int8 one
+                takes = pl.get("k_dequant") and not default.get("k_dequant")
             else:
                 takes = pl.get("k_dequant") or pl.get("qk_wgmma")
             if takes:
@@ -583,8 +586,8 @@ def _targets(results):
           True)
     for sk in (8192, 32768):
         for fmt in ("f16", "q8_0"):
-            for sfx, how in (("", ""), ("_int8", ", int8 Q.K"), ("_qk16o", ", Q.K on f16 wgmma, overlapped"),
-                             ("_s8w", ", int8 Q.K on wgmma")):
+            for sfx, how in (("", ""), ("_int8", ", int8 Q.K"), ("_qk16", ", Q.K on f16 wgmma"),
+                             ("_qk16o", ", Q.K on f16 wgmma, overlapped"), ("_s8w", ", int8 Q.K on wgmma")):
                 ratio("prefill", sk, f"d4a_{fmt}{sfx}", "sdpa_cudnn", GOAL_PREFILL_VS_CUDNN,
                       f"prefill {sk // 1024}k causal speed vs cuDNN ({fmt} V{how})", True)
     for fmt in CACHE_GOAL_FORMATS:
