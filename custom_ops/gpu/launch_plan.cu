@@ -523,16 +523,15 @@ bool plan_v_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& de
 #if defined(D4A_HAS_PREFILL_MMA)
 // Q.K on f16 wgmma from K dequantized once into float16 rows (k_dequant.cuh; prefill_mma.cuh, QK16): the int8 Q.K's
 // per-block scaling (two FFMAs per logit and 32-block) is the largest part of the int8 prefill's instruction stream,
-// and this instance is 1.26-1.43x the int8 one at D = 128 on the H200 (docs/performance.md). Its Q.K rounds Q and K to
-// float16 (reference.dot4_logits(qk_f16=True)): the contract's documented deviation for this route (docs/ops.md).
-// Taken by default where the plan is the float16-V wgmma instance with 3 blocks per SM at D = 128 (V float16, or its
-// float16 copy), each K tile is read by 8 blocks or more over 2048+ keys (the copy is one pass over K: three times
-// its bytes, paid back only where K is read many times), the scale is positive (the softmax multiplies unscaled dot
-// products by it, and takes their max first) and the copy fits kMaxDequantBytes. k_dequant=1 drops the length rule
-// and also takes D = 64 (3 blocks per SM; or 2, the overlapped schedule: each tile's softmax over the next tile's Q.K,
-// three ring slots), where its first build gave wrong outputs on the H200 (ptxas gave Q's fragment registers to P:
-// prefill_mma.cuh, Traits::Q16_QH) and the fix has not run on a GPU yet, so it is not the default there;
-// k_dequant=0 keeps the contract's int8 Q.K.
+// and this instance is 1.26-1.43x the int8 one at D = 128 on the H200 and 1.16-1.40x at D = 64 on the H100
+// (docs/performance.md). Its Q.K rounds Q and K to float16 (reference.dot4_logits(qk_f16=True)): the contract's
+// documented deviation for this route (docs/ops.md). Taken by default where the plan is the float16-V wgmma instance
+// with 3 blocks per SM at D = 64 or 128 (V float16, or its float16 copy), each K tile is read by 8 blocks or more
+// over 2048+ keys (the copy is one pass over K: three times its bytes, paid back only where K is read many times),
+// the scale is positive (the softmax multiplies unscaled dot products by it, and takes their max first) and the copy
+// fits kMaxDequantBytes. k_dequant=1 drops the length rule and also takes 2 blocks per SM (the overlapped schedule:
+// each tile's softmax over the next tile's Q.K, three ring slots; slower at both head sizes); k_dequant=0 keeps the
+// contract's int8 Q.K.
 template <int D>
 int qk16_smem_bytes(int min_blocks) {
   using Tr = pmma::Traits<kVF16, D, 1>;
@@ -545,7 +544,7 @@ void plan_k_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& de
       !std::isfinite(p.scale) || p.B * p.Hkv == 0)
     return;
   const int64_t reads = pl.blocks / (p.B * p.Hkv);  // blocks reading each K tile of a (batch, KV head)
-  if (ov.k_dequant != 1 && (p.D != 128 || pl.min_blocks != 3 || reads < 8 || p.Sk < 2048)) return;
+  if (ov.k_dequant != 1 && (pl.min_blocks != 3 || reads < 8 || p.Sk < 2048)) return;
   const int smem = p.D == 64 ? qk16_smem_bytes<64>(pl.min_blocks) : qk16_smem_bytes<128>(pl.min_blocks);
   const size_t bytes = (size_t(p.B * p.Hkv) * size_t(p.head_rows()) * size_t(p.D) * 2 + 255) / 256 * 256;
   if (smem > dev.max_smem || bytes > kMaxDequantBytes) return;
@@ -562,8 +561,8 @@ void plan_k_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& de
 // registers for the next block's wgmma in flight during this block's scaling FFMAs; at 3 blocks per SM ptxas spilled
 // 152-160 bytes and serialized every wgmma, so that instance is not built) at D 64 / 128, where k_dequant is not
 // taken. Only when asked (qk_wgmma=1, with min_blocks=2): on the H200 it ran at the speed of the int8 instance with 2
-// blocks per SM, slower than the default 3 (docs/performance.md). At D = 64 its first build gave wrong outputs (ptxas
-// gave Q's fragment registers to P; now reloaded per tile) and the fix has not run on a GPU yet.
+// blocks per SM, slower than the default 3 (docs/performance.md). At D = 64 it reloads Q's fragments before each tile's
+// Q.K (prefill_mma.cuh, Traits::Q16_QH: kept in registers, ptxas 13.0 gave them to P there).
 void plan_qk_wgmma(GpuPlan& pl, const AttentionParams& p, const PlanOverrides& ov) {
   if (ov.qk_wgmma == 1 && !pl.k_dequant && pl.kernel == KernelKind::kPrefillMma && pl.vk == kVF16 && pl.tma &&
       pl.wgmma && pl.min_blocks == 2 && pl.m_tiles == 1 && (p.D == 64 || p.D == 128))

@@ -722,8 +722,8 @@ def test_k_dequant_plans_the_f16_qk_prefill():
     float16-V wgmma instance (V float16, or its float16 copy): 3 blocks per SM, two ring slots of K and V float16 tiles
     + the mbarriers + the swizzle slack; or with min_blocks=2 the schedule that overlaps the softmax with the next
     tile's Q.K, three slots (no V scan there). Scratch: [V copy][K copy (the layout's rows per head), K flags (256-byte
-    rounded)][V scan flags]. By default at D = 128 with 3 blocks per SM where each K tile is read by 8+ blocks over
-    2048+ keys; k_dequant=1 drops the length rule and takes D = 64 with min_blocks=2; k_dequant=0 never. Never where
+    rounded)][V scan flags]. By default at D = 64 and 128 with 3 blocks per SM where each K tile is read by 8+ blocks
+    over 2048+ keys; k_dequant=1 drops the length rule and takes min_blocks=2; k_dequant=0 never. Never where
     that instance does not run."""
     p = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1")
     assert (p["kernel"], p["wgmma"], p["min_blocks"], p["k_dequant"], p["v_scan"]) == \
@@ -736,10 +736,11 @@ def test_k_dequant_plans_the_f16_qk_prefill():
     d64 = plan(1, 32, 8, 4096, 4096, 64, v_format="q4_0", overrides="k_dequant=1,v_dequant=1,min_blocks=2")
     assert d64["k_dequant"] and d64["smem_bytes"] == 3 * (64 * 128 * 2) + 32 + 1024, d64
     # D = 64 with 3 blocks per SM: two ring slots, then every thread's Q fragments (16 bytes per k step, reloaded for
-    # each tile's Q.K: Traits::Q16_QH), then the mbarriers; only when asked
-    d64m3 = plan(1, 32, 8, 4096, 4096, 64, v_format="q4_0", overrides="k_dequant=1,v_dequant=1")
-    assert (d64m3["k_dequant"], d64m3["min_blocks"]) == (True, 3), d64m3
+    # each tile's Q.K: Traits::Q16_QH), then the mbarriers; the default there too
+    d64m3 = plan(1, 32, 8, 4096, 4096, 64, v_format="q4_0")
+    assert (d64m3["k_dequant"], d64m3["v_dequant"], d64m3["min_blocks"]) == (True, True, 3), d64m3
     assert d64m3["smem_bytes"] == 2 * (64 * 128 * 2) + 128 * 4 * 16 + 16 + 1024, d64m3
+    assert plan(1, 32, 8, 4096, 4096, 64, v_format="float")["k_dequant"]
     cache = plan(1, 28, 4, 16384, 131072, 128, v_format="q8_0", overrides="k_dequant=1",
                  kv_layout=packed_layout(128, "q8_0", 140000))
     assert cache["k_dequant"] and cache["scratch_bytes"] == 2 * 4 * 140000 * 128 * 2 + 256 + 4 * 4, cache
@@ -749,7 +750,7 @@ def test_k_dequant_plans_the_f16_qk_prefill():
     for short in (plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=0"),
                   plan(1, 32, 8, 1024, 1024, 128, v_format="float"),  # under 2048 keys
                   plan(1, 8, 8, 256, 8192, 128, v_format="float"),  # each K tile read by 4 blocks
-                  plan(1, 32, 8, 4096, 4096, 64, v_format="float"),  # D = 64: the int8 Q.K is faster there
+                  plan(1, 32, 8, 1024, 1024, 64, v_format="float"),  # D = 64 under 2048 keys
                   plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="min_blocks=2")):
         assert not short["k_dequant"], short
     assert plan(1, 32, 8, 1024, 1024, 128, v_format="float", overrides="k_dequant=1")["k_dequant"]
