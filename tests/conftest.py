@@ -11,7 +11,6 @@ Sessions are cached per model configuration: creating them dominates the run tim
 from __future__ import annotations
 
 import functools
-import os
 import re
 import sys
 from pathlib import Path
@@ -21,11 +20,6 @@ import pytest
 from onnx import helper
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-# q6_0's GPU kernels are experimental: the ops take q6_0 on a GPU EP only with DOT4ATTN_EXPERIMENTAL_GPU_Q6=1
-# (docs/ops.md). The suites run them, so the switch is on for the whole test process (set before any session is made);
-# tests/gpu/test_ort_cuda.py checks the refusal without it.
-os.environ["DOT4ATTN_EXPERIMENTAL_GPU_Q6"] = "1"
 
 try:
     import dot4attn  # noqa: F401

@@ -193,7 +193,6 @@ Kernel* create_attention(const OrtKernelInfo* info, Ep ep) {
   const std::string vf = attr_string(info, kOp, "v_format", "float");
   if (!parse_vformat(vf, &a.v_format))
     fail(kOp, "attribute 'v_format': expected 'float', 'q8_0', 'q4_0' or 'q6_0', got '", vf, "'");
-  refuse_cpu_only_vformat(kOp, "v_format", a.v_format, ep, "float, q8_0 and q4_0");
   const std::string route = attr_string(info, kOp, "route", "auto");
   if (route == "auto") a.route = Route::kAuto;
   else if (route == "prefill") a.route = Route::kPrefill;

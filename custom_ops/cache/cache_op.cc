@@ -323,7 +323,6 @@ Kernel* create_cache_kernel(const OrtKernelInfo* info, Ep ep) {
   const std::string vf = attr_string(info, kOp, "v_format", "q8_0");
   if (!parse_vformat(vf, &a.v_format) || a.v_format == VFormat::kFloat)
     fail(kOp, "attribute 'v_format': expected 'q8_0', 'q4_0' or 'q6_0', got '", vf, "'");
-  refuse_cpu_only_vformat(kOp, "v_format", a.v_format, ep, "q8_0 and q4_0");
   const std::string lay = attr_string(info, kOp, "cache_layout", "rows");
   if (lay == "rows") a.layout = CacheLayout::kRows;
   else if (lay == "pair") a.layout = CacheLayout::kPair;

@@ -1,6 +1,5 @@
 #include "common/custom_op.h"
 
-#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <string>
@@ -19,15 +18,6 @@ const char* ep_name(Ep ep) {
     case Ep::kRocm: return "ROCMExecutionProvider";
   }
   return "CPUExecutionProvider";
-}
-
-void refuse_cpu_only_vformat(const char* op, const char* attribute, VFormat f, Ep ep, const char* gpu_formats) {
-  if (ep == Ep::kCpu || f != VFormat::kQ6_0) return;
-  const char* e = std::getenv(kExperimentalGpuQ6);
-  if (e != nullptr && std::string(e) == "1") return;
-  fail(op, "attribute '", attribute, "' = '", vformat_name(f), "' runs on the CPU execution provider only (GPU kernels "
-       "take ", gpu_formats, "; q6_0's are experimental: ", kExperimentalGpuQ6, "=1), got a node assigned to ",
-       ep_name(ep));
 }
 
 namespace {

@@ -17,11 +17,6 @@ namespace dot4attn {
 enum class Ep { kCpu, kCuda, kRocm };
 const char* ep_name(Ep ep);  // ORT's EP type string ("CPUExecutionProvider", ...)
 
-// Fails, naming the op, its format attribute, the EP and the experimental switch, when the V format is q6_0 on CUDA /
-// ROCm and the environment does not set DOT4ATTN_EXPERIMENTAL_GPU_Q6=1 (formats.h). Called when a kernel is created,
-// in code the CPU and GPU builds both compile. `gpu_formats`: what the GPU kernels take by default, for the message.
-void refuse_cpu_only_vformat(const char* op, const char* attribute, VFormat f, Ep ep, const char* gpu_formats);
-
 class Kernel {
  public:
   virtual ~Kernel() = default;

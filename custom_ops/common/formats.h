@@ -37,12 +37,6 @@ inline int64_t payload_bytes(int64_t D, VFormat f) {
   return f == VFormat::kQ4_0 ? D / 2 : f == VFormat::kQ6_0 ? 3 * D / 4 : D;
 }
 
-// The ops take float, q8_0 and q4_0 V on the GPU EPs. q6_0's GPU kernels (decode, tile, the prefill's V copy, PackV,
-// the cache prologue; D a multiple of 64) are experimental: the ops refuse q6_0 on a GPU EP when their kernel is
-// created unless the environment sets DOT4ATTN_EXPERIMENTAL_GPU_Q6=1 (the kernel-level C entry dot4attn_gpu, which
-// kernel tests and `dot4attn bench` use, always takes it).
-constexpr const char* kExperimentalGpuQ6 = "DOT4ATTN_EXPERIMENTAL_GPU_Q6";
-
 // q6_0: per 32-value block 24 bytes. Bytes 0..15 hold the low 4 bits of u = n + 32 exactly like q4_0's payload
 // (element 2i in the low nibble of byte i, 2i+1 in its high nibble); bytes 16..23 the high 2 bits, byte 16 + j
 // those of elements j, j + 8, j + 16, j + 24 at bits 0-1, 2-3, 4-5, 6-7. So elements 0..15 take their high bits

@@ -73,7 +73,6 @@ Kernel* create_pack_v(const OrtKernelInfo* info, Ep ep) {
   } else {
     fail("PackV", "attribute 'format': expected 'q8_0', 'q4_0' or 'q6_0', got '", f, "'");
   }
-  refuse_cpu_only_vformat("PackV", "format", vformat_of(format), ep, "q8_0 and q4_0");
   return new PackKernel("PackV", format, ep);
 }
 

@@ -190,7 +190,7 @@ def test_resume_measures_a_rows_failed_case_again(smoke, tmp_path):
 def test_the_q6_0_row_is_asked_for_by_name(smoke, tmp_path):
     """Row 5 (packed K + q6_0 V in the pair layout, og.Generator) runs when --rows names it: ORT int8's bytes per
     token (qwen2-bias, D 32: K and V rows of 32 bytes) and KL against row 1 within the compare bar of q6_0 V (5e-3).
-    Default runs leave it out (the tests above); on a GPU without q6_0's experimental switch it is unavailable."""
+    Default runs leave it out (the tests above)."""
     from dot4attn.e2e import models
 
     base = ["e2e", "--smoke", "--out", str(tmp_path), "--contexts", "64", "--batches", "1"]
@@ -205,13 +205,12 @@ def test_the_q6_0_row_is_asked_for_by_name(smoke, tmp_path):
     assert models.unavailable("d4a-q6_0", "cpu") is None and models.unavailable("d4a-q8_0", "cuda") is None
 
 
-def test_the_q6_0_row_needs_the_switch_on_a_gpu(monkeypatch):
+def test_the_q6_0_row_is_available_on_a_gpu():
+    """q6_0 V runs on the GPU EPs as on the CPU, nothing set in the environment: row 5 is available on cuda."""
     from dot4attn.e2e import models
 
-    monkeypatch.delenv(models.EXPERIMENTAL_GPU_Q6, raising=False)
-    assert "DOT4ATTN_EXPERIMENTAL_GPU_Q6=1" in models.unavailable("d4a-q6_0", "cuda")
-    monkeypatch.setenv(models.EXPERIMENTAL_GPU_Q6, "1")
     assert models.unavailable("d4a-q6_0", "cuda") is None
+    assert models.unavailable("d4a-q6_0", "cpu") is None
 
 
 @pytest.mark.parametrize("row", ["genai", "d4a-q4_0"])

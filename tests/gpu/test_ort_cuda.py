@@ -302,30 +302,6 @@ def test_sanitizer_set(name):
         gpu_pack(x, op, fmt)
 
 
-@pytest.mark.parametrize("model, message", [
-    (lambda: ob.attention_model(np.float16, "q6_0"),
-     "Dot4Attention: attribute 'v_format' = 'q6_0' runs on the CPU execution provider only (GPU kernels take float, "
-     "q8_0 and q4_0; q6_0's are experimental: DOT4ATTN_EXPERIMENTAL_GPU_Q6=1), got a node assigned to "
-     "CUDAExecutionProvider"),
-    (lambda: ob.pack_model("PackV", np.float16, "q6_0"),
-     "PackV: attribute 'format' = 'q6_0' runs on the CPU execution provider only (GPU kernels take q8_0 and q4_0; "
-     "q6_0's are experimental: DOT4ATTN_EXPERIMENTAL_GPU_Q6=1)"),
-    (lambda: ob.cache_attention_model(np.float16, num_heads=4, kv_num_heads=2, v_format="q6_0", cache_layout="pair"),
-     "Dot4GroupQueryAttention: attribute 'v_format' = 'q6_0' runs on the CPU execution provider only"),
-], ids=["Dot4Attention", "PackV", "Dot4GroupQueryAttention"])
-@pytest.mark.parametrize("switch", [None, "0"])
-def test_q6_0_is_refused_on_cuda_without_the_experimental_switch(model, message, switch, monkeypatch):
-    """q6_0's GPU kernels are experimental: without DOT4ATTN_EXPERIMENTAL_GPU_Q6=1 (unset, or any other value) each op
-    refuses q6_0 on the CUDA EP when its kernel is created, naming the op, the attribute and the switch. (The suites
-    set the switch: tests/conftest.py.)"""
-    if switch is None:
-        monkeypatch.delenv("DOT4ATTN_EXPERIMENTAL_GPU_Q6", raising=False)
-    else:
-        monkeypatch.setenv("DOT4ATTN_EXPERIMENTAL_GPU_Q6", switch)
-    with pytest.raises(Exception, match=re.escape(message)):
-        _session_uncached(model())
-
-
 @pytest.mark.parametrize("model", [
     lambda: ob.attention_model(np.float16, "q6_0"),
     lambda: ob.pack_model("PackV", np.float16, "q6_0"),
@@ -333,8 +309,8 @@ def test_q6_0_is_refused_on_cuda_without_the_experimental_switch(model, message,
     lambda: ob.cache_attention_model(np.float32, num_heads=4, kv_num_heads=2, v_format="q6_0"),
 ], ids=["Dot4Attention", "PackV", "Dot4GroupQueryAttention-pair", "Dot4GroupQueryAttention-rows"])
 def test_q6_0_sessions_run_on_cuda(model):
-    """With the experimental switch (tests/conftest.py) each op takes q6_0 on the CUDA EP: its session is created with
-    the CPU fallback disabled, so every node is assigned to CUDA (the runs are the tests above)."""
+    """Each op takes q6_0 on the CUDA EP: its session is created with the CPU fallback disabled, so every node is
+    assigned to CUDA (the runs are the tests above)."""
     sess = _session_uncached(model())
     assert sess.get_providers()[0] == CUDA
 
@@ -343,8 +319,8 @@ def test_q6_0_sessions_run_on_cuda(model):
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
 def test_the_tight_cache_layout_is_refused_on_cuda(dtype, v_format):
     """cache_layout 'tight' (the rows layout without its padding) runs on the CPU execution provider only: on the
-    CUDA EP Dot4GroupQueryAttention refuses it when the session is created, for every V format (q6_0 with the
-    experimental switch the suites set), naming the attribute, the layouts the GPU kernels read and the EP."""
+    CUDA EP Dot4GroupQueryAttention refuses it when the session is created, for every V format, naming the
+    attribute, the layouts the GPU kernels read and the EP."""
     model = ob.cache_attention_model(dtype, num_heads=4, kv_num_heads=2, v_format=v_format, cache_layout="tight")
     with pytest.raises(Exception, match=re.escape(
             "Dot4GroupQueryAttention: attribute 'cache_layout' = 'tight' runs on the CPU execution provider only (the "

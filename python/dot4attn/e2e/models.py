@@ -31,10 +31,8 @@ ROWS = {
     "d4a-q6_0": "packed K + q6_0 V in the pair layout (ORT int8's bytes), og.Generator",
 }
 RUNNER = {"genai": "og", "genai-int8kv": "og", "d4a-q8_0": "og", "d4a-q4_0": "inplace", "d4a-q6_0": "og"}
-# The rows a run measures unless --rows names others: row 5 (q6_0 V) is asked for by name. On a GPU it needs the
-# experimental switch of q6_0's GPU kernels (docs/ops.md); without it the row is reported unavailable, saying why.
+# The rows a run measures unless --rows names others: row 5 (q6_0 V) is asked for by name.
 DEFAULT_ROWS = ("genai", "genai-int8kv", "d4a-q8_0", "d4a-q4_0")
-EXPERIMENTAL_GPU_Q6 = "DOT4ATTN_EXPERIMENTAL_GPU_Q6"
 # Every builder run: the LM head over the last position only. Without it a prefill returns [batch, tokens, vocab]
 # logits (20 GB in fp32 for one 32k prompt of a 152k vocabulary), for every row alike.
 BUILD_OPTIONS = {"prune_lm_head": "true"}
@@ -71,10 +69,9 @@ def _hf_device() -> tuple[str, str]:
 
 
 def unavailable(row: str, ep: str) -> str | None:
-    """Why `row` cannot run on the builder's execution provider `ep` in this process, or None."""
-    if row == "d4a-q6_0" and ep != "cpu" and os.environ.get(EXPERIMENTAL_GPU_Q6) != "1":
-        return (f"q6_0's GPU kernels are experimental: the ops take q6_0 on {ep} only with {EXPERIMENTAL_GPU_Q6}=1 "
-                "in the environment")
+    """Why `row` cannot run on the builder's execution provider `ep` in this process, or None. Every row runs on
+    the CPU and CUDA EPs (q6_0 V on CUDA at head sizes that are multiples of 64, as the real shapes' 64 and 128; at
+    another head size its cases fail with the GPU planner's error, kept as their reason)."""
     return None
 
 
