@@ -16,6 +16,7 @@
 #include "gpu/decode_mma.cuh"
 #include "gpu/launch_plan.h"
 #include "gpu/prefill_mma.cuh"
+#include "gpu/prefill_wg.cuh"
 
 namespace dot4attn {
 namespace gpu {
@@ -483,6 +484,17 @@ bool plan_prefill_vk(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& d
 #endif
 
 #if defined(D4A_HAS_PREFILL_MMA)
+// The Q.K on f16 wgmma at D = 256 (prefill_wg.cuh: Q in shared memory, its own kernel): the device and call facts it
+// needs, the K and V rows aside (sm_90a with the wgmma instances and tensor maps, float16 T, a positive finite scale,
+// at most 2^31 - 1 (batch, KV head)s for the tensor copies' head coordinate; k_dequant, tma and wgmma not off).
+bool qk16_wide_device(const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
+  return p.D == 256 && p.half && ov.k_dequant != 0 && ov.tma != 0 && ov.wgmma != 0 && dev.cc_major == 9 &&
+         dev.wgmma && dev.tma && p.scale > 0.f && std::isfinite(p.scale) && p.B * p.Hkv > 0 &&
+         p.B * p.Hkv <= 0x7fffffffLL && pwg::Layout<256, 1>::bytes <= dev.max_smem;
+}
+#endif
+
+#if defined(D4A_HAS_PREFILL_MMA)
 // q8_0 / q4_0 V on the wgmma path: every block converts each V tile it reads into float16 in shared memory, and a
 // V tile of a long causal prefill is read by hundreds of blocks; converting V once into a float16 copy (one pass over
 // it, v_dequant.cuh) and running the float16-V instance gives the same values (the same conversion) at float16 V's
@@ -508,7 +520,8 @@ bool plan_v_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& de
   if (q6) {
     if (!plan_prefill_vk<kVF16>(d, f, dev, ov, why) || bytes > kMaxDequantBytesQ6) return false;
   } else {
-    const bool ok = plan_prefill_vk<kVF16>(d, f, dev, ov, why) && d.wgmma && bytes <= kMaxDequantBytes;
+    const bool ok = plan_prefill_vk<kVF16>(d, f, dev, ov, why) && (d.wgmma || qk16_wide_device(f, dev, ov)) &&
+                    bytes <= kMaxDequantBytes;
     if (!ok || (ov.v_dequant != 1 && (d.blocks / (p.B * p.Hkv) < 8 || p.Sk < 2048))) return false;
   }
   d.v_dequant = true;
@@ -538,7 +551,51 @@ int qk16_smem_bytes(int min_blocks) {
   return min_blocks == 2 ? Tr::qk16p_bytes : Tr::qk16_bytes;
 }
 
+// D = 256: the Q-in-shared-memory kernel (prefill_wg.cuh), NWG warpgroups of 64 rows per block sharing each K / V
+// tile (2 by default; warps=4: one), one block per SM; under the rules of D 64 / 128 (the float16-V instance, V
+// float16 or its float16 copy; by default each K tile read by 8+ blocks over 2048+ keys; V scanned once where the
+// float16-V wgmma instance would scan it). Its K and V tiles come by tensor copies: V's own rows must fit a map.
+void plan_qk16_wide(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
+  if (pl.kernel != KernelKind::kPrefillMma || pl.vk != kVF16 || !qk16_wide_device(p, dev, ov)) return;
+  if (!pl.v_dequant && !tma_rows_ok(p.v, 2 * p.D, v_stride_bytes(p), p.head_rows(), p.Sk, p.B * p.Hkv)) return;
+  const int nwg = ov.warps == 4 ? 1 : 2;
+  GpuPlan w = pl;
+  w.rows_per_block = 64 * nwg;
+  w.threads = 128 * nwg;
+  w.warps = 4 * nwg;
+  w.m_tiles = 1;
+  w.min_blocks = 1;
+  w.stages = 2;
+  w.tma = w.wgmma = true;
+  w.smem_bytes = nwg == 2 ? pwg::Layout<256, 2>::bytes : pwg::Layout<256, 1>::bytes;
+  if (w.smem_bytes > dev.max_smem) return;
+  if (p.causal && p.Sq % w.rows_per_block == 0) {
+    w.causal_tiles = p.Sq / w.rows_per_block;
+    w.n_chunks = 1;
+    w.reverse_chunks = 0;
+  } else {
+    w.causal_tiles = 0;
+    w.n_chunks = cdiv(p.group() * p.Sq, w.rows_per_block);
+    w.reverse_chunks = p.causal ? 1 : 0;
+  }
+  if (block_count(w, p) > kMaxBlocks) return;
+  set_blocks(w, p);
+  const int64_t reads = w.blocks / (p.B * p.Hkv);  // blocks reading each K / V tile of a (batch, KV head)
+  if (ov.k_dequant != 1 && (reads < 8 || p.Sk < 2048)) return;
+  const size_t bytes = (size_t(p.B * p.Hkv) * size_t(p.head_rows()) * size_t(p.D) * 2 + 255) / 256 * 256;
+  if (bytes > kMaxDequantBytes) return;
+  w.k_dequant = true;
+  w.k_dequant_bytes = bytes;
+  w.k_flag_bytes = (size_t(p.B * p.Hkv) * sizeof(int) + 255) / 256 * 256;
+  w.scratch_bytes += bytes + w.k_flag_bytes;
+  const bool fits = p.B * p.Hkv * cdiv(p.Sk, kVScanKeys) <= kMaxBlocks;
+  w.v_scan = fits && (ov.v_scan == 1 || (ov.v_scan != 0 && reads >= 8 && p.Sk >= 2048));
+  if (w.v_scan) w.scratch_bytes += size_t(p.B * p.Hkv) * sizeof(int);
+  pl = w;
+}
+
 void plan_k_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
+  if (p.D == 256) return plan_qk16_wide(pl, p, dev, ov);
   if (ov.k_dequant == 0 || pl.kernel != KernelKind::kPrefillMma || pl.vk != kVF16 || !pl.tma || !pl.wgmma ||
       (pl.min_blocks != 3 && pl.min_blocks != 2) || pl.m_tiles != 1 || (p.D != 64 && p.D != 128) || !(p.scale > 0.f) ||
       !std::isfinite(p.scale) || p.B * p.Hkv == 0)

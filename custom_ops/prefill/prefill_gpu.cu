@@ -17,6 +17,7 @@
 #include "gpu/attention_gpu_internal.h"
 #include "gpu/k_dequant.cuh"
 #include "gpu/prefill_mma.cuh"
+#include "gpu/prefill_wg.cuh"
 #include "gpu/v_dequant.cuh"
 #include "gpu/v_scan.cuh"
 
@@ -134,6 +135,17 @@ void mma_qk16(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s
   launch_planned(pmma::prefill_mma_kernel<kVF16, D, 1, 3, true, true, true, true>, pl, s, a, pl.causal_tiles, tm);
 }
 
+// The D = 256 QK16 kernel (prefill_wg.cuh; NWG warpgroups per block) on a's K, already the float16 copy, and V as
+// float16 rows (V itself or its copy), with the V scan's two launches where the plan scans V.
+template <int NWG>
+void wg_qk16(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s) {
+  const TmaMaps tm = kv_maps(a, 2 * 256, 2 * 256);
+  if (pl.v_scan)
+    return launch_v_scanned(pwg::prefill_wg_kernel<256, NWG, false>, pwg::prefill_wg_kernel<256, NWG, true>, pl, a,
+                            scratch, tm, s);
+  launch_planned(pwg::prefill_wg_kernel<256, NWG, true>, pl, s, a, pl.causal_tiles, tm);
+}
+
 template <int VK>
 void mma_vk(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s) {
   const int mt = pl.m_tiles, minb = pl.min_blocks;
@@ -205,6 +217,7 @@ void run_prefill(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_
       sc += pl.k_dequant_bytes + pl.k_flag_bytes;
       if (a.D == 64) return mma_qk16<64>(pl, b, sc, s);
       if (a.D == 128) return mma_qk16<128>(pl, b, sc, s);
+      if (a.D == 256) return pl.warps == 4 ? wg_qk16<1>(pl, b, sc, s) : wg_qk16<2>(pl, b, sc, s);
       no_instance(pl);
     }
     if (pl.v_dequant) return mma_vk<kVF16>(pl, b, sc, s);

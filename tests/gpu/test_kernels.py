@@ -67,10 +67,13 @@ def _table_variants(c, r):
 
 def _qk16_expected(torch, c, plan, s8w: bool = False) -> bool:
     """Whether a plan made with K16 / K16O (S8W) must be a QK16 (S8W) instance: sm_90a's float16-V wgmma instance at
-    D 64 / 128."""
-    d_ok = c.D in (64, 128)
-    return (torch.cuda.get_device_capability()[0] == 9 and d_ok and plan["kernel"] == "prefill_mma"
-            and plan.get("wgmma", False) and plan.get("min_blocks") in (2, 3) and plan.get("m_tiles") == 1)
+    D 64 / 128, or at D = 256 (float16 T, QK16 only) the kernel of prefill_wg.cuh."""
+    if torch.cuda.get_device_capability()[0] != 9 or plan["kernel"] != "prefill_mma":
+        return False
+    if c.D == 256:
+        return not s8w and c.dtype == "float16"
+    return (c.D in (64, 128) and plan.get("wgmma", False) and plan.get("min_blocks") in (2, 3)
+            and plan.get("m_tiles") == 1)
 
 
 def _long_variants(c, r):
@@ -423,7 +426,8 @@ def test_v_dequant_prefill_matches_the_kernels_own_conversion(torch_cuda, v_form
 
 
 @pytest.mark.parametrize("v_format,D,overrides", [("float", 128, K16), ("q8_0", 128, K16), ("float", 128, K16O),
-                                                   ("q8_0", 128, K16O), ("q4_0", 64, K16O), ("float", 64, K16O)])
+                                                   ("q8_0", 128, K16O), ("q4_0", 64, K16O), ("float", 64, K16O),
+                                                   ("float", 256, K16), ("q8_0", 256, K16)])
 def test_qk16_prefill_edges_against_the_reference(torch_cuda, v_format, D, overrides):
     """The QK16 prefill (k_dequant=1) on the edges its K copy has to keep: a head whose K is packed from float32 values
     past float16's range (scales past 515.5: that head's copy holds K times 2^-8 and its logits are multiplied back),

@@ -120,8 +120,11 @@ def test_long_quantized_v_prefill_dequantizes_v_once(v_format):
     for off in (plan(2, 32, 8, 8192, 8192, 128, v_format=v_format, overrides="v_dequant=0"),
                 plan(1, 32, 8, 512, 512, 128, v_format=v_format),
                 plan(1, 32, 8, 8192, 8192, 128, device=H100_PLAIN_SM90, v_format=v_format),
-                plan(1, 32, 8, 8192, 8192, 256, v_format=v_format)):
+                plan(1, 32, 8, 8192, 8192, 256, v_format=v_format, overrides="k_dequant=0")):
         assert not off["v_dequant"] and off["scratch_bytes"] == 0, off
+    # D = 256: the copy feeds the Q-in-shared-memory f16 Q.K kernel (prefill_wg.cuh); not where that kernel does not run
+    d256 = plan(1, 32, 8, 8192, 8192, 256, v_format=v_format)
+    assert (d256["v_dequant"], d256["k_dequant"], d256["rows_per_block"]) == (True, True, 128), d256
     assert plan(1, 32, 8, 512, 512, 128, v_format=v_format, overrides="v_dequant=1")["v_dequant"]
     assert not plan(1, 32, 8, 8192, 8192, 128, device=H100_PLAIN_SM90, v_format=v_format,
                     overrides="v_dequant=1")["v_dequant"]
@@ -758,8 +761,7 @@ def test_k_dequant_plans_the_f16_qk_prefill():
     assert (over["k_dequant"], over["min_blocks"], over["wgmma"], over["v_scan"]) == (True, 2, True, False), over
     assert over["smem_bytes"] == 3 * (64 * 256 * 2) + 32 + 1024
     assert over["scratch_bytes"] == 2 * 8 * 8192 * 128 * 2 + 256
-    for off in (plan(1, 32, 8, 8192, 8192, 256, v_format="float", overrides="k_dequant=1"),
-                plan(1, 32, 8, 8192, 8192, 128, device=H100_PLAIN_SM90, overrides="k_dequant=1"),
+    for off in (plan(1, 32, 8, 8192, 8192, 128, device=H100_PLAIN_SM90, overrides="k_dequant=1"),
                 plan(1, 32, 8, 8192, 8192, 128, device=A100, overrides="k_dequant=1"),
                 plan(1, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,m_tiles=2"),
                 plan(1, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,wgmma=0"),
@@ -768,6 +770,31 @@ def test_k_dequant_plans_the_f16_qk_prefill():
         assert not off.get("k_dequant", False), off
     with pytest.raises(native.NativeError, match="k_dequant"):
         plan(1, 32, 8, 8192, 8192, 128, overrides="k_dequant=2")
+
+
+def test_k_dequant_at_d256_plans_the_q_in_shared_memory_kernel():
+    """D = 256: the f16 Q.K runs in prefill_wg.cuh's kernel (Q in shared memory beside a 256-wide O accumulator): 2
+    warpgroups of 64 rows per block (warps=4: one), one block per SM, TMA tiles of K's float16 copy and V (float16, or
+    its copy), under the rules of D 64 / 128; the V scan's flags after K's copy and its flags."""
+    p = plan(1, 24, 4, 8192, 8192, 256, v_format="float")
+    assert (p["kernel"], p["k_dequant"], p["wgmma"], p["tma"], p["min_blocks"]) == ("prefill_mma", True, True, True, 1)
+    assert (p["rows_per_block"], p["threads"], p["warps"]) == (128, 256, 8), p
+    assert p["smem_bytes"] == 2 * 64 * 512 + 4 * 64 * 512 + 16 + 1024, p  # 2 Q tiles, 2 slots of K + V, mbarriers
+    assert (p["n_chunks"], p["blocks"]) == (1, 4 * 6 * (8192 // 128)), p  # causal: position-major 128-row tiles
+    assert p["v_scan"] and p["scratch_bytes"] == 4 * 8192 * 256 * 2 + 256 + 4 * 4, p  # K copy, K flags, V flags
+    one = plan(1, 24, 4, 8192, 8192, 256, v_format="float", overrides="warps=4")
+    assert (one["rows_per_block"], one["threads"], one["smem_bytes"]) == (64, 128, 64 * 512 + 4 * 64 * 512 + 16 + 1024)
+    q4 = plan(1, 24, 4, 8192, 8192, 256, v_format="q4_0")
+    assert (q4["v_dequant"], q4["k_dequant"], q4["v_scan"]) == (True, True, True), q4
+    assert q4["scratch_bytes"] == 2 * (4 * 8192 * 256 * 2) + 256 + 4 * 4, q4
+    assert plan(1, 24, 4, 1024, 1024, 256, v_format="float", overrides="k_dequant=1")["k_dequant"]
+    for off in (plan(1, 24, 4, 8192, 8192, 256, v_format="float", overrides="k_dequant=0"),
+                plan(1, 24, 4, 1024, 1024, 256, v_format="float"),  # under 2048 keys
+                plan(1, 24, 4, 8192, 8192, 256, device=H100_PLAIN_SM90),
+                plan(1, 24, 4, 8192, 8192, 256, device=A100),
+                plan(1, 24, 4, 8192, 8192, 256, v_format="float", overrides="tma=0"),
+                plan(1, 24, 4, 8192, 8192, 256, v_format="float", half=False)):
+        assert not off.get("k_dequant", False) and off.get("rows_per_block") != 128, off
 
 
 def test_qk_wgmma_plans_the_int8_wgmma_qk_only_where_asked():

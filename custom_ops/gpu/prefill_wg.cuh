@@ -1,0 +1,396 @@
+// Dot4Attention prefill on Hopper (sm_90a) for D = 256: Q.K on f16 wgmma from K's float16 copy (k_dequant.cuh; the
+// QK16 numerics of prefill_mma.cuh, a documented deviation of the contract: docs/ops.md) with Q in shared memory.
+//
+// Why a kernel of its own: at D = 256 a warpgroup's O accumulator (64 rows x 256 columns, float32) takes 128
+// registers per thread, so Q's f16 A fragments (64 more) cannot stay in registers as prefill_mma.cuh keeps them at
+// D <= 128; wgmma reads A from shared memory as well as B, so Q lives there, in the same 128-byte-swizzled K-major
+// layout as the K tile the TMA lands (one descriptor rule for both). The int8 Q.K of prefill_mma.cuh spends 16 FFMAs
+// per logit at D = 256 on its per-32-block scaling alone; here the Q.K is 16 wgmma per 64-key tile.
+//
+// Block = NWG warpgroups of 128 threads, 64 rows each (rows of one (batch, KV head) row space, as prefill_mma.cuh),
+// sharing every K / V tile. Keys in 64-key tiles through a 2-slot ring of [K tile | V tile], each slot filled by one
+// thread's tensor copies (2 D / 128 boxes of 64 rows x 128 bytes per tensor) and waited for on its mbarrier. Per tile
+// and warpgroup:
+//   qk():      S = Q.K, D / 16 wgmma m64n64k16 (A: the warpgroup's Q tile, B: the K tile, both by descriptor);
+//   mask():    the causal diagonal / Sk tail / explicit mask, only on tiles that need it;
+//   softmax(): online, in log2 units (scale * log2 e in the exponent's FFMA), the lazy running max of
+//              prefill_mma.cuh (O rescaled only when a row's max passes its running max by more than 2^8);
+//   pv():      O += P.V, P from registers (the f16 logits in the A layout), V by descriptor (MN-major), D / 128
+//              wgmma m64n128k16 per 16 keys.
+// One block barrier per tile frees the slot for the tile two ahead. The V check (VC) works as prefill_mma.cuh's:
+// with a V scan (a.v_flags) the unchecked instance runs the clean heads and the checked one the flagged heads; a tile
+// holding a V-poisoned key zeroes its NaN / Inf halves and makes the key's float16 K row NaN, so its logit is NaN.
+#pragma once
+
+#include "gpu/prefill_mma.cuh"
+
+#if defined(D4A_CUDA)
+
+namespace dot4attn {
+namespace gpu {
+namespace pwg {
+
+constexpr int kKeys = pmma::kKeys;  // keys per tile (64)
+
+// Shared memory of the block (offsets from a 1024-byte aligned base: the swizzle period; the launcher adds the slack).
+template <int D, int NWG>
+struct Layout {
+  static_assert(D % 128 == 0 && D <= 256, "prefill_wg: D = 128 or 256");
+  static constexpr int kRows = 64 * NWG;
+  static constexpr int kThreads = 128 * NWG;
+  static constexpr int TILE = kKeys * 2 * D;  // 64 rows of 2 D bytes as 128-byte slabs of 64 rows (swizzled)
+  static constexpr int SLAB = kKeys * 128;
+  static constexpr int OFF_Q = 0;             // one Q tile per warpgroup, the same layout
+  static constexpr int OFF_RING = NWG * TILE;  // 2 slots of [K tile | V tile]
+  static constexpr int SLOT = 2 * TILE;
+  static constexpr int OFF_BAR = OFF_RING + 2 * SLOT;  // 2 mbarriers
+  static constexpr int bytes = OFF_BAR + 16 + 1024;
+};
+
+#if defined(D4A_WGMMA)
+// The f16 byte b of row r of a swizzled 64-row tile (Q, K or V): the TMA's layout (tma.cuh).
+template <int D>
+__device__ __forceinline__ int tile_byte(int r, int b) {
+  return tma_row_byte<2 * D, kKeys>(r, b);
+}
+
+// Descriptor of k step ks (16 columns) of a K-major swizzled tile at `base`: slab ks / 4, 32 (ks % 4) bytes in.
+__device__ __forceinline__ uint64_t kmajor_desc(unsigned base, int ks) {
+  return wg_desc_k_sw128(base + unsigned((ks / 4) * (kKeys * 128) + (ks % 4) * 32));
+}
+
+// Rows [r0, r0 + 16) of this warp, quantized as the contract says (int8 levels per 32-block, float32 block scale)
+// and stored as float16 (level * scale, one rounding: the QK16 mode's Q) into the warpgroup's Q tile `qt` at tile
+// rows wr .. wr + 15. Rows past the row space are zeros.
+template <int D>
+__device__ __forceinline__ void stage_q(const TileArgs& a, int64_t b, int64_t hkv, int64_t r0, int64_t rows_here,
+                                        uint8_t* qt, int wr, int lane) {
+  constexpr int LPR = D / 8;     // lanes per row (8 halves each)
+  constexpr int RPI = 32 / LPR;  // rows per warp-wide load
+  constexpr int QIT = 16 / RPI;
+  const int c8 = lane % LPR, rsub = lane / LPR;
+  uint4 xv[QIT];
+#pragma unroll
+  for (int it = 0; it < QIT; ++it) {
+    const int64_t rr = r0 + it * RPI + rsub;
+    xv[it] = make_uint4(0, 0, 0, 0);
+    if (rr < rows_here) {
+      const int64_t hq = hkv * a.g + rr / a.Sq, i = rr % a.Sq;
+      xv[it] = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.q) + ((b * a.Hq + hq) * a.Sq + i) * D +
+                                               c8 * 8);
+    }
+  }
+#pragma unroll
+  for (int it = 0; it < QIT; ++it) {
+    const __half2* h = reinterpret_cast<const __half2*>(&xv[it]);
+    float x[8];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const float2 f = __half22float2(h[u]);
+      x[2 * u] = f.x;
+      x[2 * u + 1] = f.y;
+    }
+    float amax = 0.f;
+#pragma unroll
+    for (int u = 0; u < 8; ++u) amax = fmaxf(amax, abs_or_inf(x[u]));  // +inf for a NaN / Inf block
+    amax = fmaxf(amax, shfl_xor(amax, 1));                              // four lanes hold one 32-block
+    amax = fmaxf(amax, shfl_xor(amax, 2));
+    float dv;
+    const float sc = q_block_scale(amax, dv);  // NaN for a non-finite block (dv = 0: levels 0)
+    uint32_t w[4];
+#pragma unroll
+    for (int u = 0; u < 8; u += 2) {
+      float q0 = dv == 0.f ? 0.f : rintf(div_rn(x[u], dv));
+      float q1 = dv == 0.f ? 0.f : rintf(div_rn(x[u + 1], dv));
+      q0 = fminf(fmaxf(q0, -127.f), 127.f);
+      q1 = fminf(fmaxf(q1, -127.f), 127.f);
+      w[u / 2] = pack_h2(q0 * sc, q1 * sc);
+    }
+    *reinterpret_cast<uint4*>(qt + tile_byte<D>(wr + it * RPI + rsub, c8 * 16)) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// S (this warp's 16 rows x 64 keys in the m16n8 C layout) = Q.K of the warpgroup's Q tile at q and the K tile at k.
+template <int D>
+__device__ __forceinline__ void qk(float (&s)[8][4], unsigned q, unsigned k) {
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    if (ks == 0) wgmma_f16_n64_ss<false>(s, kmajor_desc(q, ks), kmajor_desc(k, ks));
+    else wgmma_f16_n64_ss<true>(s, kmajor_desc(q, ks), kmajor_desc(k, ks));
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) wg_reg_fence(s[n][e]);
+}
+
+// O += P.V: P (this warp's rows, f16 from s in the A layout of m16n8k16 per 16 keys), V the tile at v (MN-major,
+// 128-byte slabs of 64 columns: LBO the next slab, SBO the next 8 keys); columns 128 p .. 128 p + 127 into o[p].
+// Issued and committed; the caller waits (wait_o).
+template <int D>
+__device__ __forceinline__ void pv(float (&o)[D / 128][16][4], const float (&s)[8][4], unsigned v) {
+  uint32_t pa[4][4];
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    pa[ks][0] = pack_h2(s[2 * ks][0], s[2 * ks][1]);
+    pa[ks][1] = pack_h2(s[2 * ks][2], s[2 * ks][3]);
+    pa[ks][2] = pack_h2(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+    pa[ks][3] = pack_h2(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+  }
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+    for (int p = 0; p < D / 128; ++p)
+      wgmma_f16_n128(o[p], pa[ks], wg_desc_mn_sw128(v + unsigned(p * 2 * kKeys * 128 + ks * 16 * 128), kKeys * 128, 1024));
+  wgmma_commit();
+}
+
+template <int D>
+__device__ __forceinline__ void wait_o(float (&o)[D / 128][16][4]) {
+  wgmma_wait<0>();
+#pragma unroll
+  for (int p = 0; p < D / 128; ++p)
+#pragma unroll
+    for (int n = 0; n < 16; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) wg_reg_fence(o[p][n][e]);
+}
+#endif  // D4A_WGMMA
+
+// ncq > 0: causal with Sq % kRows == 0, blocks in position-major order (heaviest query chunk of every head first).
+// VC = false: the instance without the V check, for the heads a V scan left unflagged (see the header).
+template <int D, int NWG, bool VC>
+__global__ void __launch_bounds__(128 * NWG, 1)
+    prefill_wg_kernel(const TileArgs a, const int64_t ncq, const __grid_constant__ TmaMaps tm) {
+#if defined(D4A_WGMMA)
+  using L = Layout<D, NWG>;
+  constexpr int kRows = L::kRows, kThreads = L::kThreads;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + smem_pad1024(smem_raw);
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
+
+  // ---- which (batch, KV head, row chunk) ----
+  const int64_t idx = int64_t(blockIdx.x);
+  int64_t bh, chunk;
+  if (ncq > 0) {
+    const int64_t U = a.B * a.Hkv * a.g;
+    const int64_t level = idx / U, u = idx % U;
+    bh = u / a.g;
+    chunk = (u % a.g) * ncq + (ncq - 1 - level);
+  } else {
+    bh = idx / a.n_chunks;
+    chunk = idx % a.n_chunks;
+    if (a.reverse_chunks) chunk = a.n_chunks - 1 - chunk;
+  }
+  if (a.v_flags != nullptr && (a.v_flags[bh] != 0) != VC) return;  // the other instance runs this head
+  const int64_t b = bh / a.Hkv, hkv = bh % a.Hkv;
+  const int64_t rows_here = a.g * a.Sq;
+  const int64_t row0 = chunk * kRows;
+  const int64_t row_end = row0 + kRows < rows_here ? row0 + kRows : rows_here;
+  const int64_t wg0 = row0 + 64 * wg, w0 = wg0 + 16 * warp;  // this warpgroup's / warp's first row
+
+  // key bounds: the block's last key (kend, nkt tiles), the warpgroup's (a tile past it is skipped by the whole
+  // warpgroup, as wgmma needs), the warp's first causal limit (tiles before it need no masking)
+  int kmax_g, kmin_w, kend, nkt;
+  {
+    int64_t lo, hi, lo_w, hi_w;
+    pmma::run_kminmax(a, row0, row_end, lo, hi);
+    kend = int(hi + 1 < a.Sk ? hi + 1 : a.Sk);
+    nkt = kend > 0 ? (kend + kKeys - 1) / kKeys : 0;
+    pmma::run_kminmax(a, wg0, wg0 + 64 < row_end ? wg0 + 64 : row_end, lo, hi);
+    kmax_g = int(hi);
+    pmma::run_kminmax(a, w0, w0 + 16 < row_end ? w0 + 16 : row_end, lo_w, hi_w);
+    kmin_w = int(lo_w < 0x7fffffffLL ? lo_w : 0x7fffffffLL);
+  }
+
+  uint8_t* ring = smem + L::OFF_RING;
+  const unsigned bar0 = smem_u32(smem + L::OFF_BAR);
+  // K and V of `tile` into slot tile & 1 (one thread; keys past Sk arrive as zeros and are masked like any other)
+  auto issue = [&](int tile) {
+    if (tid == 0 && tile < nkt) {
+      const unsigned bar = bar0 + 8u * unsigned(tile & 1);
+      mbar_arrive_expect(bar, 2 * L::TILE);
+      uint8_t* slot = ring + (tile & 1) * L::SLOT;
+      const int y = tile * kKeys, z = int(bh);
+#pragma unroll
+      for (int x = 0; x < 2 * D; x += 128) {
+        tma_load_3d_plain(smem_u32(slot + (x / 128) * L::SLAB), &tm.k, x, y, z, bar);
+        tma_load_3d_plain(smem_u32(slot + L::TILE + (x / 128) * L::SLAB), &tm.v, x, y, z, bar);
+      }
+    }
+  };
+  if (tid == 0) {
+    mbar_init(bar0, 1);
+    mbar_init(bar0 + 8, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  issue(0);
+  issue(1);
+
+  uint8_t* qt = smem + L::OFF_Q + wg * L::TILE;
+  stage_q<D>(a, b, hkv, w0, rows_here, qt, 16 * warp, lane);
+  fence_proxy_async_smem();  // the generic stores of Q before the wgmma reads them
+  __syncthreads();
+  const unsigned q_addr = smem_u32(qt);
+  // the softmax's exponent factor: scale * log2 e, times 2^8 where this head's K copy holds K times 2^-8
+  const float c_qk = a.scale_log2 * (a.k_flags != nullptr && a.k_flags[bh] != 0 ? 256.f : 1.f);
+  const float mask_mul = kLog2e / c_qk;  // an additive mask value in unscaled dot-product units
+
+  float o[D / 128][16][4];
+#pragma unroll
+  for (int p = 0; p < D / 128; ++p)
+#pragma unroll
+    for (int n = 0; n < 16; ++n) o[p][n][0] = o[p][n][1] = o[p][n][2] = o[p][n][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  const int rl0 = 64 * wg + 16 * warp + gid;  // this thread's rows: rl0, rl0 + 8 of the block
+
+  for (int tile = 0; tile < nkt; ++tile) {
+    uint8_t* slot = ring + (tile & 1) * L::SLOT;
+    mbar_wait(bar0 + 8u * unsigned(tile & 1), unsigned(tile >> 1) & 1u);
+    if constexpr (VC) {
+      // this thread's V pieces of the tile; a tile holding a V-poisoned key (block-uniform, rare): thread j < 64
+      // zeroes key j's NaN / Inf halves and makes its float16 K row NaN (its logit turns NaN, the K side does the rest)
+      constexpr int PIECES = kKeys * 2 * D / 16, PR = 2 * D / 16;
+      const bool vbad = pmma::f16_pieces_nonfinite<PIECES / kThreads, 0>([&](int i) {
+        const int pc = tid + i * kThreads;
+        return *reinterpret_cast<const uint4*>(slot + L::TILE + tile_byte<D>(pc / PR, (pc % PR) * 16));
+      });
+      if (__syncthreads_or(vbad) != 0) {
+        if (tid < kKeys) {
+          const bool bad = pmma::f16_row_poisoned<PR>(
+              [&](int c) { return reinterpret_cast<uint4*>(slot + L::TILE + tile_byte<D>(tid, c * 16)); });
+          if (bad) {
+#pragma unroll 4
+            for (int c = 0; c < PR; ++c)
+              *reinterpret_cast<uint4*>(slot + tile_byte<D>(tid, c * 16)) =
+                  make_uint4(0x7e007e00u, 0x7e007e00u, 0x7e007e00u, 0x7e007e00u);
+          }
+          fence_proxy_async_smem();  // the rewritten bytes before the wgmma reads them
+        }
+        __syncthreads();
+      }
+    }
+    const int j0 = tile * kKeys;
+    if (j0 <= kmax_g) {  // else no row of this warpgroup sees a key of the tile (uniform over the warpgroup)
+      float s[8][4];
+      qk<D>(s, q_addr, smem_u32(slot));
+      // ---- masking: causal diagonal / Sk tail / explicit mask only ----
+      if (a.mask_kind != 0 || j0 + kKeys - 1 > kmin_w) {
+        int64_t kmx[2], mrow[2];  // last visible key (-1: dead row), mask row offset
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t rr = row0 + rl0 + 8 * h;
+          kmx[h] = -1;
+          mrow[h] = 0;
+          if (rr < rows_here) {
+            const int64_t hq = hkv * a.g + rr / a.Sq, i = rr % a.Sq;
+            const int64_t km = a.causal ? a.Sk - a.Sq + i : a.Sk - 1;
+            kmx[h] = km > a.Sk - 1 ? a.Sk - 1 : km;
+            mrow[h] = b * a.ms0 + hq * a.ms1 + i * a.ms2;
+          }
+        }
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int h = e >> 1;
+            const int64_t j = j0 + n * 8 + tig * 2 + (e & 1);
+            bool vis = j <= kmx[h];
+            float x = s[n][e];
+            if (vis && a.mask_kind != 0) {
+              const int64_t mo = mrow[h] + j * a.ms3;
+              if (a.mask_kind == 1) vis = static_cast<const uint8_t*>(a.mask)[mo] != 0;
+              else {  // additive; -inf hides the key (even a NaN logit)
+                const float mv = load_t(a.mask, mo, a.half);
+                vis = mv != -INFINITY;
+                x += mv * mask_mul;
+              }
+            }
+            s[n][e] = vis ? x : -INFINITY;
+          }
+      }
+      // ---- online softmax (rows gid, gid + 8; a quad shares a row), the lazy running max ----
+      float alpha[2], mu[2], mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], shfl_xor(mx[h], 1));
+        mx[h] = fmaxf(mx[h], shfl_xor(mx[h], 2));
+        mx[h] *= c_qk;  // into log2 units (c_qk > 0: the planner's condition)
+        const float mn = mx[h] > m_run[h] + pmma::kMaxSlack ? fmaxf(m_run[h], mx[h]) : m_run[h];
+        mu[h] = mn == -INFINITY ? 0.f : mn;
+        alpha[h] = ex2(m_run[h] - mu[h]);
+        m_run[h] = mn;
+      }
+      float ls[2] = {0.f, 0.f};
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        s[n][0] = ex2(fmaf(s[n][0], c_qk, -mu[0]));
+        s[n][1] = ex2(fmaf(s[n][1], c_qk, -mu[0]));
+        s[n][2] = ex2(fmaf(s[n][2], c_qk, -mu[1]));
+        s[n][3] = ex2(fmaf(s[n][3], c_qk, -mu[1]));
+        ls[0] += s[n][0] + s[n][1];
+        ls[1] += s[n][2] + s[n][3];
+      }
+      l_run[0] = l_run[0] * alpha[0] + ls[0];
+      l_run[1] = l_run[1] * alpha[1] + ls[1];
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // warp-uniform; rare past the first tiles
+#pragma unroll
+        for (int p = 0; p < D / 128; ++p)
+#pragma unroll
+          for (int n = 0; n < 16; ++n) {
+            o[p][n][0] *= alpha[0];
+            o[p][n][1] *= alpha[0];
+            o[p][n][2] *= alpha[1];
+            o[p][n][3] *= alpha[1];
+          }
+      }
+      pv<D>(o, s, smem_u32(slot + L::TILE));
+      wait_o<D>(o);
+    }
+    __syncthreads();   // every warpgroup is done with the slot
+    issue(tile + 2);   // into it
+  }
+
+  // ---- epilogue: quad-reduce the row sums, normalise, store (dead rows: l = 0 -> exact zeros) ----
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_run[h];
+    l += shfl_xor(l, 1);
+    l += shfl_xor(l, 2);
+    const float inv = l == 0.f ? 0.f : 1.f / l;  // NaN l (a poisoned key was visible): a NaN row
+    const int64_t rr = row0 + rl0 + 8 * h;
+    if (rr >= rows_here) continue;
+    const int64_t hq = hkv * a.g + rr / a.Sq, i = rr % a.Sq;
+    const int64_t orow = ((b * a.Hq + hq) * a.Sq + i) * D;
+#pragma unroll
+    for (int p = 0; p < D / 128; ++p)
+#pragma unroll
+      for (int n = 0; n < 16; ++n) {
+        const float y0 = o[p][n][2 * h] * inv, y1 = o[p][n][2 * h + 1] * inv;
+        const int64_t at = orow + p * 128 + n * 8 + tig * 2;
+        *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(a.out) + at) = pack_h2(sat_half(y0), sat_half(y1));
+      }
+  }
+#else
+  (void)a;
+  (void)ncq;
+  (void)tm;
+  __trap();
+#endif
+}
+
+}  // namespace pwg
+}  // namespace gpu
+}  // namespace dot4attn
+
+#endif  // D4A_CUDA
