@@ -20,10 +20,11 @@
 //                               takes the copy there, and 0 sends it to the tile kernel)
 //   k_dequant=0|1               K dequantized once into float16 rows and the Q.K on f16 wgmma (GpuPlan::k_dequant;
 //                               1: wherever the float16-V wgmma instance runs at D 64 / 128 (3 blocks per SM, or with
-//                               min_blocks=2 the schedule that overlaps the softmax with the next Q.K), short calls
-//                               too; 0: the contract's int8 Q.K everywhere; default:
-//                               D = 128 with 3 blocks per SM where K is read by 8+ blocks over 2048+ keys; its
-//                               numerics are the reference's qk_f16 mode, docs/ops.md)
+//                               min_blocks=2 the schedule that overlaps the softmax with the next Q.K) and at D = 256
+//                               on sm_90a (prefill_wg.cuh), short calls too; 0: the contract's int8 Q.K everywhere;
+//                               default: D 64 / 128 with 3 blocks per SM and D = 256 where K is read by 8+ blocks over
+//                               2048+ keys; its numerics are the reference's qk_f16 mode, docs/ops.md)
+//   warps=4|8                   also the D = 256 f16 Q.K prefill's warpgroups per block (4 warps: one; default two)
 //   qk_wgmma=0|1                the contract's int8 Q.K on wgmma (GpuPlan::qk_wgmma; 1: wherever the float16-V wgmma
 //                               instance runs with min_blocks=2 at D 64 / 128 and k_dequant does not; default 0: slower
 //                               than the default instance on the H200, docs/performance.md)

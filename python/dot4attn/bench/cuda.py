@@ -380,8 +380,10 @@ def _prefill_case(run, hq, hkv, d, s):
                 takes = default.get("k_dequant") and not pl.get("k_dequant")
             elif sfx == "_qk16":  # the f16 Q.K where the default keeps the int8 one
                 takes = pl.get("k_dequant") and not default.get("k_dequant")
+            elif sfx == "_qk16o":  # the 2-blocks-per-SM instances (D 64 / 128; D = 256's kernel has no such)
+                takes = pl.get("k_dequant") and pl.get("min_blocks") == 2
             else:
-                takes = pl.get("k_dequant") or pl.get("qk_wgmma")
+                takes = pl.get("qk_wgmma")
             if takes:
                 _time_d4a(run, case, q, kp, ks, vp, vs, fmt, ref, flops=flops, overrides=ov, suffix=sfx)
             del r
