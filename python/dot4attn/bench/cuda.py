@@ -561,7 +561,7 @@ GOAL_DECODE_128K_Q4_0 = 0.5   # decode 128k, q4_0 V: time <= 0.5x cuDNN
 GOAL_DECODE_128K_F16 = 0.85   # decode 128k, f16 V: time <= 0.85x cuDNN
 GOAL_DECODE_16K_Q4_0 = 0.7    # decode 16k, q4_0 V: time <= 0.7x cuDNN
 GOAL_DECODE_512_US = 10.0     # decode 512 keys, q4_0 V: kernel time <= 10 us
-GOAL_PREFILL_8K_VS_FA2 = 1.0  # causal prefill 8k, f16 V: speed >= 1.0x FlashAttention-2
+GOAL_PREFILL_8K_VS_FA2 = 1.0  # causal prefill (8k at D = 128, 2k-32k at D = 256): speed >= 1.0x FlashAttention-2
 GOAL_PREFILL_VS_CUDNN = 1.0   # causal prefill 8k / 32k, f16 and q8_0 V: speed >= 1.0x cuDNN
 GOAL_CACHE_128K = 1.05        # decode 128k over the packed cache (strided rows; in place, through ORT) <= 1.05x dense
 CACHE_GOAL_FORMATS = ("q8_0", "q4_0")  # the V formats GOAL_CACHE_128K is set for (q6_0's rows are measured, no goal)
@@ -570,8 +570,8 @@ CACHE_GOAL_FORMATS = ("q8_0", "q4_0")  # the V formats GOAL_CACHE_128K is set fo
 def _targets(results):
     out = []
 
-    def ratio(kind, sk, ours, base, limit, what, higher_better=False):
-        a, b = _get(results, kind, 32, 8, 128, sk, ours), _get(results, kind, 32, 8, 128, sk, base)
+    def ratio(kind, sk, ours, base, limit, what, higher_better=False, heads=(32, 8, 128)):
+        a, b = _get(results, kind, *heads, sk, ours), _get(results, kind, *heads, sk, base)
         if a and b:
             v = b / a if higher_better else a / b
             out.append({"what": what, "value": round(v, 3), "limit": limit,
@@ -592,6 +592,10 @@ def _targets(results):
                              ("_qk16o", ", Q.K on f16 wgmma, overlapped"), ("_s8w", ", int8 Q.K on wgmma")):
                 ratio("prefill", sk, f"d4a_{fmt}{sfx}", "sdpa_cudnn", GOAL_PREFILL_VS_CUDNN,
                       f"prefill {sk // 1024}k causal speed vs cuDNN ({fmt} V{how})", True)
+    for sk in (2048, 8192, 32768):  # D = 256 (the f16 Q.K kernel with Q in shared memory on sm_90a)
+        for fmt in ("f16", "q8_0"):
+            ratio("prefill", sk, f"d4a_{fmt}", "sdpa_flash", GOAL_PREFILL_8K_VS_FA2,
+                  f"prefill {sk // 1024}k causal speed vs FA2, (24, 4, 256) {fmt} V", True, heads=(24, 4, 256))
     for fmt in CACHE_GOAL_FORMATS:
         ratio("decode", 131072, f"d4a_cache_{fmt}", f"d4a_{fmt}", GOAL_CACHE_128K,
               f"decode 128k {fmt}: packed-cache rows / dense, kernel time")
