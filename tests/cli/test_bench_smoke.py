@@ -103,6 +103,29 @@ def test_bench_cuda_l2_flush_choices(capsys):
         cuda._Timer(None, 1, "sideways")
 
 
+def test_bench_cuda_prefill_goals():
+    """The CUDA bench's prefill goals are speed ratios against baselines of the same run: (32, 8, 128) at 8k vs FA2 and
+    at 8k / 32k vs cuDNN per Q.K instance, (24, 4, 256) at 2k / 8k / 32k vs FA2; a goal whose rows are missing is left
+    out."""
+    from dot4attn.bench import cuda
+
+    def row(hq, hkv, d, sk, name, us):
+        return {"kind": "prefill", "B": 1, "Hq": hq, "Hkv": hkv, "D": d, "Sk": sk, "candidate": name, "us": us}
+
+    results = [row(32, 8, 128, 8192, "sdpa_flash", 1720.0), row(32, 8, 128, 8192, "sdpa_cudnn", 909.0),
+               row(32, 8, 128, 8192, "d4a_f16", 1150.0), row(32, 8, 128, 8192, "d4a_f16_int8", 1658.0),
+               row(24, 4, 256, 2048, "sdpa_flash", 225.0), row(24, 4, 256, 2048, "d4a_f16", 230.0),
+               row(24, 4, 256, 8192, "sdpa_flash", 2700.0), row(24, 4, 256, 8192, "d4a_q8_0", 1800.0)]
+    got = {t["what"]: (t["value"], t["met"]) for t in cuda._targets(results)}
+    assert got == {
+        "prefill 8k causal speed vs FA2 (f16 V)": (round(1720 / 1150, 3), True),
+        "prefill 8k causal speed vs cuDNN (f16 V)": (round(909 / 1150, 3), False),
+        "prefill 8k causal speed vs cuDNN (f16 V, int8 Q.K)": (round(909 / 1658, 3), False),
+        "prefill 2k causal speed vs FA2, (24, 4, 256) f16 V": (round(225 / 230, 3), False),
+        "prefill 8k causal speed vs FA2, (24, 4, 256) q8_0 V": (1.5, True),
+    }
+
+
 @pytest.mark.parametrize("v_format", ["q4_0", "q6_0"])
 def test_bench_pair_buffers_are_the_pair_layout(v_format):
     """The CUDA bench's pair-layout candidates (d4a_pair_q4_0, d4a_pair_q6_0) read the cache q4_0 / q6_0 V folders
