@@ -175,6 +175,7 @@ LONG_CASES = [
     C("long_prefill_sq33_sk1000", 1, 16, 2, 33, 1000, 128, "float16", "q4_0", 1, "add_1h1k"),
     C("long_prefill_d96", 1, 8, 2, 200, 200, 96, "float16", "q8_0", 1),
     C("long_prefill_b2_257_d256", 2, 8, 1, 257, 257, 256, "float16", "float", 0),
+    C("long_chunk_1024_sk6000_d256", 1, 8, 2, 1024, 6000, 256, "float16", "q8_0", 1),  # a prompt chunk over a past
     C("long_sk131072_q6", 1, 32, 8, 1, 131072, 128, "float16", "q6_0", 1),
     C("long_sk70000_d256_q6", 1, 24, 4, 1, 70000, 256, "float16", "q6_0", 1),
     C("long_sk70000_d64_q6_mha", 1, 8, 8, 1, 70000, 64, "float16", "q6_0", 0),

@@ -787,6 +787,10 @@ def test_k_dequant_at_d256_plans_the_q_in_shared_memory_kernel():
     q4 = plan(1, 24, 4, 8192, 8192, 256, v_format="q4_0")
     assert (q4["v_dequant"], q4["k_dequant"], q4["v_scan"]) == (True, True, True), q4
     assert q4["scratch_bytes"] == 2 * (4 * 8192 * 256 * 2) + 256 + 4 * 4, q4
+    # a prompt chunk over a packed cache's rows (the model's chunked prefill): both copies span the cache's rows per head
+    cache = plan(1, 24, 4, 4096, 65536, 256, v_format="q8_0", kv_layout=packed_layout(256, "q8_0", 70000))
+    assert (cache["v_dequant"], cache["k_dequant"], cache["rows_per_block"]) == (True, True, 128), cache
+    assert cache["scratch_bytes"] == 2 * (4 * 70000 * 256 * 2) + 256 + 4 * 4, cache
     assert plan(1, 24, 4, 1024, 1024, 256, v_format="float", overrides="k_dequant=1")["k_dequant"]
     for off in (plan(1, 24, 4, 8192, 8192, 256, v_format="float", overrides="k_dequant=0"),
                 plan(1, 24, 4, 1024, 1024, 256, v_format="float"),  # under 2048 keys
