@@ -187,6 +187,49 @@ def test_resume_measures_a_rows_failed_case_again(smoke, tmp_path):
     assert len(again) == 1 and "failed" not in again[0] and again[0]["ms_per_token"] > 0, again
 
 
+def test_case_processes_measure_every_case_in_a_process_of_its_own(smoke, tmp_path, monkeypatch):
+    """--case-processes: every timed case runs in a process of its own (dot4attn.e2e.case_process, which warms itself
+    up first), so no case inherits what another's prompt grew in onnxruntime's arena; the rows are measured as in one
+    process, row 1's logits (back through a file) the reference of the others' KL."""
+    import subprocess
+    from pathlib import Path
+
+    real, specs = subprocess.run, []
+
+    def run(cmd, **kw):
+        if "dot4attn.e2e.case_process" in cmd:
+            specs.append(json.loads(Path(cmd[-1]).read_text()))
+        return real(cmd, **kw)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    assert cli(["e2e", "--smoke", "--out", str(tmp_path), "--contexts", "64", "--batches", "1",
+                "--case-processes"]) == 0
+    rows = ["genai", "genai-int8kv", "d4a-q8_0", "d4a-q4_0"]
+    assert [(x["row"], x["context"], x["batch"]) for x in specs] == [(row, 64, 1) for row in rows]
+    assert all(x["settings"]["case_processes"] for x in specs)
+    results = json.loads((tmp_path / "smoke.json").read_text())["results"]
+    assert [r["row"] for r in results] == rows
+    for r in results:
+        assert r["ms_per_token"] > 0 and r["prefill_s"] > 0
+        if r["row"] != "genai":
+            assert 0 <= r["kl"] <= (0.1 if r["row"] == "d4a-q4_0" else 1e-3), r
+
+
+def test_a_case_process_that_dies_is_the_cases_failure(tmp_path, monkeypatch):
+    """A case process that ends without its answer (here: no model in the folder) is the case's failure, with the
+    process's exit status and its last words, and the run goes on."""
+    from dot4attn.e2e import harness
+
+    monkeypatch.setattr(harness, "cache_bytes_per_token", lambda folder: 100)  # the parent reads no model
+
+    settings = harness.Settings(device="cpu", contexts=[16], batches=[1], batch_contexts=[16], steps=2,
+                                case_processes=True)
+    results = harness.run_rows({"genai": tmp_path / "missing"}, settings, vocab=8, log=lambda *a: None,
+                               rows=["genai"])
+    (r,) = results
+    assert r["failed"].startswith("case process exit 1: ") and "missing" in r["failed"], r
+
+
 def test_the_q6_0_row_is_asked_for_by_name(smoke, tmp_path):
     """Row 5 (packed K + q6_0 V in the pair layout, og.Generator) runs when --rows names it: ORT int8's bytes per
     token (qwen2-bias, D 32: K and V rows of 32 bytes) and KL against row 1 within the compare bar of q6_0 V (5e-3).

@@ -67,6 +67,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cuda: launch every decode step's kernels from the host instead of replaying the step as a "
                         "CUDA graph (by default every row replays: onnxruntime-genai's enable_cuda_graph for rows "
                         "1-3, dot4attn.runtime.inplace's for row 4)")
+    p.add_argument("--case-processes", action="store_true",
+                   help="run every timed case in a process of its own (after an untimed warm-up there): no case "
+                        "inherits the memory another case's prompt grew in onnxruntime's process-wide arena, so one "
+                        "invocation measures batch cases that otherwise need a process per row")
     p.add_argument("--answer-tokens", type=positive_int, default=500, metavar="N",
                    help="answer length of the request time reported beside each prefilled case: time to first "
                         "token + N x ms/token (default 500)")
@@ -123,7 +127,7 @@ def settings_from_args(args):
     return preset, Settings(device=args.device, contexts=contexts, batches=batches, batch_contexts=batch_contexts,
                             steps=steps, warmup=args.warmup, chunk=chunk, seed=args.seed, fit_context=fit,
                             cuda_graph=args.device == "cuda" and not args.no_cuda_graph,
-                            copied_contexts=sorted(copied))
+                            copied_contexts=sorted(copied), case_processes=args.case_processes)
 
 
 def machine(device: str) -> str:

@@ -1,13 +1,13 @@
-"""The timed part of `dot4attn e2e`: every row over every (context, batch) case in one process, and the fit search
-(each of its tries in a process of its own).
+"""The timed part of `dot4attn e2e`: every row over every (context, batch) case in one process (or, with
+case_processes, each case in a process of its own), and the fit search (each of its tries in a process of its own).
 
-Before the first timed case one short untimed case runs on the first row's model, so that what the process pays once
-is not charged to that case. Per case: the prompt (random token ids of the context's length, the same array for every
-row) is prefilled (in chunks at batch 1) and timed; then `warmup` untimed and `steps` timed decode steps,
-teacher-forced with the same tokens for every row at batch 1, greedy at batch > 1 (runners.py says why); the median
-step is ms/token. Each step's logits come back to the host on every runner. At batch 1, row 1's logits of the timed
-steps are kept so that every other row's KL and top-1 agreement against them (same model, same tokens, the full
-context behind them) is measured beside its speed.
+Before the first timed case of a process one short untimed case runs on the first row's model (or the case's own), so
+that what the process pays once is not charged to that case. Per case: the prompt (random token ids of the context's
+length, the same array for every row) is prefilled (in chunks at batch 1) and timed; then `warmup` untimed and
+`steps` timed decode steps, teacher-forced with the same tokens for every row at batch 1, greedy at batch > 1
+(runners.py says why); the median step is ms/token. Each step's logits come back to the host on every runner. At
+batch 1, row 1's logits of the timed steps are kept so that every other row's KL and top-1 agreement against them
+(same model, same tokens, the full context behind them) is measured beside its speed.
 """
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +47,10 @@ class Settings:
     # 7B shape's MLP buffers: 19.9 GB each at 16 x 32k, more than an H200 holds beside the weights and the cache),
     # and the arena keeps what a failed prompt grew, so every later case of the process would fail too.
     copied_contexts: list[int] = field(default_factory=list)
+    # every timed case in a process of its own (case_process.py), after an untimed warm-up there: no case inherits
+    # what another case's prompt grew in onnxruntime's process-wide arena (rows 2 and 3 of the 7B batch-16 cases ran
+    # out of it after row 1's in one process)
+    case_processes: bool = False
 
     def cases(self) -> list[tuple[int, int]]:
         # batch by batch, contexts ascending within each: batch 1 (where the goals are) is complete first
@@ -190,14 +195,16 @@ def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log
                                 **fit_batch(folders[row], settings, per_token[row], log)))
             if on_case:
                 on_case(results)
-    if any((row, c, b, False) not in done for row in wanted for c, b in settings.cases()):
+    measure = _measure_in_process if settings.case_processes else _measure  # each process warms itself up
+    left = any((row, c, b, False) not in done for row in wanted for c, b in settings.cases())
+    if left and not settings.case_processes:
         _warm_up(wanted[0], folders[wanted[0]], settings, vocab, log)
     for row in wanted:
         cases = [(c, b) for c, b in settings.cases() if (row, c, b, False) not in done]
         for context, batch in cases:
             copied = batch > 1 and context in settings.copied_contexts
             log(f"{row}: context {context}, batch {batch}" + (", one sequence's prompt copied" if copied else ""))
-            r, failed = _measure(row, folders[row], settings, context, batch, vocab, settings.cuda_graph, copied)
+            r, failed = measure(row, folders[row], settings, context, batch, vocab, settings.cuda_graph, copied)
             graph_note = None
             if copied and r:
                 r["note"] = (f"decoded by dot4attn.runtime.inplace over one sequence's prefill ({r['prefill_s']:.3g} s) "
@@ -210,7 +217,7 @@ def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log
                 # > 1 and past context is given"): such a row runs launched, and says so
                 log(f"  with a CUDA graph: {failed}; again, launched")
                 graph_note = f"launched (its CUDA graph mode failed: {failed[:160]})"
-                r, failed = _measure(row, folders[row], settings, context, batch, vocab, False)
+                r, failed = measure(row, folders[row], settings, context, batch, vocab, False)
             if failed:
                 log(f"  failed: {failed}")
                 results.append(dict(row=row, label=ROWS[row], context=context, batch=batch, failed=failed))
@@ -266,6 +273,29 @@ def _measure(row: str, folder: Path, settings: Settings, context: int, batch: in
     runner.close()
     del runner
     return r, failed
+
+
+def _measure_in_process(row: str, folder: Path, settings: Settings, context: int, batch: int, vocab: int,
+                        cuda_graph: bool, copied: bool = False) -> tuple[dict | None, str | None]:
+    """_measure in a process of its own (case_process.py), after an untimed warm-up case there; the logits come back
+    through a file. A process that ends without its answer is the case's failure, with its exit status and last
+    words."""
+    with tempfile.TemporaryDirectory(prefix="d4a-e2e-case-") as tmp:
+        spec = Path(tmp) / "case.json"
+        logits = Path(tmp) / "logits.npy"
+        spec.write_text(json.dumps(dict(row=row, folder=str(folder), settings=asdict(settings), context=context,
+                                        batch=batch, vocab=vocab, cuda_graph=cuda_graph, copied=copied,
+                                        logits=str(logits))))
+        done = subprocess.run([sys.executable, "-m", "dot4attn.e2e.case_process", str(spec)], capture_output=True,
+                              text=True)
+        lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
+        if done.returncode or not lines:
+            return None, f"case process exit {done.returncode}: {done.stderr.strip()[-200:]}"
+        answer = json.loads(lines[-1])
+        r = answer["result"]
+        if r is not None:
+            r["logits"] = np.load(logits) if logits.is_file() else None
+        return r, answer["failed"]
 
 
 def _out_of_memory(error: str) -> bool:
