@@ -397,6 +397,44 @@ GpuPlan plan_decode(GpuPlan pl, const AttentionParams& p, const DeviceFacts& dev
 
 // ---- the tensor-core prefill (CUDA sm_80+, float16 T, D 64 / 128 / 256) --------------------------------------------
 #if defined(D4A_HAS_PREFILL_MMA)
+// The row chunks of a prefill of `rows` rows per block: with causal masking and Sq a multiple of them, position-major
+// tiles (the heaviest chunk of every head first); else chunks of the row space, in reverse under causal masking.
+void set_row_chunks(GpuPlan& pl, const AttentionParams& p, int rows) {
+  pl.rows_per_block = rows;
+  if (p.causal && p.Sq % rows == 0) {
+    pl.causal_tiles = p.Sq / rows;
+    pl.n_chunks = 1;
+    pl.reverse_chunks = 0;
+  } else {
+    pl.causal_tiles = 0;
+    pl.n_chunks = cdiv(p.group() * p.Sq, rows);
+    pl.reverse_chunks = p.causal ? 1 : 0;
+  }
+}
+
+// Whether a float16-V wgmma prefill scans V once per call for NaN / Inf (v_scan.cuh) instead of checking it once per
+// tile and block: where every V tile is read by `reads` >= 8 blocks and the keys are enough for the scan and the
+// second launch (the flagged heads', its other blocks returning at once) to cost less than the check's 6-8 %
+// (v_scan=1: always).
+bool v_scan_wanted(const AttentionParams& p, const PlanOverrides& ov, int64_t reads) {
+  const bool fits = p.B * p.Hkv * cdiv(p.Sk, kVScanKeys) <= kMaxBlocks;
+  return fits && (ov.v_scan == 1 || (ov.v_scan != 0 && reads >= 8 && p.Sk >= 2048));
+}
+
+// Scratch bytes of a float16 copy of K or V: rows in the K layout (kv_rows per (batch, KV head), so a cache's copy
+// is its length), 256-byte rounded.
+size_t f16_copy_bytes(const AttentionParams& p) {
+  return (size_t(p.B * p.Hkv) * size_t(p.head_rows()) * size_t(p.D) * 2 + 255) / 256 * 256;
+}
+
+// The plan takes K's float16 copy (k_dequant.cuh) of `bytes`: then one flag per (batch, KV head), after the V copy.
+void take_k_copy(GpuPlan& pl, const AttentionParams& p, size_t bytes) {
+  pl.k_dequant = true;
+  pl.k_dequant_bytes = bytes;
+  pl.k_flag_bytes = (size_t(p.B * p.Hkv) * sizeof(int) + 255) / 256 * 256;
+  pl.scratch_bytes += bytes + pl.k_flag_bytes;
+}
+
 template <int VK, int D, int MT, int MINB>
 bool plan_prefill_inst(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov,
                        bool wgmma_wanted, std::string& why) {
@@ -429,31 +467,17 @@ bool plan_prefill_inst(GpuPlan& pl, const AttentionParams& p, const DeviceFacts&
     pl.smem_bytes = Tr::smem_bytes(nst);
   }
   if (pl.smem_bytes > limit) return refuse(why, "tensor-core prefill: no block fits the shared memory");
-  constexpr int kRows = Tr::kRows;
-  pl.rows_per_block = kRows;
+  set_row_chunks(pl, p, Tr::kRows);
   pl.threads = pmma::kThreads;
   pl.warps = pmma::kWarps;
-  if (p.causal && p.Sq % kRows == 0) {
-    pl.causal_tiles = p.Sq / kRows;
-    pl.n_chunks = 1;
-    pl.reverse_chunks = 0;
-  } else {
-    pl.causal_tiles = 0;
-    pl.n_chunks = cdiv(p.group() * p.Sq, kRows);
-    pl.reverse_chunks = p.causal ? 1 : 0;
-  }
   if (block_count(pl, p) > kMaxBlocks) return refuse(why, "tensor-core prefill: more than 2^31 - 1 blocks");
   pl.kernel = KernelKind::kPrefillMma;
   set_blocks(pl, p);
-  // float16 V on the wgmma path (3 blocks per SM): the V check once per call (v_scan.cuh) instead of once per tile and
-  // block, where every V tile is read by 8 blocks or more and the keys are enough for the scan and the second launch
-  // (the flagged heads', its other blocks returning at once) to cost less than the check's 6-8 %
+  // float16 V on the wgmma path (3 blocks per SM): the V check once per call where v_scan_wanted
   pl.v_scan = false;
   if constexpr (VK == kVF16 && MINB == 3) {
     if (!pl.wgmma || p.B * p.Hkv == 0) return true;
-    const int64_t reads = pl.blocks / (p.B * p.Hkv);  // blocks reading each V tile of a (batch, KV head)
-    const bool fits = p.B * p.Hkv * cdiv(p.Sk, kVScanKeys) <= kMaxBlocks;
-    pl.v_scan = fits && (ov.v_scan == 1 || (ov.v_scan != 0 && reads >= 8 && p.Sk >= 2048));
+    pl.v_scan = v_scan_wanted(p, ov, pl.blocks / (p.B * p.Hkv));  // blocks reading each V tile of a (batch, KV head)
     if (pl.v_scan) pl.scratch_bytes = size_t(p.B * p.Hkv) * sizeof(int);
   }
   return true;
@@ -515,7 +539,7 @@ bool plan_v_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& de
   GpuPlan d = pl;
   d.vk = kVF16;
   std::string why;
-  const size_t bytes = (size_t(p.B * p.Hkv) * size_t(p.head_rows()) * size_t(p.D) * 2 + 255) / 256 * 256;
+  const size_t bytes = f16_copy_bytes(p);
   // v_dequant=1 drops the length rule only (as v_scan=1): where the wgmma instance does not run, nothing changes
   if (q6) {
     if (!plan_prefill_vk<kVF16>(d, f, dev, ov, why) || bytes > kMaxDequantBytesQ6) return false;
@@ -560,7 +584,7 @@ void plan_qk16_wide(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& de
   if (!pl.v_dequant && !tma_rows_ok(p.v, 2 * p.D, v_stride_bytes(p), p.head_rows(), p.Sk, p.B * p.Hkv)) return;
   const int nwg = ov.warps == 4 ? 1 : 2;
   GpuPlan w = pl;
-  w.rows_per_block = 64 * nwg;
+  set_row_chunks(w, p, 64 * nwg);
   w.threads = 128 * nwg;
   w.warps = 4 * nwg;
   w.m_tiles = 1;
@@ -569,27 +593,14 @@ void plan_qk16_wide(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& de
   w.tma = w.wgmma = true;
   w.smem_bytes = nwg == 2 ? pwg::Layout<256, 2>::bytes : pwg::Layout<256, 1>::bytes;
   if (w.smem_bytes > dev.max_smem) return;
-  if (p.causal && p.Sq % w.rows_per_block == 0) {
-    w.causal_tiles = p.Sq / w.rows_per_block;
-    w.n_chunks = 1;
-    w.reverse_chunks = 0;
-  } else {
-    w.causal_tiles = 0;
-    w.n_chunks = cdiv(p.group() * p.Sq, w.rows_per_block);
-    w.reverse_chunks = p.causal ? 1 : 0;
-  }
   if (block_count(w, p) > kMaxBlocks) return;
   set_blocks(w, p);
   const int64_t reads = w.blocks / (p.B * p.Hkv);  // blocks reading each K / V tile of a (batch, KV head)
   if (ov.k_dequant != 1 && (reads < 8 || p.Sk < 2048)) return;
-  const size_t bytes = (size_t(p.B * p.Hkv) * size_t(p.head_rows()) * size_t(p.D) * 2 + 255) / 256 * 256;
+  const size_t bytes = f16_copy_bytes(p);
   if (bytes > kMaxDequantBytes) return;
-  w.k_dequant = true;
-  w.k_dequant_bytes = bytes;
-  w.k_flag_bytes = (size_t(p.B * p.Hkv) * sizeof(int) + 255) / 256 * 256;
-  w.scratch_bytes += bytes + w.k_flag_bytes;
-  const bool fits = p.B * p.Hkv * cdiv(p.Sk, kVScanKeys) <= kMaxBlocks;
-  w.v_scan = fits && (ov.v_scan == 1 || (ov.v_scan != 0 && reads >= 8 && p.Sk >= 2048));
+  take_k_copy(w, p, bytes);
+  w.v_scan = v_scan_wanted(p, ov, reads);
   if (w.v_scan) w.scratch_bytes += size_t(p.B * p.Hkv) * sizeof(int);
   pl = w;
 }
@@ -603,13 +614,10 @@ void plan_k_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& de
   const int64_t reads = pl.blocks / (p.B * p.Hkv);  // blocks reading each K tile of a (batch, KV head)
   if (ov.k_dequant != 1 && (pl.min_blocks != 3 || reads < 8 || p.Sk < 2048)) return;
   const int smem = p.D == 64 ? qk16_smem_bytes<64>(pl.min_blocks) : qk16_smem_bytes<128>(pl.min_blocks);
-  const size_t bytes = (size_t(p.B * p.Hkv) * size_t(p.head_rows()) * size_t(p.D) * 2 + 255) / 256 * 256;
+  const size_t bytes = f16_copy_bytes(p);
   if (smem > dev.max_smem || bytes > kMaxDequantBytes) return;
-  pl.k_dequant = true;
   pl.smem_bytes = smem;
-  pl.k_dequant_bytes = bytes;
-  pl.k_flag_bytes = (size_t(p.B * p.Hkv) * sizeof(int) + 255) / 256 * 256;
-  pl.scratch_bytes += bytes + pl.k_flag_bytes;
+  take_k_copy(pl, p, bytes);
 }
 #endif
 
