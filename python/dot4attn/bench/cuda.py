@@ -8,11 +8,12 @@ GroupQueryAttention on the CUDA execution provider, in one process.
   per run) is reported separately for decode.
 * Candidates: d4a_f16 / d4a_q8_0 / d4a_q4_0 / d4a_q6_0 (query f16, packed int8 K, V float16 / q8_0 / q4_0 / q6_0;
   q6_0 at head sizes that are multiples of 64, the GPU kernels' rule: formats.gpu_takes). Where the default prefill
-  runs Q.K on f16 wgmma from K's float16 copy (sm_90a, D 64 / 128: docs/ops.md), prefill rows also d4a_<V>_int8, the
-  same call with the contract's int8 Q.K (override k_dequant=0), and where it keeps the int8 Q.K but the planner
-  takes the f16 one (sm_90a, shorter calls), d4a_<V>_qk16 (k_dequant=1,v_dequant=1); where the planner takes them
-  (sm_90a, D 64 / 128), d4a_<V>_qk16o, the f16 Q.K with 2 blocks per SM and each tile's softmax overlapped with the
-  next tile's Q.K (k_dequant=1,v_dequant=1,min_blocks=2), and d4a_<V>_s8w, the int8 Q.K on wgmma (qk_wgmma=1, 2 blocks per SM);
+  runs Q.K on f16 wgmma from K's float16 copy (sm_90a, D 64 / 128 / 256: docs/ops.md), prefill rows also
+  d4a_<V>_int8, the same call with the contract's int8 Q.K (override k_dequant=0), and where it keeps the int8 Q.K
+  but the planner takes the f16 one (sm_90a, shorter calls), d4a_<V>_qk16 (k_dequant=1,v_dequant=1); where the
+  planner takes them (sm_90a, D 64 / 128), d4a_<V>_qk16o, the f16 Q.K with 2 blocks per SM and each tile's softmax
+  overlapped with the next tile's Q.K (k_dequant=1,v_dequant=1,min_blocks=2), and d4a_<V>_s8w, the int8 Q.K on
+  wgmma (qk_wgmma=1, 2 blocks per SM);
   sdpa_flash, sdpa_cudnn (torch.nn.functional.scaled_dot_product_attention, f16, GQA through enable_gqa);
   ort_gqa_f16 / ort_gqa_int8 (com.microsoft.GroupQueryAttention on the CUDA EP, f16 or ORT's own int8 (per-tensor
   scale) share-buffer cache, run on torch's stream
@@ -424,7 +425,8 @@ def _kv_bytes(kp, ks, vp, vs) -> int:
     return kp.numel() + ks.numel() * 2 + vp.numel() * vp.element_size() + (vs.numel() * 2 if vs is not None else 0)
 
 
-# The overrides of the "_qk16o" prefill rows: K (and a quantized V) converted once into float16 rows, Q.K on f16 wgmma.
+# The overrides of the "_qk16" / "_qk16o" prefill rows: K (and a quantized V) converted once into float16 rows, Q.K on
+# f16 wgmma.
 QK16 = "k_dequant=1,v_dequant=1"
 
 

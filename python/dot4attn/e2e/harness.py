@@ -129,6 +129,16 @@ def run_case(runner, settings: Settings, context: int, batch: int, vocab: int, b
                 logits=np.stack(logits) if logits else None)
 
 
+def _child_answer(module: str, *args: str) -> tuple[dict | None, str]:
+    """Runs `python -m module args` and returns (its last stdout line that is a JSON object, "") or, when it ends
+    without one or fails, (None, "exit STATUS: the end of its stderr")."""
+    done = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True)
+    lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
+    if done.returncode or not lines:
+        return None, f"exit {done.returncode}: {done.stderr.strip()[-200:]}"
+    return json.loads(lines[-1]), ""
+
+
 def fit_batch(folder: Path, settings: Settings, per_token: int, log) -> dict:
     """The largest batch of fit_context-token sequences whose cache allocates and decodes: starts from the free
     memory with the model loaded over the cache bytes of one sequence and steps down 5 % per failure. Each try
@@ -139,13 +149,9 @@ def fit_batch(folder: Path, settings: Settings, per_token: int, log) -> dict:
     max_length = settings.max_length(settings.fit_context)
 
     def probe(batch: int) -> dict:
-        cmd = [sys.executable, "-m", "dot4attn.e2e.fit_probe", "inplace", str(folder), settings.device, str(batch),
-               str(max_length)]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
-        if done.returncode or not lines:
-            return dict(fits=False, free=None, error=f"exit {done.returncode}: {done.stderr.strip()[-200:]}")
-        return json.loads(lines[-1])
+        answer, error = _child_answer("dot4attn.e2e.fit_probe", "inplace", str(folder), settings.device, str(batch),
+                                      str(max_length))
+        return answer if answer is not None else dict(fits=False, free=None, error=error)
 
     first = probe(0)
     if not first.get("free"):
@@ -286,12 +292,9 @@ def _measure_in_process(row: str, folder: Path, settings: Settings, context: int
         spec.write_text(json.dumps(dict(row=row, folder=str(folder), settings=asdict(settings), context=context,
                                         batch=batch, vocab=vocab, cuda_graph=cuda_graph, copied=copied,
                                         logits=str(logits))))
-        done = subprocess.run([sys.executable, "-m", "dot4attn.e2e.case_process", str(spec)], capture_output=True,
-                              text=True)
-        lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
-        if done.returncode or not lines:
-            return None, f"case process exit {done.returncode}: {done.stderr.strip()[-200:]}"
-        answer = json.loads(lines[-1])
+        answer, error = _child_answer("dot4attn.e2e.case_process", str(spec))
+        if answer is None:
+            return None, f"case process {error}"
         r = answer["result"]
         if r is not None:
             r["logits"] = np.load(logits) if logits.is_file() else None
