@@ -47,6 +47,130 @@ struct Layout {
   static constexpr int bytes = OFF_BAR + 16 + 1024;
 };
 
+// ---- per-tile row math shared by the kernels of this file and prefill_ws.cuh: a thread holds rows r, r + 8 of a
+// warp's 16 (r = gid) as the m16n8 C layout of 64 keys, s[n][e]: key 8 n + 2 tig + (e & 1), row e >> 1 ----
+
+// Hides the keys rows r0, r0 + 8 (block-relative to the row space; past rows_here: dead rows) do not see in the tile
+// at j0: past the causal diagonal (bottom-right aligned) or Sk, or hidden by the explicit mask (an additive mask's
+// value, in unscaled dot-product units by mask_mul, is added to the logit). Hidden logits become -inf.
+__device__ __forceinline__ void mask_tile(const TileArgs& a, float (&s)[8][4], int64_t b, int64_t hkv, int64_t r0,
+                                          int64_t rows_here, int j0, int tig, float mask_mul) {
+  int64_t kmx[2], mrow[2];  // last visible key (-1: dead row), mask row offset
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t rr = r0 + 8 * h;
+    kmx[h] = -1;
+    mrow[h] = 0;
+    if (rr < rows_here) {
+      const int64_t hq = hkv * a.g + rr / a.Sq, i = rr % a.Sq;
+      const int64_t km = a.causal ? a.Sk - a.Sq + i : a.Sk - 1;
+      kmx[h] = km > a.Sk - 1 ? a.Sk - 1 : km;
+      mrow[h] = b * a.ms0 + hq * a.ms1 + i * a.ms2;
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = e >> 1;
+      const int64_t j = j0 + n * 8 + tig * 2 + (e & 1);
+      bool vis = j <= kmx[h];
+      float x = s[n][e];
+      if (vis && a.mask_kind != 0) {
+        const int64_t mo = mrow[h] + j * a.ms3;
+        if (a.mask_kind == 1) vis = static_cast<const uint8_t*>(a.mask)[mo] != 0;
+        else {  // additive; -inf hides the key (even a NaN logit)
+          const float mv = load_t(a.mask, mo, a.half);
+          vis = mv != -INFINITY;
+          x += mv * mask_mul;
+        }
+      }
+      s[n][e] = vis ? x : -INFINITY;
+    }
+}
+
+// The online softmax of a thread's two rows (a quad shares a row), in log2 units: the running max m (with the lazy
+// rule of prefill_mma.cuh: it moves only when a tile's max passes it by more than 2^kMaxSlack, so O is rescaled on
+// few tiles) and the running sum l of this thread's columns (the quad's sum is taken at the end).
+struct RowSoftmax {
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+  // Turns the tile's logits s (unscaled dot products; c_qk = scale * log2 e > 0) into p = 2^(c_qk s - m) in place,
+  // adds them to l and gives each row's factor alpha for O (1 where m did not move). True where O must be rescaled
+  // (warp-uniform: some row of the warp has alpha != 1).
+  __device__ __forceinline__ bool update(float (&s)[8][4], float c_qk, float (&alpha)[2]) {
+    float mu[2], mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
+      mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], shfl_xor(mx[h], 1));
+      mx[h] = fmaxf(mx[h], shfl_xor(mx[h], 2));
+      mx[h] *= c_qk;  // into log2 units (c_qk > 0: the planner's condition)
+      const float mn = mx[h] > m[h] + pmma::kMaxSlack ? fmaxf(m[h], mx[h]) : m[h];
+      mu[h] = mn == -INFINITY ? 0.f : mn;
+      alpha[h] = ex2(m[h] - mu[h]);
+      m[h] = mn;
+    }
+    float ls[2] = {0.f, 0.f};
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      s[n][0] = ex2(fmaf(s[n][0], c_qk, -mu[0]));
+      s[n][1] = ex2(fmaf(s[n][1], c_qk, -mu[0]));
+      s[n][2] = ex2(fmaf(s[n][2], c_qk, -mu[1]));
+      s[n][3] = ex2(fmaf(s[n][3], c_qk, -mu[1]));
+      ls[0] += s[n][0] + s[n][1];
+      ls[1] += s[n][2] + s[n][3];
+    }
+    l[0] = l[0] * alpha[0] + ls[0];
+    l[1] = l[1] * alpha[1] + ls[1];
+    return __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f);  // rare past the first tiles
+  }
+};
+
+// O (the warpgroup's accumulator, D / 128 blocks of 128 columns in the m64n128 C layout) times each row's alpha.
+template <int D>
+__device__ __forceinline__ void rescale_o(float (&o)[D / 128][16][4], const float (&alpha)[2]) {
+#pragma unroll
+  for (int p = 0; p < D / 128; ++p)
+#pragma unroll
+    for (int n = 0; n < 16; ++n) {
+      o[p][n][0] *= alpha[0];
+      o[p][n][1] *= alpha[0];
+      o[p][n][2] *= alpha[1];
+      o[p][n][3] *= alpha[1];
+    }
+}
+
+// The epilogue: the quad's row sums, O / l into the output rows r0, r0 + 8 (dead rows: l = 0 -> exact zeros; a NaN l,
+// a poisoned key was visible: a NaN row), float16 saturated.
+template <int D>
+__device__ __forceinline__ void store_o(const TileArgs& a, const float (&o)[D / 128][16][4], const RowSoftmax& st,
+                                        int64_t b, int64_t hkv, int64_t r0, int64_t rows_here, int tig) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = st.l[h];
+    l += shfl_xor(l, 1);
+    l += shfl_xor(l, 2);
+    const float inv = l == 0.f ? 0.f : 1.f / l;
+    const int64_t rr = r0 + 8 * h;
+    if (rr >= rows_here) continue;
+    const int64_t hq = hkv * a.g + rr / a.Sq, i = rr % a.Sq;
+    const int64_t orow = ((b * a.Hq + hq) * a.Sq + i) * D;
+#pragma unroll
+    for (int p = 0; p < D / 128; ++p)
+#pragma unroll
+      for (int n = 0; n < 16; ++n) {
+        const float y0 = o[p][n][2 * h] * inv, y1 = o[p][n][2 * h + 1] * inv;
+        const int64_t at = orow + p * 128 + n * 8 + tig * 2;
+        *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(a.out) + at) = pack_h2(sat_half(y0), sat_half(y1));
+      }
+  }
+}
+
 #if defined(D4A_WGMMA)
 // The f16 byte b of row r of a swizzled 64-row tile (Q, K or V): the TMA's layout (tma.cuh).
 template <int D>
@@ -246,7 +370,7 @@ __global__ void __launch_bounds__(128 * NWG, 1)
   for (int p = 0; p < D / 128; ++p)
 #pragma unroll
     for (int n = 0; n < 16; ++n) o[p][n][0] = o[p][n][1] = o[p][n][2] = o[p][n][3] = 0.f;
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  RowSoftmax st;
   const int rl0 = 64 * wg + 16 * warp + gid;  // this thread's rows: rl0, rl0 + 8 of the block
 
   for (int tile = 0; tile < nkt; ++tile) {
@@ -279,81 +403,9 @@ __global__ void __launch_bounds__(128 * NWG, 1)
     if (j0 <= kmax_g) {  // else no row of this warpgroup sees a key of the tile (uniform over the warpgroup)
       float s[8][4];
       qk<D>(s, q_addr, smem_u32(slot));
-      // ---- masking: causal diagonal / Sk tail / explicit mask only ----
-      if (a.mask_kind != 0 || j0 + kKeys - 1 > kmin_w) {
-        int64_t kmx[2], mrow[2];  // last visible key (-1: dead row), mask row offset
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t rr = row0 + rl0 + 8 * h;
-          kmx[h] = -1;
-          mrow[h] = 0;
-          if (rr < rows_here) {
-            const int64_t hq = hkv * a.g + rr / a.Sq, i = rr % a.Sq;
-            const int64_t km = a.causal ? a.Sk - a.Sq + i : a.Sk - 1;
-            kmx[h] = km > a.Sk - 1 ? a.Sk - 1 : km;
-            mrow[h] = b * a.ms0 + hq * a.ms1 + i * a.ms2;
-          }
-        }
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int h = e >> 1;
-            const int64_t j = j0 + n * 8 + tig * 2 + (e & 1);
-            bool vis = j <= kmx[h];
-            float x = s[n][e];
-            if (vis && a.mask_kind != 0) {
-              const int64_t mo = mrow[h] + j * a.ms3;
-              if (a.mask_kind == 1) vis = static_cast<const uint8_t*>(a.mask)[mo] != 0;
-              else {  // additive; -inf hides the key (even a NaN logit)
-                const float mv = load_t(a.mask, mo, a.half);
-                vis = mv != -INFINITY;
-                x += mv * mask_mul;
-              }
-            }
-            s[n][e] = vis ? x : -INFINITY;
-          }
-      }
-      // ---- online softmax (rows gid, gid + 8; a quad shares a row), the lazy running max ----
-      float alpha[2], mu[2], mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
-        mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mx[h] = fmaxf(mx[h], shfl_xor(mx[h], 1));
-        mx[h] = fmaxf(mx[h], shfl_xor(mx[h], 2));
-        mx[h] *= c_qk;  // into log2 units (c_qk > 0: the planner's condition)
-        const float mn = mx[h] > m_run[h] + pmma::kMaxSlack ? fmaxf(m_run[h], mx[h]) : m_run[h];
-        mu[h] = mn == -INFINITY ? 0.f : mn;
-        alpha[h] = ex2(m_run[h] - mu[h]);
-        m_run[h] = mn;
-      }
-      float ls[2] = {0.f, 0.f};
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        s[n][0] = ex2(fmaf(s[n][0], c_qk, -mu[0]));
-        s[n][1] = ex2(fmaf(s[n][1], c_qk, -mu[0]));
-        s[n][2] = ex2(fmaf(s[n][2], c_qk, -mu[1]));
-        s[n][3] = ex2(fmaf(s[n][3], c_qk, -mu[1]));
-        ls[0] += s[n][0] + s[n][1];
-        ls[1] += s[n][2] + s[n][3];
-      }
-      l_run[0] = l_run[0] * alpha[0] + ls[0];
-      l_run[1] = l_run[1] * alpha[1] + ls[1];
-      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {  // warp-uniform; rare past the first tiles
-#pragma unroll
-        for (int p = 0; p < D / 128; ++p)
-#pragma unroll
-          for (int n = 0; n < 16; ++n) {
-            o[p][n][0] *= alpha[0];
-            o[p][n][1] *= alpha[0];
-            o[p][n][2] *= alpha[1];
-            o[p][n][3] *= alpha[1];
-          }
-      }
+      if (a.mask_kind != 0 || j0 + kKeys - 1 > kmin_w) mask_tile(a, s, b, hkv, row0 + rl0, rows_here, j0, tig, mask_mul);
+      float alpha[2];
+      if (st.update(s, c_qk, alpha)) rescale_o<D>(o, alpha);
       pv<D>(o, s, smem_u32(slot + L::TILE));
       wait_o<D>(o);
     }
@@ -361,26 +413,7 @@ __global__ void __launch_bounds__(128 * NWG, 1)
     issue(tile + 2);   // into it
   }
 
-  // ---- epilogue: quad-reduce the row sums, normalise, store (dead rows: l = 0 -> exact zeros) ----
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float l = l_run[h];
-    l += shfl_xor(l, 1);
-    l += shfl_xor(l, 2);
-    const float inv = l == 0.f ? 0.f : 1.f / l;  // NaN l (a poisoned key was visible): a NaN row
-    const int64_t rr = row0 + rl0 + 8 * h;
-    if (rr >= rows_here) continue;
-    const int64_t hq = hkv * a.g + rr / a.Sq, i = rr % a.Sq;
-    const int64_t orow = ((b * a.Hq + hq) * a.Sq + i) * D;
-#pragma unroll
-    for (int p = 0; p < D / 128; ++p)
-#pragma unroll
-      for (int n = 0; n < 16; ++n) {
-        const float y0 = o[p][n][2 * h] * inv, y1 = o[p][n][2 * h + 1] * inv;
-        const int64_t at = orow + p * 128 + n * 8 + tig * 2;
-        *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(a.out) + at) = pack_h2(sat_half(y0), sat_half(y1));
-      }
-  }
+  store_o<D>(a, o, st, b, hkv, row0 + rl0, rows_here, tig);
 #else
   (void)a;
   (void)ncq;
