@@ -17,6 +17,7 @@
 #include "gpu/launch_plan.h"
 #include "gpu/prefill_mma.cuh"
 #include "gpu/prefill_wg.cuh"
+#include "gpu/prefill_ws.cuh"
 
 namespace dot4attn {
 namespace gpu {
@@ -605,8 +606,39 @@ void plan_qk16_wide(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& de
   pl = w;
 }
 
+// The warp-specialized f16 Q.K prefill (prefill_ws.cuh) in place of a k_dequant plan at D 128 / 256: 128 rows per
+// block (two consumer warpgroups) and a producer warpgroup, one block per SM, V scanned once per call (the kernel has
+// no V check: the flagged heads run on prefill_wg.cuh's checked instance, whose shared memory must fit too). Only
+// when asked (ws=1).
+void plan_ws(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
+  if (ov.ws != 1 || !pl.k_dequant || pl.vk != kVF16 || (p.D != 128 && p.D != 256) || !dev.wgmma) return;
+  if (!pl.v_dequant && !tma_rows_ok(p.v, 2 * p.D, v_stride_bytes(p), p.head_rows(), p.Sk, p.B * p.Hkv)) return;
+  const int smem = p.D == 128 ? pws::Layout<128, pws::Stages<128>::SK, pws::Stages<128>::SV>::bytes
+                              : pws::Layout<256, pws::Stages<256>::SK, pws::Stages<256>::SV>::bytes;
+  const int checked = p.D == 128 ? pwg::Layout<128, 2>::bytes : pwg::Layout<256, 2>::bytes;
+  if (std::max(smem, checked) > dev.max_smem || p.B * p.Hkv * cdiv(p.Sk, kVScanKeys) > kMaxBlocks) return;
+  GpuPlan w = pl;
+  set_row_chunks(w, p, pws::Layout<128, 1, 1>::kRows);
+  w.threads = pws::kThreads;
+  w.warps = pws::kThreads / 32;
+  w.m_tiles = 1;
+  w.min_blocks = 1;
+  w.stages = p.D == 128 ? pws::Stages<128>::SK : pws::Stages<256>::SK;
+  w.tma = w.wgmma = true;
+  w.smem_bytes = smem;
+  if (block_count(w, p) > kMaxBlocks) return;
+  set_blocks(w, p);
+  if (!w.v_scan) w.scratch_bytes += size_t(p.B * p.Hkv) * sizeof(int);
+  w.v_scan = true;
+  w.ws = true;
+  pl = w;
+}
+
 void plan_k_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
-  if (p.D == 256) return plan_qk16_wide(pl, p, dev, ov);
+  if (p.D == 256) {
+    plan_qk16_wide(pl, p, dev, ov);
+    return plan_ws(pl, p, dev, ov);
+  }
   if (ov.k_dequant == 0 || pl.kernel != KernelKind::kPrefillMma || pl.vk != kVF16 || !pl.tma || !pl.wgmma ||
       (pl.min_blocks != 3 && pl.min_blocks != 2) || pl.m_tiles != 1 || (p.D != 64 && p.D != 128) || !(p.scale > 0.f) ||
       !std::isfinite(p.scale) || p.B * p.Hkv == 0)
@@ -618,6 +650,7 @@ void plan_k_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& de
   if (smem > dev.max_smem || bytes > kMaxDequantBytes) return;
   pl.smem_bytes = smem;
   take_k_copy(pl, p, bytes);
+  if (p.D == 128) plan_ws(pl, p, dev, ov);
 }
 #endif
 
@@ -850,9 +883,10 @@ PlanOverrides parse_plan_overrides(const char* s) {
     else if (k == "v_dequant") ov.v_dequant = to_int(k, v, 0, 1, kWhat);
     else if (k == "k_dequant") ov.k_dequant = to_int(k, v, 0, 1, kWhat);
     else if (k == "qk_wgmma") ov.qk_wgmma = to_int(k, v, 0, 1, kWhat);
+    else if (k == "ws") ov.ws = to_int(k, v, 0, 1, kWhat);
     else
       fail(kWhat, "unknown key '", k, "' (expected kernel, warps, stages, staging, cluster, m_tiles, min_blocks, tma, ",
-           "wgmma, split_waves, v_scan, v_dequant, k_dequant, qk_wgmma)");
+           "wgmma, split_waves, v_scan, v_dequant, k_dequant, qk_wgmma, ws)");
   }
   return ov;
 }
@@ -899,7 +933,7 @@ std::string plan_json(const GpuPlan& pl) {
       << (pl.tma ? "true" : "false") << ", \"wgmma\": " << (pl.wgmma ? "true" : "false") << ", \"v_scan\": "
       << (pl.v_scan ? "true" : "false") << ", \"v_dequant\": " << (pl.v_dequant ? "true" : "false")
       << ", \"k_dequant\": " << (pl.k_dequant ? "true" : "false")
-      << ", \"qk_wgmma\": " << (pl.qk_wgmma ? "true" : "false");
+      << ", \"qk_wgmma\": " << (pl.qk_wgmma ? "true" : "false") << ", \"ws\": " << (pl.ws ? "true" : "false");
   o << ", \"smem_bytes\": " << pl.smem_bytes << ", \"n_splits\": " << pl.n_splits << ", \"split_len\": "
     << pl.split_len << ", \"n_chunks\": " << pl.n_chunks << ", \"blocks\": " << pl.blocks
     << ", \"scratch_bytes\": " << pl.scratch_bytes << ", \"strided\": " << (pl.strided ? "true" : "false")

@@ -215,7 +215,28 @@ __device__ __forceinline__ void wgmma_f16_n64_ss(float (&d)[8][4], uint64_t a, u
         : "l"(a), "l"(b));
   }
 }
+
+// Warp specialization (sm_90a): a warpgroup gives registers back to the block's pool (dec) or takes them from it (inc),
+// so a producer warpgroup that only issues copies runs on few and the consumers' accumulators get the rest. Every
+// thread of the warpgroup executes it; N is a multiple of 8 in [24, 256].
+template <int N>
+__device__ __forceinline__ void wg_regs_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void wg_regs_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// Named barrier `id` (1..15; 0 is __syncthreads') of n threads (a multiple of 32): sync waits for n arrivals in all,
+// counting its own warps; arrive adds this warp's and goes on. Two warpgroups take turns with a pair of them.
+__device__ __forceinline__ void named_bar_sync(int id, int n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
 
 __device__ __forceinline__ float ex2(float x) {  // 2^x, -inf -> +0
   float y;

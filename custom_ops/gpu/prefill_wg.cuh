@@ -234,9 +234,10 @@ __device__ __forceinline__ void stage_q(const TileArgs& a, int64_t b, int64_t hk
   }
 }
 
-// S (this warp's 16 rows x 64 keys in the m16n8 C layout) = Q.K of the warpgroup's Q tile at q and the K tile at k.
+// S (this warp's 16 rows x 64 keys in the m16n8 C layout) = Q.K of the warpgroup's Q tile at q and the K tile at k:
+// issued and committed as one wgmma group (qk_issue), or also waited for (qk).
 template <int D>
-__device__ __forceinline__ void qk(float (&s)[8][4], unsigned q, unsigned k) {
+__device__ __forceinline__ void qk_issue(float (&s)[8][4], unsigned q, unsigned k) {
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
@@ -244,19 +245,25 @@ __device__ __forceinline__ void qk(float (&s)[8][4], unsigned q, unsigned k) {
     else wgmma_f16_n64_ss<true>(s, kmajor_desc(q, ks), kmajor_desc(k, ks));
   }
   wgmma_commit();
-  wgmma_wait<0>();
+}
+
+// After the wait for the Q.K's group: s is read only from here on.
+__device__ __forceinline__ void fence_s(float (&s)[8][4]) {
 #pragma unroll
   for (int n = 0; n < 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) wg_reg_fence(s[n][e]);
 }
 
-// O += P.V: P (this warp's rows, f16 from s in the A layout of m16n8k16 per 16 keys), V the tile at v (MN-major,
-// 128-byte slabs of 64 columns: LBO the next slab, SBO the next 8 keys); columns 128 p .. 128 p + 127 into o[p].
-// Issued and committed; the caller waits (wait_o).
 template <int D>
-__device__ __forceinline__ void pv(float (&o)[D / 128][16][4], const float (&s)[8][4], unsigned v) {
-  uint32_t pa[4][4];
+__device__ __forceinline__ void qk(float (&s)[8][4], unsigned q, unsigned k) {
+  qk_issue<D>(s, q, k);
+  wgmma_wait<0>();
+  fence_s(s);
+}
+
+// P (this warp's rows of the tile's 64 keys, from s) as f16 A fragments of m16n8k16, one per 16 keys.
+__device__ __forceinline__ void p_frags(uint32_t (&pa)[4][4], const float (&s)[8][4]) {
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
     pa[ks][0] = pack_h2(s[2 * ks][0], s[2 * ks][1]);
@@ -264,6 +271,12 @@ __device__ __forceinline__ void pv(float (&o)[D / 128][16][4], const float (&s)[
     pa[ks][2] = pack_h2(s[2 * ks + 1][0], s[2 * ks + 1][1]);
     pa[ks][3] = pack_h2(s[2 * ks + 1][2], s[2 * ks + 1][3]);
   }
+}
+
+// O += P.V: P from registers (pa, p_frags), V the tile at v (MN-major, 128-byte slabs of 64 columns: LBO the next
+// slab, SBO the next 8 keys); columns 128 p .. 128 p + 127 into o[p]. Issued and committed; the caller waits (wait_o).
+template <int D>
+__device__ __forceinline__ void pv_issue(float (&o)[D / 128][16][4], const uint32_t (&pa)[4][4], unsigned v) {
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks)
@@ -271,6 +284,13 @@ __device__ __forceinline__ void pv(float (&o)[D / 128][16][4], const float (&s)[
     for (int p = 0; p < D / 128; ++p)
       wgmma_f16_n128(o[p], pa[ks], wg_desc_mn_sw128(v + unsigned(p * 2 * kKeys * 128 + ks * 16 * 128), kKeys * 128, 1024));
   wgmma_commit();
+}
+
+template <int D>
+__device__ __forceinline__ void pv(float (&o)[D / 128][16][4], const float (&s)[8][4], unsigned v) {
+  uint32_t pa[4][4];
+  p_frags(pa, s);
+  pv_issue<D>(o, pa, v);
 }
 
 template <int D>

@@ -127,6 +127,13 @@ __device__ __forceinline__ void mbar_arrive_expect(uint32_t bar, int bytes) {
 #endif
 }
 
+// Arrives on the barrier (one of the arrivals its phase counts; no transfer bytes): a consumer giving a slot back.
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+#if defined(D4A_TMA_DEVICE)
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+
 // Waits until the phase with this parity has completed.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 #if defined(D4A_TMA_DEVICE)

@@ -19,6 +19,7 @@
 #include "gpu/k_dequant.cuh"
 #include "gpu/prefill_mma.cuh"
 #include "gpu/prefill_wg.cuh"
+#include "gpu/prefill_ws.cuh"
 #include "gpu/v_dequant.cuh"
 #include "gpu/v_scan.cuh"
 
@@ -147,6 +148,23 @@ void wg_qk16(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s)
   launch_planned(pwg::prefill_wg_kernel<256, NWG, true>, pl, s, a, pl.causal_tiles, tm);
 }
 
+// The warp-specialized QK16 kernel (prefill_ws.cuh, D 128 / 256) on a's K and V as float16 rows: V scanned once, the
+// unflagged heads on it and the flagged ones on prefill_wg.cuh's checked instance (two warpgroups of the same 128 rows
+// per block, so the same grid; its own block size and shared memory).
+template <int D>
+void ws_qk16(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s) {
+  using St = pws::Stages<D>;
+  const TmaMaps tm = kv_maps(a, 2 * D, 2 * D);
+  TileArgs b = a;
+  b.v_flags = static_cast<const int*>(scratch);
+  scan_v_nonfinite(b, static_cast<int*>(scratch), s);
+  launch_planned(pws::prefill_ws_kernel<D, St::SK, St::SV>, pl, s, b, pl.causal_tiles, tm);
+  GpuPlan c = pl;
+  c.threads = 256;
+  c.smem_bytes = pwg::Layout<D, 2>::bytes;
+  launch_planned(pwg::prefill_wg_kernel<D, 2, true>, c, s, b, pl.causal_tiles, tm);
+}
+
 template <int VK>
 void mma_vk(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s) {
   const int mt = pl.m_tiles, minb = pl.min_blocks;
@@ -216,6 +234,7 @@ void run_prefill(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_
       b.ks_stride = 0;
       b.k_flags = kflags;
       sc += pl.k_dequant_bytes + pl.k_flag_bytes;
+      if (pl.ws) return a.D == 128 ? ws_qk16<128>(pl, b, sc, s) : ws_qk16<256>(pl, b, sc, s);
       if (a.D == 64) return mma_qk16<64>(pl, b, sc, s);
       if (a.D == 128) return mma_qk16<128>(pl, b, sc, s);
       if (a.D == 256) return pl.warps == 4 ? wg_qk16<1>(pl, b, sc, s) : wg_qk16<2>(pl, b, sc, s);

@@ -8,9 +8,9 @@ The same cases and plans again over strided K / V rows (a packed cache: payload 
 row, more rows per head than keys, garbage in the padding and the rows past Sk) must give the dense call's output
 bit for bit, under the same plan.
 
-The Q.K-on-f16 prefill (override k_dequant=1: K's float16 copy, QK16 instances, 3 or 2 blocks per SM) runs the
-shared table and the long cases too, held to the reference's qk_f16 numerics at the same tolerance; so does the int8
-Q.K on wgmma (qk_wgmma=1, S8W instances), held to the reference itself.
+The Q.K-on-f16 prefill (override k_dequant=1: K's float16 copy, QK16 instances, 3 or 2 blocks per SM, and with ws=1
+the warp-specialized kernel) runs the shared table and the long cases too, held to the reference's qk_f16 numerics at
+the same tolerance; so does the int8 Q.K on wgmma (qk_wgmma=1, S8W instances), held to the reference itself.
 
 q6_0 V runs here at D a multiple of 64 (the shared table's q6_0 cases and long cases at D 64 / 128 / 256); at the
 other head sizes the planner refuses it, with a message these tests check."""
@@ -38,6 +38,9 @@ FALLBACKS = {"prefill": ["kernel=tile"], "decode": ["kernel=simt", "kernel=tile"
 # asked for by override only, so the shared table and the long cases run it explicitly.
 K16 = "k_dequant=1,v_dequant=1"
 K16O = K16 + ",min_blocks=2"  # its overlapped schedule (2 blocks per SM, three ring slots)
+# Its warp-specialized kernel (prefill_ws.cuh, D 128 / 256 on sm_90a: a producer warpgroup, two consumers taking turns;
+# V always scanned, the flagged heads on prefill_wg.cuh's checked instance): the same numerics.
+K16W = K16 + ",ws=1"
 # The contract's int8 Q.K on wgmma (S8W instances, 2 blocks per SM; V's float16 copy where V is quantized): the
 # reference's own numerics.
 S8W = ("qk_wgmma=1,v_dequant=1,min_blocks=2",)
@@ -45,7 +48,7 @@ S8W = ("qk_wgmma=1,v_dequant=1,min_blocks=2",)
 MMA_DECODE = ["staging=cp_async", "staging=tma", "staging=regs", "staging=bulk", "cluster=1", "warps=2,stages=1",
               "warps=8"]
 MMA_PREFILL = ["tma=0", "wgmma=0", "min_blocks=2", "m_tiles=2", "tma=0,stages=1", "v_scan=0", "v_scan=1",
-               "v_dequant=0", "v_dequant=1", K16, K16 + ",v_scan=0", K16O, *S8W]
+               "v_dequant=0", "v_dequant=1", K16, K16 + ",v_scan=0", K16O, K16W, *S8W]
 KERNEL_OF = {"kernel=simt": "decode_simt", "kernel=tile": "tile"}
 # q6_0 V has no tensor-core prefill of its own: it runs on its float16 copy (v_dequant), so v_dequant=0 takes the tile
 # kernel, with this reason
@@ -62,7 +65,7 @@ def _params(cases, variants_of):
 
 
 def _table_variants(c, r):
-    return ["", *FALLBACKS[r], *([K16, K16O, *S8W] if r == "prefill" and _mma_ok(c) else [])]
+    return ["", *FALLBACKS[r], *([K16, K16O, K16W, *S8W] if r == "prefill" and _mma_ok(c) else [])]
 
 
 def _qk16_expected(torch, c, plan, s8w: bool = False) -> bool:
@@ -74,6 +77,11 @@ def _qk16_expected(torch, c, plan, s8w: bool = False) -> bool:
         return not s8w and c.dtype == "float16"
     return (c.D in (64, 128) and plan.get("wgmma", False) and plan.get("min_blocks") in (2, 3)
             and plan.get("m_tiles") == 1)
+
+
+def _ws_expected(torch, c, plan) -> bool:
+    """Whether a plan made with K16W must be the warp-specialized kernel: a QK16 plan at D 128 / 256."""
+    return c.D in (128, 256) and plan.get("k_dequant", False) and _qk16_expected(torch, c, plan)
 
 
 def _long_variants(c, r):
@@ -119,9 +127,11 @@ def test_case_table(torch_cuda, name, route, overrides):
     assert plan["route"] == route
     if overrides in KERNEL_OF:
         assert plan["kernel"] == KERNEL_OF[overrides]
-    elif overrides in (K16, K16O):
+    elif overrides in (K16, K16O, K16W):
         c = AC.CASE_BY_NAME[name]
         assert plan.get("k_dequant", False) == _qk16_expected(torch_cuda, c, plan), plan
+        if overrides == K16W:
+            assert plan.get("ws", False) == _ws_expected(torch_cuda, c, plan), plan
     elif overrides in S8W:
         c = AC.CASE_BY_NAME[name]
         assert plan.get("qk_wgmma", False) == _qk16_expected(torch_cuda, c, plan, s8w=True), plan
@@ -135,6 +145,8 @@ def test_long_cases(torch_cuda, name, route, overrides):
         assert plan["kernel"] == KERNEL_OF[overrides]
     elif overrides.startswith(K16):
         assert plan.get("k_dequant", False) == _qk16_expected(torch_cuda, c, plan), plan
+        if overrides == K16W:
+            assert plan.get("ws", False) == _ws_expected(torch_cuda, c, plan), plan
     elif overrides.startswith(S8W[0]):
         assert plan.get("qk_wgmma", False) == _qk16_expected(torch_cuda, c, plan, s8w=True), plan
     elif _mma_ok(c) and c.v_format == "q6_0" and overrides == "v_dequant=0":
@@ -427,7 +439,8 @@ def test_v_dequant_prefill_matches_the_kernels_own_conversion(torch_cuda, v_form
 
 @pytest.mark.parametrize("v_format,D,overrides", [("float", 128, K16), ("q8_0", 128, K16), ("float", 128, K16O),
                                                    ("q8_0", 128, K16O), ("q4_0", 64, K16O), ("float", 64, K16O),
-                                                   ("float", 256, K16), ("q8_0", 256, K16)])
+                                                   ("float", 256, K16), ("q8_0", 256, K16), ("float", 128, K16W),
+                                                   ("q8_0", 128, K16W), ("float", 256, K16W), ("q4_0", 256, K16W)])
 def test_qk16_prefill_edges_against_the_reference(torch_cuda, v_format, D, overrides):
     """The QK16 prefill (k_dequant=1) on the edges its K copy has to keep: a head whose K is packed from float32 values
     past float16's range (scales past 515.5: that head's copy holds K times 2^-8 and its logits are multiplied back),
@@ -456,7 +469,7 @@ def test_qk16_prefill_edges_against_the_reference(torch_cuda, v_format, D, overr
     out = torch.full(q.shape, float("nan"), dtype=torch.float16, device="cuda")
     plan = native.TorchAttention(*t, out, v_format=v_format, route="prefill", overrides=overrides)(return_plan=True)
     torch.cuda.synchronize()
-    assert plan["k_dequant"], plan
+    assert plan["k_dequant"] and plan["ws"] == (overrides == K16W), plan
     o = out.cpu().numpy()
     bad = np.isnan(ref)
     assert np.array_equal(np.isnan(o), bad), "NaN rows differ from the reference's"
@@ -465,7 +478,7 @@ def test_qk16_prefill_edges_against_the_reference(torch_cuda, v_format, D, overr
                f"QK16 {v_format} D={D} plan={plan}")
 
 
-@pytest.mark.parametrize("D,overrides", [(128, K16), (128, K16O), (256, K16)])
+@pytest.mark.parametrize("D,overrides", [(128, K16), (128, K16O), (256, K16), (128, K16W), (256, K16W)])
 def test_qk16_prefill_streams_and_graph(torch_cuda, D, overrides):
     """The QK16 prefill (K's float16 copy, its flags, V's copy and scan, then the kernel; at D = 256 the kernel with Q
     in shared memory) on four streams at once equals one call bit for bit, and captured into a CUDA graph and
@@ -482,7 +495,8 @@ def test_qk16_prefill_streams_and_graph(torch_cuda, D, overrides):
     t = [to_device(torch, a) for a in (q, kp, ks, value, vs)]
     new = lambda: native.TorchAttention(*t, torch.empty_like(t[0]), v_format="q8_0", route="prefill",  # noqa: E731
                                         overrides=overrides)
-    assert native.gpu_plan(new().call)["k_dequant"]
+    p = native.gpu_plan(new().call)
+    assert p["k_dequant"] and p["ws"] == (overrides == K16W), p
 
     def same_bits(out, want):
         assert torch.equal(out, want), "QK16 prefill graph replay differs from a direct call"

@@ -801,6 +801,47 @@ def test_k_dequant_at_d256_plans_the_q_in_shared_memory_kernel():
         assert not off.get("k_dequant", False) and off.get("rows_per_block") != 128, off
 
 
+def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
+    """ws=1: the f16 Q.K prefill warp-specialized (prefill_ws.cuh) in place of a k_dequant plan at D 128 / 256 on
+    sm_90a: 128 rows per block, 3 warpgroups (2 consumers, 1 producer), one block per SM; shared memory: 2 Q tiles, SK
+    K slots and SV V slots of 64 rows x 2 D bytes (4 / 4 at D = 128, 2 / 3 at D = 256), a full and an empty mbarrier
+    per slot, the swizzle slack. V is always scanned (the kernel has no V check: the flagged heads run on prefill_wg.cuh's
+    checked instance), so the scratch ends with the V flags. Not taken without the override, where k_dequant is not,
+    at D = 64, nor off sm_90a."""
+    base = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1")
+    p = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=1")
+    assert (p["ws"], p["k_dequant"], p["wgmma"], p["tma"], p["min_blocks"], p["v_scan"]) == \
+        (True, True, True, True, 1, True), p
+    assert (p["rows_per_block"], p["threads"], p["warps"], p["stages"]) == (128, 384, 12, 4), p
+    assert p["smem_bytes"] == 2 * 64 * 256 + 8 * 64 * 256 + 16 * 8 + 1024, p
+    assert (p["n_chunks"], p["blocks"]) == (1, 2 * 8 * 4 * (8192 // 128)), p
+    assert p["scratch_bytes"] == base["scratch_bytes"] == 2 * 8 * 8192 * 128 * 2 + 256 + 2 * 8 * 4, p
+    assert not base["ws"]
+    # the default rule's k_dequant plan takes it too when asked; a chunk over a packed cache's rows
+    assert plan(1, 32, 8, 8192, 8192, 128, v_format="q8_0", overrides="ws=1")["ws"]
+    cache = plan(1, 28, 4, 16384, 131072, 128, v_format="q4_0", overrides="ws=1",
+                 kv_layout=packed_layout(128, "q4_0", 140000))
+    assert (cache["ws"], cache["v_dequant"], cache["k_dequant"], cache["rows_per_block"]) == (True, True, True, 128)
+    assert cache["scratch_bytes"] == 2 * (4 * 140000 * 128 * 2) + 256 + 4 * 4, cache
+    # short: no V scan in the k_dequant plan, so ws adds the flags
+    short = plan(1, 32, 8, 1024, 1024, 128, v_format="float", overrides="k_dequant=1,ws=1")
+    assert short["ws"] and short["v_scan"] and short["scratch_bytes"] == 8 * 1024 * 128 * 2 + 256 + 8 * 4, short
+    d256 = plan(1, 24, 4, 8192, 8192, 256, v_format="float", overrides="ws=1")
+    assert (d256["ws"], d256["rows_per_block"], d256["threads"], d256["stages"]) == (True, 128, 384, 2), d256
+    assert d256["smem_bytes"] == 2 * 64 * 512 + 5 * 64 * 512 + 16 * 5 + 1024, d256
+    assert d256["scratch_bytes"] == 4 * 8192 * 256 * 2 + 256 + 4 * 4, d256
+    for off in (plan(2, 32, 8, 8192, 8192, 128, v_format="float"),
+                plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=0,ws=1"),
+                plan(1, 32, 8, 4096, 4096, 64, v_format="float", overrides="k_dequant=1,ws=1"),
+                plan(1, 32, 8, 8192, 8192, 128, device=H100_PLAIN_SM90, overrides="ws=1"),
+                plan(1, 32, 8, 8192, 8192, 128, device=A100, overrides="ws=1"),
+                plan(1, 24, 4, 8192, 8192, 256, v_format="float", overrides="ws=1,k_dequant=0"),
+                plan(1, 24, 4, 8192, 8192, 256, v_format="float", overrides="ws=1", device="sm=90a,sms=132,smem=200000")):
+        assert not off.get("ws", False), off
+    with pytest.raises(native.NativeError, match="ws"):
+        plan(1, 32, 8, 8192, 8192, 128, overrides="ws=2")
+
+
 def test_qk_wgmma_plans_the_int8_wgmma_qk_only_where_asked():
     """qk_wgmma=1: the contract's int8 Q.K on wgmma m64n64k32 (prefill_mma.cuh, S8W) in the float16-V wgmma instance
     with 2 blocks per SM (min_blocks=2) at D 64 / 128; the same shared memory and scratch as that instance. k_dequant

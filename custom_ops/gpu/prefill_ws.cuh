@@ -1,0 +1,264 @@
+// Dot4Attention prefill on Hopper (sm_90a), warp-specialized: the f16 Q.K prefill of prefill_wg.cuh (Q in shared
+// memory, K's and V's float16 rows by tensor copies, the same per-tile math) in FlashAttention-3's schedule, for
+// D = 128 and 256.
+//
+// Why: in prefill_wg.cuh (and prefill_mma.cuh's QK16) every warpgroup runs Q.K, softmax and P.V in sequence and a
+// block barrier per tile keeps the warpgroups in step, so the tensor cores wait while each warpgroup's softmax runs
+// (the prefill reaches ~0.8x cuDNN at D = 128 on the H200, docs/performance.md). Here:
+//   * a producer warpgroup (its registers given back: wg_regs_dec) issues every K and V tile's tensor copies into
+//     rings of SK K slots and SV V slots, each slot with a "full" mbarrier (the copy's bytes) and an "empty" one (the
+//     8 consumer warps giving it back), so no block barrier is left in the key loop;
+//   * two consumer warpgroups (64 rows each, the block's 128) take turns issuing their GEMMs (ping-pong: a pair of
+//     named barriers), so one warpgroup's softmax runs while the other's Q.K and P.V occupy the tensor cores;
+//   * inside a warpgroup, tile t's Q.K is issued with tile t - 1's P.V before tile t's softmax, which waits only for
+//     the Q.K (intra-warpgroup overlap); P.V of t - 1 completes under the softmax.
+// Per consumer warpgroup and tile t:  wait K(t) full; [turn]  issue S = Q.K(t);  rescale O (lazy max);  issue
+// O += P(t-1).V(t-1); [pass the turn]  wait for S; give K(t) back;  mask, softmax -> P(t);  wait for O; give V(t-1) back.
+// (A slot given back after the block's last tile is never waited for; every copy lands before the block exits.)
+// A warpgroup whose rows see no key of a tile (causal: the block's first rows) still takes its turn and gives the
+// tile's slots back, so both warpgroups walk all of the block's tiles and the turns stay paired.
+//
+// Only the instance without the V check: the planner scans V once per call (v_scan.cuh) and the heads it flags run on
+// prefill_wg.cuh's checked instance (launch_ws in prefill_gpu.cu).
+#pragma once
+
+#include "gpu/prefill_wg.cuh"
+
+#if defined(D4A_CUDA)
+
+namespace dot4attn {
+namespace gpu {
+namespace pws {
+
+constexpr int kKeys = pwg::kKeys;  // keys per tile (64)
+constexpr int kConsumers = 2;      // consumer warpgroups per block (64 rows each)
+constexpr int kThreads = 128 * (kConsumers + 1);
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 65536 (launched at 168 each)
+
+// Shared memory of the block (offsets from a 1024-byte aligned base: the swizzle period; the launcher adds the slack).
+template <int D, int SK, int SV>
+struct Layout {
+  static_assert(D == 128 || D == 256, "prefill_ws: D = 128 or 256");
+  static constexpr int kRows = 64 * kConsumers;
+  static constexpr int TILE = kKeys * 2 * D;  // 64 rows of 2 D bytes as 128-byte slabs of 64 rows (swizzled)
+  static constexpr int SLAB = kKeys * 128;
+  static constexpr int OFF_Q = 0;                        // one Q tile per consumer warpgroup
+  static constexpr int OFF_K = kConsumers * TILE;        // SK K slots
+  static constexpr int OFF_V = OFF_K + SK * TILE;        // SV V slots
+  static constexpr int OFF_BAR = OFF_V + SV * TILE;      // full / empty mbarriers of the K slots, then the V slots'
+  static constexpr int bytes = OFF_BAR + 16 * (SK + SV) + 1024;
+};
+
+// The instances the planner may take: SK / SV slots per head size (D = 256: 224 KB of tiles, the most that fits).
+template <int D>
+struct Stages {
+  static constexpr int SK = D == 128 ? 4 : 2;
+  static constexpr int SV = D == 128 ? 4 : 3;
+};
+
+// Named barriers: 1 + w is consumer warpgroup w's turn to issue its GEMMs, 3 + w its Q tile being whole.
+constexpr int kTurnBar = 1, kQBar = 3;
+
+// ncq > 0: causal with Sq % 128 == 0, blocks in position-major order (heaviest query chunk of every head first).
+template <int D, int SK, int SV>
+__global__ void __launch_bounds__(kThreads, 1)
+    prefill_ws_kernel(const TileArgs a, const int64_t ncq, const __grid_constant__ TmaMaps tm) {
+#if defined(D4A_WGMMA)
+  using L = Layout<D, SK, SV>;
+  constexpr int kRows = L::kRows;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + smem_pad1024(smem_raw);
+  const int tid = threadIdx.x, wg = tid >> 7;  // warpgroups 0, 1: consumers; 2: the producer
+
+  // ---- which (batch, KV head, row chunk): as prefill_wg.cuh ----
+  const int64_t idx = int64_t(blockIdx.x);
+  int64_t bh, chunk;
+  if (ncq > 0) {
+    const int64_t U = a.B * a.Hkv * a.g;
+    const int64_t level = idx / U, u = idx % U;
+    bh = u / a.g;
+    chunk = (u % a.g) * ncq + (ncq - 1 - level);
+  } else {
+    bh = idx / a.n_chunks;
+    chunk = idx % a.n_chunks;
+    if (a.reverse_chunks) chunk = a.n_chunks - 1 - chunk;
+  }
+  if (a.v_flags[bh] != 0) return;  // a V-poisoned head: prefill_wg.cuh's checked instance runs it
+  const int64_t b = bh / a.Hkv, hkv = bh % a.Hkv;
+  const int64_t rows_here = a.g * a.Sq;
+  const int64_t row0 = chunk * kRows;
+  const int64_t row_end = row0 + kRows < rows_here ? row0 + kRows : rows_here;
+  int nkt;  // the block's key tiles (up to its last visible key)
+  {
+    int64_t lo, hi;
+    pmma::run_kminmax(a, row0, row_end, lo, hi);
+    const int kend = int(hi + 1 < a.Sk ? hi + 1 : a.Sk);
+    nkt = kend > 0 ? (kend + kKeys - 1) / kKeys : 0;
+  }
+
+  const unsigned bars = smem_u32(smem + L::OFF_BAR);
+  auto full_k = [&](int i) { return bars + 8u * unsigned(i); };
+  auto empty_k = [&](int i) { return bars + 8u * unsigned(SK + i); };
+  auto full_v = [&](int i) { return bars + 8u * unsigned(2 * SK + i); };
+  auto empty_v = [&](int i) { return bars + 8u * unsigned(2 * SK + SV + i); };
+  if (tid == 0) {
+    for (int i = 0; i < SK; ++i) {
+      mbar_init(full_k(i), 1);
+      mbar_init(empty_k(i), 4 * kConsumers);
+    }
+    for (int i = 0; i < SV; ++i) {
+      mbar_init(full_v(i), 1);
+      mbar_init(empty_v(i), 4 * kConsumers);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == kConsumers) {  // ---- the producer: one thread issues every tile's copies ----
+    wg_regs_dec<kProducerRegs>();
+    if (tid == 128 * kConsumers) {
+      const int z = int(bh);
+      for (int t = 0; t < nkt; ++t) {  // keys past Sk arrive as zeros and are masked like any other
+        const int sk = t % SK, sv = t % SV, y = t * kKeys;
+        if (t >= SK) mbar_wait(empty_k(sk), unsigned(t / SK - 1) & 1u);  // the consumers gave tile t - SK back
+        mbar_arrive_expect(full_k(sk), L::TILE);
+#pragma unroll
+        for (int x = 0; x < 2 * D; x += 128)
+          tma_load_3d_plain(smem_u32(smem + L::OFF_K + sk * L::TILE + (x / 128) * L::SLAB), &tm.k, x, y, z, full_k(sk));
+        if (t >= SV) mbar_wait(empty_v(sv), unsigned(t / SV - 1) & 1u);
+        mbar_arrive_expect(full_v(sv), L::TILE);
+#pragma unroll
+        for (int x = 0; x < 2 * D; x += 128)
+          tma_load_3d_plain(smem_u32(smem + L::OFF_V + sv * L::TILE + (x / 128) * L::SLAB), &tm.v, x, y, z, full_v(sv));
+      }
+    }
+    return;
+  }
+
+  // ---- the consumers ----
+  wg_regs_inc<kConsumerRegs>();
+  const int warp = (tid >> 5) & 3, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
+  const int64_t wg0 = row0 + 64 * wg, w0 = wg0 + 16 * warp;  // this warpgroup's / warp's first row
+  // key bounds: the warpgroup's tiles with work (nw: from tile nw on no row of it sees a key; uniform over the
+  // warpgroup, as wgmma needs), the warp's first causal limit (tiles before it need no masking)
+  int nw, kmin_w;
+  {
+    int64_t lo, hi, lo_w, hi_w;
+    pmma::run_kminmax(a, wg0, wg0 + 64 < row_end ? wg0 + 64 : row_end, lo, hi);
+    nw = hi < 0 ? 0 : int(hi / kKeys + 1 < nkt ? hi / kKeys + 1 : nkt);
+    pmma::run_kminmax(a, w0, w0 + 16 < row_end ? w0 + 16 : row_end, lo_w, hi_w);
+    kmin_w = int(lo_w < 0x7fffffffLL ? lo_w : 0x7fffffffLL);
+  }
+
+  uint8_t* qt = smem + L::OFF_Q + wg * L::TILE;
+  pwg::stage_q<D>(a, b, hkv, w0, rows_here, qt, 16 * warp, lane);
+  fence_proxy_async_smem();            // the generic stores of Q before the wgmma reads them
+  named_bar_sync(kQBar + wg, 128);     // the warpgroup's Q tile is whole
+  if (wg == 1 && nkt > 0) named_bar_arrive(kTurnBar, 256);  // warpgroup 0 issues first
+  const unsigned q_addr = smem_u32(qt);
+  // the softmax's exponent factor: scale * log2 e, times 2^8 where this head's K copy holds K times 2^-8
+  const float c_qk = a.scale_log2 * (a.k_flags != nullptr && a.k_flags[bh] != 0 ? 256.f : 1.f);
+  const float mask_mul = kLog2e / c_qk;  // an additive mask value in unscaled dot-product units
+
+  float o[D / 128][16][4];
+#pragma unroll
+  for (int p = 0; p < D / 128; ++p)
+#pragma unroll
+    for (int n = 0; n < 16; ++n) o[p][n][0] = o[p][n][1] = o[p][n][2] = o[p][n][3] = 0.f;
+  pwg::RowSoftmax st;
+  float alpha[2] = {1.f, 1.f};  // O's factor before the next P.V (the last softmax's)
+  bool rescale = false;
+  uint32_t pa[4][4];            // P of the last tile with work, waiting for its P.V
+  const int rl0 = 64 * wg + 16 * warp + gid;  // this thread's rows: rl0, rl0 + 8 of the block
+  int ks = 0, vs = 0;           // the K slot of tile t, the V slot of tile t - 1
+  unsigned kph = 0, vph = 0;    // their phases
+  auto give_back = [&](unsigned bar) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar);
+  };
+
+  // The turn on the tensor cores: K(t) landed, then this warpgroup's turn; passing it (none after the block's last
+  // tile: the turns stay paired).
+  auto turn = [&]() {
+    mbar_wait(full_k(ks), kph);
+    named_bar_sync(kTurnBar + wg, 256);
+  };
+  auto pass = [&](int t) {
+    if (wg == 0 || t < nkt - 1) named_bar_arrive(kTurnBar + 1 - wg, 256);
+  };
+  auto next_k = [&]() {
+    if (++ks == SK) ks = 0, kph ^= 1u;
+  };
+  auto next_v = [&]() {
+    if (++vs == SV) vs = 0, vph ^= 1u;
+  };
+  // S of tile t (waited for): masked where needed, into P in place, O's factor for the next P.V
+  auto softmax = [&](float (&s)[8][4], int t) {
+    const int j0 = t * kKeys;
+    if (a.mask_kind != 0 || j0 + kKeys - 1 > kmin_w) pwg::mask_tile(a, s, b, hkv, row0 + rl0, rows_here, j0, tig, mask_mul);
+    rescale = st.update(s, c_qk, alpha);
+  };
+
+  // The loop is peeled so that no wgmma sits under a condition (ptxas serializes wgmma whose registers a divergent
+  // path may touch): tile 0's Q.K alone, then Q.K(t) with P.V(t - 1), then the last P.V; then the tiles no row of the
+  // warpgroup sees, turns and slots only.
+  int t = 0;
+  if (nw > 0) {
+    float s[8][4];
+    turn();
+    pwg::qk_issue<D>(s, q_addr, smem_u32(smem + L::OFF_K + ks * L::TILE));
+    pass(0);
+    wgmma_wait<0>();
+    pwg::fence_s(s);
+    give_back(empty_k(ks));
+    next_k();
+    softmax(s, 0);
+    pwg::p_frags(pa, s);
+    for (t = 1; t < nw; ++t) {
+      turn();
+      pwg::qk_issue<D>(s, q_addr, smem_u32(smem + L::OFF_K + ks * L::TILE));
+      if (rescale) pwg::rescale_o<D>(o, alpha);
+      mbar_wait(full_v(vs), vph);
+      pwg::pv_issue<D>(o, pa, smem_u32(smem + L::OFF_V + vs * L::TILE));
+      pass(t);
+      wgmma_wait<1>();  // the Q.K (the older group) is done; the P.V may still run
+      pwg::fence_s(s);
+      give_back(empty_k(ks));
+      next_k();
+      softmax(s, t);
+      pwg::wait_o<D>(o);
+      give_back(empty_v(vs));
+      next_v();
+      pwg::p_frags(pa, s);
+    }
+    if (rescale) pwg::rescale_o<D>(o, alpha);
+    mbar_wait(full_v(vs), vph);
+    pwg::pv_issue<D>(o, pa, smem_u32(smem + L::OFF_V + vs * L::TILE));
+    pwg::wait_o<D>(o);
+    give_back(empty_v(vs));
+    next_v();
+  }
+  for (; t < nkt; ++t) {  // no row of this warpgroup sees these keys; the V is waited for before its slot goes back
+    turn();
+    pass(t);
+    give_back(empty_k(ks));
+    next_k();
+    mbar_wait(full_v(vs), vph);
+    give_back(empty_v(vs));
+    next_v();
+  }
+
+  pwg::store_o<D>(a, o, st, b, hkv, row0 + rl0, rows_here, tig);
+#else
+  (void)a;
+  (void)ncq;
+  (void)tm;
+  __trap();
+#endif
+}
+
+}  // namespace pws
+}  // namespace gpu
+}  // namespace dot4attn
+
+#endif  // D4A_CUDA
