@@ -805,8 +805,8 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     """ws=1: the f16 Q.K prefill warp-specialized (prefill_ws.cuh) in place of a k_dequant plan at D 128 / 256 on
     sm_90a: 128 rows per block, 3 warpgroups (2 consumers, 1 producer), one block per SM; shared memory: 2 Q tiles, SK
     K slots and SV V slots of 64 rows x 2 D bytes (4 / 4 at D = 128, 2 / 3 at D = 256), a full and an empty mbarrier
-    per slot, the swizzle slack. V is always scanned (the kernel has no V check: the flagged heads run on prefill_wg.cuh's
-    checked instance), so the scratch ends with the V flags. Not taken without the override, where k_dequant is not,
+    per slot, the swizzle slack. V is always scanned (the kernel has no V check: the flagged heads run on
+    prefill_wg.cuh's checked instance), so the scratch ends with the V flags. Not taken without the override, where k_dequant is not,
     at D = 64, nor off sm_90a."""
     base = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1")
     p = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=1")
@@ -836,7 +836,8 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
                 plan(1, 32, 8, 8192, 8192, 128, device=H100_PLAIN_SM90, overrides="ws=1"),
                 plan(1, 32, 8, 8192, 8192, 128, device=A100, overrides="ws=1"),
                 plan(1, 24, 4, 8192, 8192, 256, v_format="float", overrides="ws=1,k_dequant=0"),
-                plan(1, 24, 4, 8192, 8192, 256, v_format="float", overrides="ws=1", device="sm=90a,sms=132,smem=200000")):
+                plan(1, 24, 4, 8192, 8192, 256, v_format="float", overrides="ws=1",
+                     device="sm=90a,sms=132,smem=200000")):
         assert not off.get("ws", False), off
     with pytest.raises(native.NativeError, match="ws"):
         plan(1, 32, 8, 8192, 8192, 128, overrides="ws=2")

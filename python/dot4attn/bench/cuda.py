@@ -12,8 +12,9 @@ GroupQueryAttention on the CUDA execution provider, in one process.
   d4a_<V>_int8, the same call with the contract's int8 Q.K (override k_dequant=0), and where it keeps the int8 Q.K
   but the planner takes the f16 one (sm_90a, shorter calls), d4a_<V>_qk16 (k_dequant=1,v_dequant=1); where the
   planner takes them (sm_90a, D 64 / 128), d4a_<V>_qk16o, the f16 Q.K with 2 blocks per SM and each tile's softmax
-  overlapped with the next tile's Q.K (k_dequant=1,v_dequant=1,min_blocks=2), and d4a_<V>_s8w, the int8 Q.K on
-  wgmma (qk_wgmma=1, 2 blocks per SM);
+  overlapped with the next tile's Q.K (k_dequant=1,v_dequant=1,min_blocks=2), d4a_<V>_ws, the f16 Q.K
+  warp-specialized (D 128 / 256: k_dequant=1,v_dequant=1,ws=1), and d4a_<V>_s8w, the int8 Q.K on wgmma (qk_wgmma=1,
+  2 blocks per SM);
   sdpa_flash, sdpa_cudnn (torch.nn.functional.scaled_dot_product_attention, f16, GQA through enable_gqa);
   ort_gqa_f16 / ort_gqa_int8 (com.microsoft.GroupQueryAttention on the CUDA EP, f16 or ORT's own int8 (per-tensor
   scale) share-buffer cache, run on torch's stream
@@ -374,7 +375,7 @@ def _prefill_case(run, hq, hkv, d, s):
         # one (k_dequant.cuh), the f16 Q.K overlapped, the int8 Q.K on wgmma
         default = native.gpu_plan(native.TorchAttention(q, kp, ks, vp, vs, run.torch.empty_like(q), v_format=fmt).call)
         for ov, sfx in (("k_dequant=0", "_int8"), (QK16, "_qk16"), (QK16 + ",min_blocks=2", "_qk16o"),
-                        ("qk_wgmma=1,v_dequant=1,min_blocks=2", "_s8w")):
+                        (QK16 + ",ws=1", "_ws"), ("qk_wgmma=1,v_dequant=1,min_blocks=2", "_s8w")):
             r = native.TorchAttention(q, kp, ks, vp, vs, run.torch.empty_like(q), v_format=fmt, overrides=ov)
             pl = native.gpu_plan(r.call)
             if sfx == "_int8":
@@ -383,6 +384,8 @@ def _prefill_case(run, hq, hkv, d, s):
                 takes = pl.get("k_dequant") and not default.get("k_dequant")
             elif sfx == "_qk16o":  # the 2-blocks-per-SM instances (D 64 / 128; D = 256's kernel has no such)
                 takes = pl.get("k_dequant") and pl.get("min_blocks") == 2
+            elif sfx == "_ws":  # the warp-specialized f16 Q.K (D 128 / 256)
+                takes = pl.get("ws")
             else:
                 takes = pl.get("qk_wgmma")
             if takes:
@@ -591,13 +594,15 @@ def _targets(results):
     for sk in (8192, 32768):
         for fmt in ("f16", "q8_0"):
             for sfx, how in (("", ""), ("_int8", ", int8 Q.K"), ("_qk16", ", Q.K on f16 wgmma"),
-                             ("_qk16o", ", Q.K on f16 wgmma, overlapped"), ("_s8w", ", int8 Q.K on wgmma")):
+                             ("_qk16o", ", Q.K on f16 wgmma, overlapped"),
+                             ("_ws", ", Q.K on f16 wgmma, warp-specialized"), ("_s8w", ", int8 Q.K on wgmma")):
                 ratio("prefill", sk, f"d4a_{fmt}{sfx}", "sdpa_cudnn", GOAL_PREFILL_VS_CUDNN,
                       f"prefill {sk // 1024}k causal speed vs cuDNN ({fmt} V{how})", True)
     for sk in (2048, 8192, 32768):  # D = 256 (the f16 Q.K kernel with Q in shared memory on sm_90a)
         for fmt in ("f16", "q8_0"):
-            ratio("prefill", sk, f"d4a_{fmt}", "sdpa_flash", GOAL_PREFILL_8K_VS_FA2,
-                  f"prefill {sk // 1024}k causal speed vs FA2, (24, 4, 256) {fmt} V", True, heads=(24, 4, 256))
+            for sfx, how in (("", ""), ("_ws", ", warp-specialized")):
+                ratio("prefill", sk, f"d4a_{fmt}{sfx}", "sdpa_flash", GOAL_PREFILL_8K_VS_FA2,
+                      f"prefill {sk // 1024}k causal speed vs FA2, (24, 4, 256) {fmt} V{how}", True, heads=(24, 4, 256))
     for fmt in CACHE_GOAL_FORMATS:
         ratio("decode", 131072, f"d4a_cache_{fmt}", f"d4a_{fmt}", GOAL_CACHE_128K,
               f"decode 128k {fmt}: packed-cache rows / dense, kernel time")
