@@ -606,16 +606,18 @@ void plan_qk16_wide(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& de
   pl = w;
 }
 
-// The warp-specialized f16 Q.K prefill (prefill_ws.cuh) in place of a k_dequant plan at D 128 / 256: 128 rows per
+// The warp-specialized f16 Q.K prefill (prefill_ws.cuh) in place of a k_dequant plan (D 64 / 128 / 256): 128 rows per
 // block (two consumer warpgroups) and a producer warpgroup, one block per SM, V scanned once per call (the kernel has
 // no V check: the flagged heads run on prefill_wg.cuh's checked instance, whose shared memory must fit too). Only
 // when asked (ws=1).
 void plan_ws(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
-  if (ov.ws != 1 || !pl.k_dequant || pl.vk != kVF16 || (p.D != 128 && p.D != 256) || !dev.wgmma) return;
+  if (ov.ws != 1 || !pl.k_dequant || pl.vk != kVF16 || !dev.wgmma) return;
   if (!pl.v_dequant && !tma_rows_ok(p.v, 2 * p.D, v_stride_bytes(p), p.head_rows(), p.Sk, p.B * p.Hkv)) return;
-  const int smem = p.D == 128 ? pws::Layout<128, pws::Stages<128>::SK, pws::Stages<128>::SV>::bytes
-                              : pws::Layout<256, pws::Stages<256>::SK, pws::Stages<256>::SV>::bytes;
-  const int checked = p.D == 128 ? pwg::Layout<128, 2>::bytes : pwg::Layout<256, 2>::bytes;
+  const int smem = p.D == 64    ? pws::Layout<64, pws::Stages<64>::SK, pws::Stages<64>::SV>::bytes
+                   : p.D == 128 ? pws::Layout<128, pws::Stages<128>::SK, pws::Stages<128>::SV>::bytes
+                                : pws::Layout<256, pws::Stages<256>::SK, pws::Stages<256>::SV>::bytes;
+  const int checked = p.D == 64 ? pwg::Layout<64, 2>::bytes
+                      : p.D == 128 ? pwg::Layout<128, 2>::bytes : pwg::Layout<256, 2>::bytes;
   if (std::max(smem, checked) > dev.max_smem || p.B * p.Hkv * cdiv(p.Sk, kVScanKeys) > kMaxBlocks) return;
   GpuPlan w = pl;
   set_row_chunks(w, p, pws::Layout<128, 1, 1>::kRows);
@@ -623,7 +625,7 @@ void plan_ws(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, cons
   w.warps = pws::kThreads / 32;
   w.m_tiles = 1;
   w.min_blocks = 1;
-  w.stages = p.D == 128 ? pws::Stages<128>::SK : pws::Stages<256>::SK;
+  w.stages = p.D == 256 ? pws::Stages<256>::SK : pws::Stages<128>::SK;
   w.tma = w.wgmma = true;
   w.smem_bytes = smem;
   if (block_count(w, p) > kMaxBlocks) return;
@@ -650,7 +652,7 @@ void plan_k_dequant(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& de
   if (smem > dev.max_smem || bytes > kMaxDequantBytes) return;
   pl.smem_bytes = smem;
   take_k_copy(pl, p, bytes);
-  if (p.D == 128) plan_ws(pl, p, dev, ov);
+  plan_ws(pl, p, dev, ov);
 }
 #endif
 

@@ -29,7 +29,7 @@
 //                               instance runs with min_blocks=2 at D 64 / 128 and k_dequant does not; default 0: slower
 //                               than the default instance on the H200, docs/performance.md)
 //   ws=0|1                      the f16 Q.K prefill warp-specialized (GpuPlan::ws, prefill_ws.cuh; 1: wherever the
-//                               plan takes k_dequant at D 128 / 256; default 0)
+//                               plan takes k_dequant; default 0)
 // Host code only; no GPU runtime call here (device facts come in as a value).
 #pragma once
 
@@ -80,7 +80,7 @@ struct PlanOverrides {
   int v_dequant = -1;        // -1 auto, 0 off, 1 on (tensor-core prefill, quantized V; q6_0 always on unless 0)
   int k_dequant = -1;        // -1 auto, 0 off (the int8 Q.K), 1 on (tensor-core prefill: Q.K on f16 wgmma)
   int qk_wgmma = -1;         // -1 auto (off for now), 0 off, 1 on (tensor-core prefill: int8 Q.K on wgmma)
-  int ws = -1;               // -1 auto (off for now), 0 off, 1 on (the f16 Q.K prefill warp-specialized, D 128 / 256)
+  int ws = -1;               // -1 auto (off for now), 0 off, 1 on (the f16 Q.K prefill warp-specialized)
 };
 
 // The largest float16 copy of a quantized V the prefill dequantizes into (scratch): past it, the kernel converts
@@ -129,7 +129,7 @@ struct GpuPlan {
   // Tensor-core prefill, float16-V wgmma instance: the int8 Q.K on wgmma m64n64k32 (prefill_mma.cuh, S8W) instead of
   // mma.sync, same shared memory, same numerics.
   bool qk_wgmma = false;
-  // Tensor-core prefill with Q.K on f16 wgmma at D 128 / 256 (sm_90a): the warp-specialized kernel (prefill_ws.cuh: a
+  // Tensor-core prefill with Q.K on f16 wgmma (sm_90a): the warp-specialized kernel (prefill_ws.cuh: a
   // producer warpgroup, two consumer warpgroups taking turns on the tensor cores), V always scanned once per call.
   bool ws = false;
   bool strided = false;      // K / V rows strided (AttentionParams' row layout is not the dense one)

@@ -16,7 +16,7 @@
 //   softmax(): online, in log2 units (scale * log2 e in the exponent's FFMA), the lazy running max of
 //              prefill_mma.cuh (O rescaled only when a row's max passes its running max by more than 2^8);
 //   pv():      O += P.V, P from registers (the f16 logits in the A layout), V by descriptor (MN-major), D / 128
-//              wgmma m64n128k16 per 16 keys.
+//              wgmma m64n128k16 per 16 keys (D = 64: one m64n64k16).
 // One block barrier per tile frees the slot for the tile two ahead. The V check (VC) works as prefill_mma.cuh's:
 // with a V scan (a.v_flags) the unchecked instance runs the clean heads and the checked one the flagged heads; a tile
 // holding a V-poisoned key zeroes its NaN / Inf halves and makes the key's float16 K row NaN, so its logit is NaN.
@@ -35,7 +35,7 @@ constexpr int kKeys = pmma::kKeys;  // keys per tile (64)
 // Shared memory of the block (offsets from a 1024-byte aligned base: the swizzle period; the launcher adds the slack).
 template <int D, int NWG>
 struct Layout {
-  static_assert(D % 128 == 0 && D <= 256, "prefill_wg: D = 128 or 256");
+  static_assert(D == 64 || D == 128 || D == 256, "prefill_wg: D = 64, 128 or 256");
   static constexpr int kRows = 64 * NWG;
   static constexpr int kThreads = 128 * NWG;
   static constexpr int TILE = kKeys * 2 * D;  // 64 rows of 2 D bytes as 128-byte slabs of 64 rows (swizzled)
@@ -131,13 +131,23 @@ struct RowSoftmax {
   }
 };
 
-// O (the warpgroup's accumulator, D / 128 blocks of 128 columns in the m64n128 C layout) times each row's alpha.
+// O of a warpgroup's 64 rows x D columns, float32 in the wgmma C layout: OP blocks of up to 128 columns (one
+// m64n128 or, at D = 64, one m64n64 accumulator each), ON 8-column groups per block; o[p][n][e] is column
+// 128 p + 8 n + 2 tig + (e & 1) of row gid + 8 (e >> 1) of the warp's 16.
 template <int D>
-__device__ __forceinline__ void rescale_o(float (&o)[D / 128][16][4], const float (&alpha)[2]) {
+struct OShape {
+  static constexpr int P = D >= 128 ? D / 128 : 1, N = D >= 128 ? 16 : D / 8;
+};
+template <int D>
+using OAcc = float[OShape<D>::P][OShape<D>::N][4];
+
+// O (the warpgroup's accumulator, OAcc) times each row's alpha.
+template <int D>
+__device__ __forceinline__ void rescale_o(OAcc<D>& o, const float (&alpha)[2]) {
 #pragma unroll
-  for (int p = 0; p < D / 128; ++p)
+  for (int p = 0; p < OShape<D>::P; ++p)
 #pragma unroll
-    for (int n = 0; n < 16; ++n) {
+    for (int n = 0; n < OShape<D>::N; ++n) {
       o[p][n][0] *= alpha[0];
       o[p][n][1] *= alpha[0];
       o[p][n][2] *= alpha[1];
@@ -148,7 +158,7 @@ __device__ __forceinline__ void rescale_o(float (&o)[D / 128][16][4], const floa
 // The epilogue: the quad's row sums, O / l into the output rows r0, r0 + 8 (dead rows: l = 0 -> exact zeros; a NaN l,
 // a poisoned key was visible: a NaN row), float16 saturated.
 template <int D>
-__device__ __forceinline__ void store_o(const TileArgs& a, const float (&o)[D / 128][16][4], const RowSoftmax& st,
+__device__ __forceinline__ void store_o(const TileArgs& a, const OAcc<D>& o, const RowSoftmax& st,
                                         int64_t b, int64_t hkv, int64_t r0, int64_t rows_here, int tig) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -161,9 +171,9 @@ __device__ __forceinline__ void store_o(const TileArgs& a, const float (&o)[D / 
     const int64_t hq = hkv * a.g + rr / a.Sq, i = rr % a.Sq;
     const int64_t orow = ((b * a.Hq + hq) * a.Sq + i) * D;
 #pragma unroll
-    for (int p = 0; p < D / 128; ++p)
+    for (int p = 0; p < OShape<D>::P; ++p)
 #pragma unroll
-      for (int n = 0; n < 16; ++n) {
+      for (int n = 0; n < OShape<D>::N; ++n) {
         const float y0 = o[p][n][2 * h] * inv, y1 = o[p][n][2 * h + 1] * inv;
         const int64_t at = orow + p * 128 + n * 8 + tig * 2;
         *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(a.out) + at) = pack_h2(sat_half(y0), sat_half(y1));
@@ -274,32 +284,36 @@ __device__ __forceinline__ void p_frags(uint32_t (&pa)[4][4], const float (&s)[8
 }
 
 // O += P.V: P from registers (pa, p_frags), V the tile at v (MN-major, 128-byte slabs of 64 columns: LBO the next
-// slab, SBO the next 8 keys); columns 128 p .. 128 p + 127 into o[p]. Issued and committed; the caller waits (wait_o).
+// slab, SBO the next 8 keys); columns 128 p .. 128 p + 127 into o[p] (D = 64: one m64n64). Issued and committed; the
+// caller waits (wait_o).
 template <int D>
-__device__ __forceinline__ void pv_issue(float (&o)[D / 128][16][4], const uint32_t (&pa)[4][4], unsigned v) {
+__device__ __forceinline__ void pv_issue(OAcc<D>& o, const uint32_t (&pa)[4][4], unsigned v) {
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
-    for (int p = 0; p < D / 128; ++p)
-      wgmma_f16_n128(o[p], pa[ks], wg_desc_mn_sw128(v + unsigned(p * 2 * kKeys * 128 + ks * 16 * 128), kKeys * 128, 1024));
+    for (int p = 0; p < OShape<D>::P; ++p) {
+      const uint64_t desc = wg_desc_mn_sw128(v + unsigned(p * 2 * kKeys * 128 + ks * 16 * 128), kKeys * 128, 1024);
+      if constexpr (D == 64) wgmma_f16_n64(o[p], pa[ks], desc);
+      else wgmma_f16_n128(o[p], pa[ks], desc);
+    }
   wgmma_commit();
 }
 
 template <int D>
-__device__ __forceinline__ void pv(float (&o)[D / 128][16][4], const float (&s)[8][4], unsigned v) {
+__device__ __forceinline__ void pv(OAcc<D>& o, const float (&s)[8][4], unsigned v) {
   uint32_t pa[4][4];
   p_frags(pa, s);
   pv_issue<D>(o, pa, v);
 }
 
 template <int D>
-__device__ __forceinline__ void wait_o(float (&o)[D / 128][16][4]) {
+__device__ __forceinline__ void wait_o(OAcc<D>& o) {
   wgmma_wait<0>();
 #pragma unroll
-  for (int p = 0; p < D / 128; ++p)
+  for (int p = 0; p < OShape<D>::P; ++p)
 #pragma unroll
-    for (int n = 0; n < 16; ++n)
+    for (int n = 0; n < OShape<D>::N; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) wg_reg_fence(o[p][n][e]);
 }
@@ -385,11 +399,11 @@ __global__ void __launch_bounds__(128 * NWG, 1)
   const float c_qk = a.scale_log2 * (a.k_flags != nullptr && a.k_flags[bh] != 0 ? 256.f : 1.f);
   const float mask_mul = kLog2e / c_qk;  // an additive mask value in unscaled dot-product units
 
-  float o[D / 128][16][4];
+  OAcc<D> o;
 #pragma unroll
-  for (int p = 0; p < D / 128; ++p)
+  for (int p = 0; p < OShape<D>::P; ++p)
 #pragma unroll
-    for (int n = 0; n < 16; ++n) o[p][n][0] = o[p][n][1] = o[p][n][2] = o[p][n][3] = 0.f;
+    for (int n = 0; n < OShape<D>::N; ++n) o[p][n][0] = o[p][n][1] = o[p][n][2] = o[p][n][3] = 0.f;
   RowSoftmax st;
   const int rl0 = 64 * wg + 16 * warp + gid;  // this thread's rows: rl0, rl0 + 8 of the block
 

@@ -1,6 +1,6 @@
 // Dot4Attention prefill on Hopper (sm_90a), warp-specialized: the f16 Q.K prefill of prefill_wg.cuh (Q in shared
 // memory, K's and V's float16 rows by tensor copies, the same per-tile math) in FlashAttention-3's schedule, for
-// D = 128 and 256.
+// D = 64, 128 and 256.
 //
 // Why: in prefill_wg.cuh (and prefill_mma.cuh's QK16) every warpgroup runs Q.K, softmax and P.V in sequence and a
 // block barrier per tile keeps the warpgroups in step, so the tensor cores wait while each warpgroup's softmax runs
@@ -38,7 +38,7 @@ constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 
 // Shared memory of the block (offsets from a 1024-byte aligned base: the swizzle period; the launcher adds the slack).
 template <int D, int SK, int SV>
 struct Layout {
-  static_assert(D == 128 || D == 256, "prefill_ws: D = 128 or 256");
+  static_assert(D == 64 || D == 128 || D == 256, "prefill_ws: D = 64, 128 or 256");
   static constexpr int kRows = 64 * kConsumers;
   static constexpr int TILE = kKeys * 2 * D;  // 64 rows of 2 D bytes as 128-byte slabs of 64 rows (swizzled)
   static constexpr int SLAB = kKeys * 128;
@@ -52,8 +52,8 @@ struct Layout {
 // The instances the planner may take: SK / SV slots per head size (D = 256: 224 KB of tiles, the most that fits).
 template <int D>
 struct Stages {
-  static constexpr int SK = D == 128 ? 4 : 2;
-  static constexpr int SV = D == 128 ? 4 : 3;
+  static constexpr int SK = D <= 128 ? 4 : 2;
+  static constexpr int SV = D <= 128 ? 4 : 3;
 };
 
 // Named barriers: 1 + w is consumer warpgroup w's turn to issue its GEMMs, 3 + w its Q tile being whole.
@@ -160,11 +160,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float c_qk = a.scale_log2 * (a.k_flags != nullptr && a.k_flags[bh] != 0 ? 256.f : 1.f);
   const float mask_mul = kLog2e / c_qk;  // an additive mask value in unscaled dot-product units
 
-  float o[D / 128][16][4];
+  pwg::OAcc<D> o;
 #pragma unroll
-  for (int p = 0; p < D / 128; ++p)
+  for (int p = 0; p < pwg::OShape<D>::P; ++p)
 #pragma unroll
-    for (int n = 0; n < 16; ++n) o[p][n][0] = o[p][n][1] = o[p][n][2] = o[p][n][3] = 0.f;
+    for (int n = 0; n < pwg::OShape<D>::N; ++n) o[p][n][0] = o[p][n][1] = o[p][n][2] = o[p][n][3] = 0.f;
   pwg::RowSoftmax st;
   float alpha[2] = {1.f, 1.f};  // O's factor before the next P.V (the last softmax's)
   bool rescale = false;

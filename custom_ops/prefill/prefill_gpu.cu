@@ -148,7 +148,7 @@ void wg_qk16(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s)
   launch_planned(pwg::prefill_wg_kernel<256, NWG, true>, pl, s, a, pl.causal_tiles, tm);
 }
 
-// The warp-specialized QK16 kernel (prefill_ws.cuh, D 128 / 256) on a's K and V as float16 rows: V scanned once, the
+// The warp-specialized QK16 kernel (prefill_ws.cuh, D 64 / 128 / 256) on a's K and V as float16 rows: V scanned once, the
 // unflagged heads on it and the flagged ones on prefill_wg.cuh's checked instance (two warpgroups of the same 128 rows
 // per block, so the same grid; its own block size and shared memory).
 template <int D>
@@ -234,7 +234,8 @@ void run_prefill(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_
       b.ks_stride = 0;
       b.k_flags = kflags;
       sc += pl.k_dequant_bytes + pl.k_flag_bytes;
-      if (pl.ws) return a.D == 128 ? ws_qk16<128>(pl, b, sc, s) : ws_qk16<256>(pl, b, sc, s);
+      if (pl.ws) return a.D == 64 ? ws_qk16<64>(pl, b, sc, s) : a.D == 128 ? ws_qk16<128>(pl, b, sc, s)
+                                                                           : ws_qk16<256>(pl, b, sc, s);
       if (a.D == 64) return mma_qk16<64>(pl, b, sc, s);
       if (a.D == 128) return mma_qk16<128>(pl, b, sc, s);
       if (a.D == 256) return pl.warps == 4 ? wg_qk16<1>(pl, b, sc, s) : wg_qk16<2>(pl, b, sc, s);

@@ -38,7 +38,7 @@ FALLBACKS = {"prefill": ["kernel=tile"], "decode": ["kernel=simt", "kernel=tile"
 # asked for by override only, so the shared table and the long cases run it explicitly.
 K16 = "k_dequant=1,v_dequant=1"
 K16O = K16 + ",min_blocks=2"  # its overlapped schedule (2 blocks per SM, three ring slots)
-# Its warp-specialized kernel (prefill_ws.cuh, D 128 / 256 on sm_90a: a producer warpgroup, two consumers taking turns;
+# Its warp-specialized kernel (prefill_ws.cuh, sm_90a: a producer warpgroup, two consumers taking turns;
 # V always scanned, the flagged heads on prefill_wg.cuh's checked instance): the same numerics.
 K16W = K16 + ",ws=1"
 # The contract's int8 Q.K on wgmma (S8W instances, 2 blocks per SM; V's float16 copy where V is quantized): the
@@ -80,8 +80,8 @@ def _qk16_expected(torch, c, plan, s8w: bool = False) -> bool:
 
 
 def _ws_expected(torch, c, plan) -> bool:
-    """Whether a plan made with K16W must be the warp-specialized kernel: a QK16 plan at D 128 / 256."""
-    return c.D in (128, 256) and plan.get("k_dequant", False) and _qk16_expected(torch, c, plan)
+    """Whether a plan made with K16W must be the warp-specialized kernel: a QK16 plan."""
+    return plan.get("k_dequant", False) and _qk16_expected(torch, c, plan)
 
 
 def _long_variants(c, r):
@@ -440,7 +440,8 @@ def test_v_dequant_prefill_matches_the_kernels_own_conversion(torch_cuda, v_form
 @pytest.mark.parametrize("v_format,D,overrides", [("float", 128, K16), ("q8_0", 128, K16), ("float", 128, K16O),
                                                    ("q8_0", 128, K16O), ("q4_0", 64, K16O), ("float", 64, K16O),
                                                    ("float", 256, K16), ("q8_0", 256, K16), ("float", 128, K16W),
-                                                   ("q8_0", 128, K16W), ("float", 256, K16W), ("q4_0", 256, K16W)])
+                                                   ("q8_0", 128, K16W), ("float", 256, K16W), ("q4_0", 256, K16W),
+                                                   ("float", 64, K16W), ("q4_0", 64, K16W)])
 def test_qk16_prefill_edges_against_the_reference(torch_cuda, v_format, D, overrides):
     """The QK16 prefill (k_dequant=1) on the edges its K copy has to keep: a head whose K is packed from float32 values
     past float16's range (scales past 515.5: that head's copy holds K times 2^-8 and its logits are multiplied back),
@@ -478,7 +479,8 @@ def test_qk16_prefill_edges_against_the_reference(torch_cuda, v_format, D, overr
                f"QK16 {v_format} D={D} plan={plan}")
 
 
-@pytest.mark.parametrize("D,overrides", [(128, K16), (128, K16O), (256, K16), (128, K16W), (256, K16W)])
+@pytest.mark.parametrize("D,overrides", [(128, K16), (128, K16O), (256, K16), (64, K16W), (128, K16W),
+                                         (256, K16W)])
 def test_qk16_prefill_streams_and_graph(torch_cuda, D, overrides):
     """The QK16 prefill (K's float16 copy, its flags, V's copy and scan, then the kernel; at D = 256 the kernel with Q
     in shared memory) on four streams at once equals one call bit for bit, and captured into a CUDA graph and

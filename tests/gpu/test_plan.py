@@ -802,9 +802,9 @@ def test_k_dequant_at_d256_plans_the_q_in_shared_memory_kernel():
 
 
 def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
-    """ws=1: the f16 Q.K prefill warp-specialized (prefill_ws.cuh) in place of a k_dequant plan at D 128 / 256 on
+    """ws=1: the f16 Q.K prefill warp-specialized (prefill_ws.cuh) in place of a k_dequant plan (D 64 / 128 / 256) on
     sm_90a: 128 rows per block, 3 warpgroups (2 consumers, 1 producer), one block per SM; shared memory: 2 Q tiles, SK
-    K slots and SV V slots of 64 rows x 2 D bytes (4 / 4 at D = 128, 2 / 3 at D = 256), a full and an empty mbarrier
+    K slots and SV V slots of 64 rows x 2 D bytes (4 / 4 at D <= 128, 2 / 3 at D = 256), a full and an empty mbarrier
     per slot, the swizzle slack. V is always scanned (the kernel has no V check: the flagged heads run on
     prefill_wg.cuh's checked instance), so the scratch ends with the V flags. Not taken without the override, where k_dequant is not,
     at D = 64, nor off sm_90a."""
@@ -826,13 +826,15 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     # short: no V scan in the k_dequant plan, so ws adds the flags
     short = plan(1, 32, 8, 1024, 1024, 128, v_format="float", overrides="k_dequant=1,ws=1")
     assert short["ws"] and short["v_scan"] and short["scratch_bytes"] == 8 * 1024 * 128 * 2 + 256 + 8 * 4, short
+    d64 = plan(1, 32, 8, 4096, 4096, 64, v_format="q4_0", overrides="ws=1")
+    assert (d64["ws"], d64["v_dequant"], d64["rows_per_block"], d64["stages"]) == (True, True, 128, 4), d64
+    assert d64["smem_bytes"] == 2 * 64 * 128 + 8 * 64 * 128 + 16 * 8 + 1024, d64
     d256 = plan(1, 24, 4, 8192, 8192, 256, v_format="float", overrides="ws=1")
     assert (d256["ws"], d256["rows_per_block"], d256["threads"], d256["stages"]) == (True, 128, 384, 2), d256
     assert d256["smem_bytes"] == 2 * 64 * 512 + 5 * 64 * 512 + 16 * 5 + 1024, d256
     assert d256["scratch_bytes"] == 4 * 8192 * 256 * 2 + 256 + 4 * 4, d256
     for off in (plan(2, 32, 8, 8192, 8192, 128, v_format="float"),
                 plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=0,ws=1"),
-                plan(1, 32, 8, 4096, 4096, 64, v_format="float", overrides="k_dequant=1,ws=1"),
                 plan(1, 32, 8, 8192, 8192, 128, device=H100_PLAIN_SM90, overrides="ws=1"),
                 plan(1, 32, 8, 8192, 8192, 128, device=A100, overrides="ws=1"),
                 plan(1, 24, 4, 8192, 8192, 256, v_format="float", overrides="ws=1,k_dequant=0"),

@@ -13,7 +13,7 @@ GroupQueryAttention on the CUDA execution provider, in one process.
   but the planner takes the f16 one (sm_90a, shorter calls), d4a_<V>_qk16 (k_dequant=1,v_dequant=1); where the
   planner takes them (sm_90a, D 64 / 128), d4a_<V>_qk16o, the f16 Q.K with 2 blocks per SM and each tile's softmax
   overlapped with the next tile's Q.K (k_dequant=1,v_dequant=1,min_blocks=2), d4a_<V>_ws, the f16 Q.K
-  warp-specialized (D 128 / 256: k_dequant=1,v_dequant=1,ws=1), and d4a_<V>_s8w, the int8 Q.K on wgmma (qk_wgmma=1,
+  warp-specialized (k_dequant=1,v_dequant=1,ws=1), and d4a_<V>_s8w, the int8 Q.K on wgmma (qk_wgmma=1,
   2 blocks per SM);
   sdpa_flash, sdpa_cudnn (torch.nn.functional.scaled_dot_product_attention, f16, GQA through enable_gqa);
   ort_gqa_f16 / ort_gqa_int8 (com.microsoft.GroupQueryAttention on the CUDA EP, f16 or ORT's own int8 (per-tensor
@@ -384,7 +384,7 @@ def _prefill_case(run, hq, hkv, d, s):
                 takes = pl.get("k_dequant") and not default.get("k_dequant")
             elif sfx == "_qk16o":  # the 2-blocks-per-SM instances (D 64 / 128; D = 256's kernel has no such)
                 takes = pl.get("k_dequant") and pl.get("min_blocks") == 2
-            elif sfx == "_ws":  # the warp-specialized f16 Q.K (D 128 / 256)
+            elif sfx == "_ws":  # the warp-specialized f16 Q.K
                 takes = pl.get("ws")
             else:
                 takes = pl.get("qk_wgmma")
