@@ -610,24 +610,34 @@ void plan_qk16_wide(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& de
 // block (two consumer warpgroups) and a producer warpgroup, one block per SM, V scanned once per call (the kernel has
 // no V check: the flagged heads run on prefill_wg.cuh's checked instance, whose shared memory must fit too). Only
 // when asked (ws=1).
+// The instance of a head size and key tile: its key tile, K slots, shared memory (and the checked companion's).
+struct WsInst {
+  int keys = 0, slots = 0, smem = 0, checked = 0;
+};
+template <int D, int NK>
+WsInst ws_inst() {
+  using I = pws::Inst<D, NK>;
+  return {NK, I::SK, I::L::bytes, pwg::Layout<D, 2>::bytes};
+}
+
 void plan_ws(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
   if (ov.ws != 1 || !pl.k_dequant || pl.vk != kVF16 || !dev.wgmma) return;
   if (!pl.v_dequant && !tma_rows_ok(p.v, 2 * p.D, v_stride_bytes(p), p.head_rows(), p.Sk, p.B * p.Hkv)) return;
-  const int smem = p.D == 64    ? pws::Layout<64, pws::Stages<64>::SK, pws::Stages<64>::SV>::bytes
-                   : p.D == 128 ? pws::Layout<128, pws::Stages<128>::SK, pws::Stages<128>::SV>::bytes
-                                : pws::Layout<256, pws::Stages<256>::SK, pws::Stages<256>::SV>::bytes;
-  const int checked = p.D == 64 ? pwg::Layout<64, 2>::bytes
-                      : p.D == 128 ? pwg::Layout<128, 2>::bytes : pwg::Layout<256, 2>::bytes;
-  if (std::max(smem, checked) > dev.max_smem || p.B * p.Hkv * cdiv(p.Sk, kVScanKeys) > kMaxBlocks) return;
+  const bool narrow = ov.ws_keys == 64;  // D 64 / 128: the 64-key tiles (D = 256 has only those)
+  const WsInst in = p.D == 64    ? (narrow ? ws_inst<64, 64>() : ws_inst<64, 128>())
+                    : p.D == 128 ? (narrow ? ws_inst<128, 64>() : ws_inst<128, 128>())
+                                 : ws_inst<256, 64>();
+  if (std::max(in.smem, in.checked) > dev.max_smem || p.B * p.Hkv * cdiv(p.Sk, kVScanKeys) > kMaxBlocks) return;
   GpuPlan w = pl;
-  set_row_chunks(w, p, pws::Layout<128, 1, 1>::kRows);
+  set_row_chunks(w, p, pws::kConsumers * 64);
   w.threads = pws::kThreads;
   w.warps = pws::kThreads / 32;
   w.m_tiles = 1;
   w.min_blocks = 1;
-  w.stages = p.D == 256 ? pws::Stages<256>::SK : pws::Stages<128>::SK;
+  w.key_tile = in.keys;
+  w.stages = in.slots;
   w.tma = w.wgmma = true;
-  w.smem_bytes = smem;
+  w.smem_bytes = in.smem;
   if (block_count(w, p) > kMaxBlocks) return;
   set_blocks(w, p);
   if (!w.v_scan) w.scratch_bytes += size_t(p.B * p.Hkv) * sizeof(int);
@@ -886,9 +896,13 @@ PlanOverrides parse_plan_overrides(const char* s) {
     else if (k == "k_dequant") ov.k_dequant = to_int(k, v, 0, 1, kWhat);
     else if (k == "qk_wgmma") ov.qk_wgmma = to_int(k, v, 0, 1, kWhat);
     else if (k == "ws") ov.ws = to_int(k, v, 0, 1, kWhat);
+    else if (k == "ws_keys") {
+      ov.ws_keys = to_int(k, v, 64, 128, kWhat);
+      if (ov.ws_keys != 64 && ov.ws_keys != 128) fail(kWhat, "ws_keys: expected 64 or 128, got ", v);
+    }
     else
       fail(kWhat, "unknown key '", k, "' (expected kernel, warps, stages, staging, cluster, m_tiles, min_blocks, tma, ",
-           "wgmma, split_waves, v_scan, v_dequant, k_dequant, qk_wgmma, ws)");
+           "wgmma, split_waves, v_scan, v_dequant, k_dequant, qk_wgmma, ws, ws_keys)");
   }
   return ov;
 }
@@ -936,6 +950,7 @@ std::string plan_json(const GpuPlan& pl) {
       << (pl.v_scan ? "true" : "false") << ", \"v_dequant\": " << (pl.v_dequant ? "true" : "false")
       << ", \"k_dequant\": " << (pl.k_dequant ? "true" : "false")
       << ", \"qk_wgmma\": " << (pl.qk_wgmma ? "true" : "false") << ", \"ws\": " << (pl.ws ? "true" : "false");
+  if (pl.ws) o << ", \"key_tile\": " << pl.key_tile;
   o << ", \"smem_bytes\": " << pl.smem_bytes << ", \"n_splits\": " << pl.n_splits << ", \"split_len\": "
     << pl.split_len << ", \"n_chunks\": " << pl.n_chunks << ", \"blocks\": " << pl.blocks
     << ", \"scratch_bytes\": " << pl.scratch_bytes << ", \"strided\": " << (pl.strided ? "true" : "false")

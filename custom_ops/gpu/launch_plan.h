@@ -30,6 +30,7 @@
 //                               than the default instance on the H200, docs/performance.md)
 //   ws=0|1                      the f16 Q.K prefill warp-specialized (GpuPlan::ws, prefill_ws.cuh; 1: wherever the
 //                               plan takes k_dequant; default 0)
+//   ws_keys=64|128              its keys per tile (GpuPlan::key_tile; default 128 at D 64 / 128; D = 256 takes 64)
 // Host code only; no GPU runtime call here (device facts come in as a value).
 #pragma once
 
@@ -81,6 +82,7 @@ struct PlanOverrides {
   int k_dequant = -1;        // -1 auto, 0 off (the int8 Q.K), 1 on (tensor-core prefill: Q.K on f16 wgmma)
   int qk_wgmma = -1;         // -1 auto (off for now), 0 off, 1 on (tensor-core prefill: int8 Q.K on wgmma)
   int ws = -1;               // -1 auto (off for now), 0 off, 1 on (the f16 Q.K prefill warp-specialized)
+  int ws_keys = 0;           // 0 auto, 64 or 128: that kernel's keys per tile (D 64 / 128)
 };
 
 // The largest float16 copy of a quantized V the prefill dequantizes into (scratch): past it, the kernel converts
@@ -96,7 +98,7 @@ struct GpuPlan {
   int D = 0;
   int rows_per_block = 0;  // the kernel's row tile: tile RB, SIMT decode RB, tensor-core decode 8, prefill 16 x MT x 4
   int rows_per_thread = 0; // tile kernel only (RPT)
-  int key_tile = 0;        // tile kernel only: keys per tile (KT, 64 or 32)
+  int key_tile = 0;        // keys per tile: the tile kernel's (KT, 64 or 32), the warp-specialized prefill's (64 / 128)
   int threads = 0;
   int warps = 0, stages = 0;
   int staging = kStageCpAsync;  // tensor-core decode

@@ -48,12 +48,14 @@ struct Layout {
 };
 
 // ---- per-tile row math shared by the kernels of this file and prefill_ws.cuh: a thread holds rows r, r + 8 of a
-// warp's 16 (r = gid) as the m16n8 C layout of 64 keys, s[n][e]: key 8 n + 2 tig + (e & 1), row e >> 1 ----
+// warp's 16 (r = gid) as the m16n8 C layout of a tile of NK keys (64, or 128 in prefill_ws.cuh's wide tiles),
+// s[n][e]: key 8 n + 2 tig + (e & 1), row e >> 1 ----
 
 // Hides the keys rows r0, r0 + 8 (block-relative to the row space; past rows_here: dead rows) do not see in the tile
 // at j0: past the causal diagonal (bottom-right aligned) or Sk, or hidden by the explicit mask (an additive mask's
 // value, in unscaled dot-product units by mask_mul, is added to the logit). Hidden logits become -inf.
-__device__ __forceinline__ void mask_tile(const TileArgs& a, float (&s)[8][4], int64_t b, int64_t hkv, int64_t r0,
+template <int NK = kKeys>
+__device__ __forceinline__ void mask_tile(const TileArgs& a, float (&s)[NK / 8][4], int64_t b, int64_t hkv, int64_t r0,
                                           int64_t rows_here, int j0, int tig, float mask_mul) {
   int64_t kmx[2], mrow[2];  // last visible key (-1: dead row), mask row offset
 #pragma unroll
@@ -69,7 +71,7 @@ __device__ __forceinline__ void mask_tile(const TileArgs& a, float (&s)[8][4], i
     }
   }
 #pragma unroll
-  for (int n = 0; n < 8; ++n)
+  for (int n = 0; n < NK / 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int h = e >> 1;
@@ -98,10 +100,11 @@ struct RowSoftmax {
   // Turns the tile's logits s (unscaled dot products; c_qk = scale * log2 e > 0) into p = 2^(c_qk s - m) in place,
   // adds them to l and gives each row's factor alpha for O (1 where m did not move). True where O must be rescaled
   // (warp-uniform: some row of the warp has alpha != 1).
-  __device__ __forceinline__ bool update(float (&s)[8][4], float c_qk, float (&alpha)[2]) {
+  template <int NK = kKeys>
+  __device__ __forceinline__ bool update(float (&s)[NK / 8][4], float c_qk, float (&alpha)[2]) {
     float mu[2], mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
+    for (int n = 0; n < NK / 8; ++n) {
       mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
       mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
     }
@@ -117,7 +120,7 @@ struct RowSoftmax {
     }
     float ls[2] = {0.f, 0.f};
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
+    for (int n = 0; n < NK / 8; ++n) {
       s[n][0] = ex2(fmaf(s[n][0], c_qk, -mu[0]));
       s[n][1] = ex2(fmaf(s[n][1], c_qk, -mu[0]));
       s[n][2] = ex2(fmaf(s[n][2], c_qk, -mu[1]));
@@ -188,9 +191,11 @@ __device__ __forceinline__ int tile_byte(int r, int b) {
   return tma_row_byte<2 * D, kKeys>(r, b);
 }
 
-// Descriptor of k step ks (16 columns) of a K-major swizzled tile at `base`: slab ks / 4, 32 (ks % 4) bytes in.
+// Descriptor of k step ks (16 columns) of a K-major swizzled tile of ROWS rows at `base`: slab ks / 4 (ROWS x 128
+// bytes each), 32 (ks % 4) bytes in.
+template <int ROWS = kKeys>
 __device__ __forceinline__ uint64_t kmajor_desc(unsigned base, int ks) {
-  return wg_desc_k_sw128(base + unsigned((ks / 4) * (kKeys * 128) + (ks % 4) * 32));
+  return wg_desc_k_sw128(base + unsigned((ks / 4) * (ROWS * 128) + (ks % 4) * 32));
 }
 
 // Rows [r0, r0 + 16) of this warp, quantized as the contract says (int8 levels per 32-block, float32 block scale)
@@ -244,23 +249,29 @@ __device__ __forceinline__ void stage_q(const TileArgs& a, int64_t b, int64_t hk
   }
 }
 
-// S (this warp's 16 rows x 64 keys in the m16n8 C layout) = Q.K of the warpgroup's Q tile at q and the K tile at k:
-// issued and committed as one wgmma group (qk_issue), or also waited for (qk).
-template <int D>
-__device__ __forceinline__ void qk_issue(float (&s)[8][4], unsigned q, unsigned k) {
+// S (this warp's 16 rows x NK keys in the m16n8 C layout) = Q.K of the warpgroup's Q tile at q (64 rows) and the K
+// tile at k (NK rows): issued and committed as one wgmma group (qk_issue), or also waited for (qk).
+template <int D, int NK = kKeys>
+__device__ __forceinline__ void qk_issue(float (&s)[NK / 8][4], unsigned q, unsigned k) {
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
-    if (ks == 0) wgmma_f16_n64_ss<false>(s, kmajor_desc(q, ks), kmajor_desc(k, ks));
-    else wgmma_f16_n64_ss<true>(s, kmajor_desc(q, ks), kmajor_desc(k, ks));
+    if constexpr (NK == 128) {
+      if (ks == 0) wgmma_f16_n128_ss<false>(s, kmajor_desc(q, ks), kmajor_desc<NK>(k, ks));
+      else wgmma_f16_n128_ss<true>(s, kmajor_desc(q, ks), kmajor_desc<NK>(k, ks));
+    } else {
+      if (ks == 0) wgmma_f16_n64_ss<false>(s, kmajor_desc(q, ks), kmajor_desc(k, ks));
+      else wgmma_f16_n64_ss<true>(s, kmajor_desc(q, ks), kmajor_desc(k, ks));
+    }
   }
   wgmma_commit();
 }
 
 // After the wait for the Q.K's group: s is read only from here on.
-__device__ __forceinline__ void fence_s(float (&s)[8][4]) {
+template <int NK = kKeys>
+__device__ __forceinline__ void fence_s(float (&s)[NK / 8][4]) {
 #pragma unroll
-  for (int n = 0; n < 8; ++n)
+  for (int n = 0; n < NK / 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) wg_reg_fence(s[n][e]);
 }
@@ -272,10 +283,11 @@ __device__ __forceinline__ void qk(float (&s)[8][4], unsigned q, unsigned k) {
   fence_s(s);
 }
 
-// P (this warp's rows of the tile's 64 keys, from s) as f16 A fragments of m16n8k16, one per 16 keys.
-__device__ __forceinline__ void p_frags(uint32_t (&pa)[4][4], const float (&s)[8][4]) {
+// P (this warp's rows of the tile's NK keys, from s) as f16 A fragments of m16n8k16, one per 16 keys.
+template <int NK = kKeys>
+__device__ __forceinline__ void p_frags(uint32_t (&pa)[NK / 16][4], const float (&s)[NK / 8][4]) {
 #pragma unroll
-  for (int ks = 0; ks < 4; ++ks) {
+  for (int ks = 0; ks < NK / 16; ++ks) {
     pa[ks][0] = pack_h2(s[2 * ks][0], s[2 * ks][1]);
     pa[ks][1] = pack_h2(s[2 * ks][2], s[2 * ks][3]);
     pa[ks][2] = pack_h2(s[2 * ks + 1][0], s[2 * ks + 1][1]);
@@ -283,17 +295,17 @@ __device__ __forceinline__ void p_frags(uint32_t (&pa)[4][4], const float (&s)[8
   }
 }
 
-// O += P.V: P from registers (pa, p_frags), V the tile at v (MN-major, 128-byte slabs of 64 columns: LBO the next
-// slab, SBO the next 8 keys); columns 128 p .. 128 p + 127 into o[p] (D = 64: one m64n64). Issued and committed; the
-// caller waits (wait_o).
-template <int D>
-__device__ __forceinline__ void pv_issue(OAcc<D>& o, const uint32_t (&pa)[4][4], unsigned v) {
+// O += P.V: P from registers (pa, p_frags), V the tile of NK keys at v (MN-major, 128-byte slabs of 64 columns x NK
+// keys: LBO the next slab, SBO the next 8 keys); columns 128 p .. 128 p + 127 into o[p] (D = 64: one m64n64).
+// Issued and committed; the caller waits (wait_o).
+template <int D, int NK = kKeys>
+__device__ __forceinline__ void pv_issue(OAcc<D>& o, const uint32_t (&pa)[NK / 16][4], unsigned v) {
   wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < 4; ++ks)
+  for (int ks = 0; ks < NK / 16; ++ks)
 #pragma unroll
     for (int p = 0; p < OShape<D>::P; ++p) {
-      const uint64_t desc = wg_desc_mn_sw128(v + unsigned(p * 2 * kKeys * 128 + ks * 16 * 128), kKeys * 128, 1024);
+      const uint64_t desc = wg_desc_mn_sw128(v + unsigned(p * 2 * NK * 128 + ks * 16 * 128), NK * 128, 1024);
       if constexpr (D == 64) wgmma_f16_n64(o[p], pa[ks], desc);
       else wgmma_f16_n128(o[p], pa[ks], desc);
     }

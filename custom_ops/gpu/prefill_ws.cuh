@@ -30,41 +30,49 @@ namespace dot4attn {
 namespace gpu {
 namespace pws {
 
-constexpr int kKeys = pwg::kKeys;  // keys per tile (64)
+constexpr int kBox = pwg::kKeys;  // rows per tensor-copy box (the K / V maps'), and Q rows per warpgroup (64)
 constexpr int kConsumers = 2;      // consumer warpgroups per block (64 rows each)
 constexpr int kThreads = 128 * (kConsumers + 1);
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 65536 (launched at 168 each)
 
 // Shared memory of the block (offsets from a 1024-byte aligned base: the swizzle period; the launcher adds the slack).
-template <int D, int SK, int SV>
+// Tiles of NK keys (64 or 128) in SK K slots and SV V slots.
+template <int D, int NK, int SK, int SV>
 struct Layout {
   static_assert(D == 64 || D == 128 || D == 256, "prefill_ws: D = 64, 128 or 256");
+  static_assert(NK == 64 || NK == 128, "prefill_ws: 64 or 128 keys per tile");
   static constexpr int kRows = 64 * kConsumers;
-  static constexpr int TILE = kKeys * 2 * D;  // 64 rows of 2 D bytes as 128-byte slabs of 64 rows (swizzled)
-  static constexpr int SLAB = kKeys * 128;
+  static constexpr int QTILE = kBox * 2 * D;  // a warpgroup's 64 Q rows of 2 D bytes as 128-byte slabs (swizzled)
+  static constexpr int TILE = NK * 2 * D;     // a K or V tile: NK rows, slabs of NK rows x 128 bytes
+  static constexpr int SLAB = NK * 128;
   static constexpr int OFF_Q = 0;                        // one Q tile per consumer warpgroup
-  static constexpr int OFF_K = kConsumers * TILE;        // SK K slots
+  static constexpr int OFF_K = kConsumers * QTILE;       // SK K slots
   static constexpr int OFF_V = OFF_K + SK * TILE;        // SV V slots
   static constexpr int OFF_BAR = OFF_V + SV * TILE;      // full / empty mbarriers of the K slots, then the V slots'
   static constexpr int bytes = OFF_BAR + 16 * (SK + SV) + 1024;
 };
 
-// The instances the planner may take: SK / SV slots per head size (D = 256: 224 KB of tiles, the most that fits).
-template <int D>
-struct Stages {
-  static constexpr int SK = D <= 128 ? 4 : 2;
-  static constexpr int SV = D <= 128 ? 4 : 3;
+// The instances the planner may take, per head size: keys per tile and slots, the most that fits 227 KB (the wide
+// tiles halve the per-tile work outside the GEMMs: turns, slot barriers, the row max and sum reductions), and
+// at D 64 / 128 the 64-key tiles too (ws_keys=64), to compare.
+template <int D, int NK = (D == 256 ? 64 : 128)>
+struct Inst {
+  static constexpr int kKeys = NK;
+  static constexpr int SK = D == 256 ? 2 : D == 64 || NK == 64 ? 4 : 3;
+  static constexpr int SV = D == 256 ? 3 : D == 64 || NK == 64 ? 4 : 3;
+  using L = Layout<D, NK, SK, SV>;
 };
 
 // Named barriers: 1 + w is consumer warpgroup w's turn to issue its GEMMs, 3 + w its Q tile being whole.
 constexpr int kTurnBar = 1, kQBar = 3;
 
 // ncq > 0: causal with Sq % 128 == 0, blocks in position-major order (heaviest query chunk of every head first).
-template <int D, int SK, int SV>
+template <int D, int NK, int SK, int SV>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_ws_kernel(const TileArgs a, const int64_t ncq, const __grid_constant__ TmaMaps tm) {
 #if defined(D4A_WGMMA)
-  using L = Layout<D, SK, SV>;
+  using L = Layout<D, NK, SK, SV>;
+  constexpr int kKeys = NK;
   constexpr int kRows = L::kRows;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + smem_pad1024(smem_raw);
@@ -123,13 +131,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (t >= SK) mbar_wait(empty_k(sk), unsigned(t / SK - 1) & 1u);  // the consumers gave tile t - SK back
         mbar_arrive_expect(full_k(sk), L::TILE);
 #pragma unroll
-        for (int x = 0; x < 2 * D; x += 128)
-          tma_load_3d_plain(smem_u32(smem + L::OFF_K + sk * L::TILE + (x / 128) * L::SLAB), &tm.k, x, y, z, full_k(sk));
+        for (int x = 0; x < 2 * D; x += 128)  // a slab of NK rows: NK / 64 boxes, 8 KB apart
+#pragma unroll
+          for (int h = 0; h < kKeys; h += kBox)
+            tma_load_3d_plain(smem_u32(smem + L::OFF_K + sk * L::TILE + (x / 128) * L::SLAB + h * 128), &tm.k, x,
+                              y + h, z, full_k(sk));
         if (t >= SV) mbar_wait(empty_v(sv), unsigned(t / SV - 1) & 1u);
         mbar_arrive_expect(full_v(sv), L::TILE);
 #pragma unroll
         for (int x = 0; x < 2 * D; x += 128)
-          tma_load_3d_plain(smem_u32(smem + L::OFF_V + sv * L::TILE + (x / 128) * L::SLAB), &tm.v, x, y, z, full_v(sv));
+#pragma unroll
+          for (int h = 0; h < kKeys; h += kBox)
+            tma_load_3d_plain(smem_u32(smem + L::OFF_V + sv * L::TILE + (x / 128) * L::SLAB + h * 128), &tm.v, x,
+                              y + h, z, full_v(sv));
       }
     }
     return;
@@ -150,7 +164,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     kmin_w = int(lo_w < 0x7fffffffLL ? lo_w : 0x7fffffffLL);
   }
 
-  uint8_t* qt = smem + L::OFF_Q + wg * L::TILE;
+  uint8_t* qt = smem + L::OFF_Q + wg * L::QTILE;
   pwg::stage_q<D>(a, b, hkv, w0, rows_here, qt, 16 * warp, lane);
   fence_proxy_async_smem();            // the generic stores of Q before the wgmma reads them
   named_bar_sync(kQBar + wg, 128);     // the warpgroup's Q tile is whole
@@ -168,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   pwg::RowSoftmax st;
   float alpha[2] = {1.f, 1.f};  // O's factor before the next P.V (the last softmax's)
   bool rescale = false;
-  uint32_t pa[4][4];            // P of the last tile with work, waiting for its P.V
+  uint32_t pa[kKeys / 16][4];   // P of the last tile with work, waiting for its P.V
   const int rl0 = 64 * wg + 16 * warp + gid;  // this thread's rows: rl0, rl0 + 8 of the block
   int ks = 0, vs = 0;           // the K slot of tile t, the V slot of tile t - 1
   unsigned kph = 0, vph = 0;    // their phases
@@ -193,10 +207,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (++vs == SV) vs = 0, vph ^= 1u;
   };
   // S of tile t (waited for): masked where needed, into P in place, O's factor for the next P.V
-  auto softmax = [&](float (&s)[8][4], int t) {
+  auto softmax = [&](float (&s)[kKeys / 8][4], int t) {
     const int j0 = t * kKeys;
-    if (a.mask_kind != 0 || j0 + kKeys - 1 > kmin_w) pwg::mask_tile(a, s, b, hkv, row0 + rl0, rows_here, j0, tig, mask_mul);
-    rescale = st.update(s, c_qk, alpha);
+    if (a.mask_kind != 0 || j0 + kKeys - 1 > kmin_w)
+      pwg::mask_tile<kKeys>(a, s, b, hkv, row0 + rl0, rows_here, j0, tig, mask_mul);
+    rescale = st.update<kKeys>(s, c_qk, alpha);
   };
 
   // The loop is peeled so that no wgmma sits under a condition (ptxas serializes wgmma whose registers a divergent
@@ -204,36 +219,36 @@ __global__ void __launch_bounds__(kThreads, 1)
   // warpgroup sees, turns and slots only.
   int t = 0;
   if (nw > 0) {
-    float s[8][4];
+    float s[kKeys / 8][4];
     turn();
-    pwg::qk_issue<D>(s, q_addr, smem_u32(smem + L::OFF_K + ks * L::TILE));
+    pwg::qk_issue<D, kKeys>(s, q_addr, smem_u32(smem + L::OFF_K + ks * L::TILE));
     pass(0);
     wgmma_wait<0>();
-    pwg::fence_s(s);
+    pwg::fence_s<kKeys>(s);
     give_back(empty_k(ks));
     next_k();
     softmax(s, 0);
-    pwg::p_frags(pa, s);
+    pwg::p_frags<kKeys>(pa, s);
     for (t = 1; t < nw; ++t) {
       turn();
-      pwg::qk_issue<D>(s, q_addr, smem_u32(smem + L::OFF_K + ks * L::TILE));
+      pwg::qk_issue<D, kKeys>(s, q_addr, smem_u32(smem + L::OFF_K + ks * L::TILE));
       if (rescale) pwg::rescale_o<D>(o, alpha);
       mbar_wait(full_v(vs), vph);
-      pwg::pv_issue<D>(o, pa, smem_u32(smem + L::OFF_V + vs * L::TILE));
+      pwg::pv_issue<D, kKeys>(o, pa, smem_u32(smem + L::OFF_V + vs * L::TILE));
       pass(t);
       wgmma_wait<1>();  // the Q.K (the older group) is done; the P.V may still run
-      pwg::fence_s(s);
+      pwg::fence_s<kKeys>(s);
       give_back(empty_k(ks));
       next_k();
       softmax(s, t);
       pwg::wait_o<D>(o);
       give_back(empty_v(vs));
       next_v();
-      pwg::p_frags(pa, s);
+      pwg::p_frags<kKeys>(pa, s);
     }
     if (rescale) pwg::rescale_o<D>(o, alpha);
     mbar_wait(full_v(vs), vph);
-    pwg::pv_issue<D>(o, pa, smem_u32(smem + L::OFF_V + vs * L::TILE));
+    pwg::pv_issue<D, kKeys>(o, pa, smem_u32(smem + L::OFF_V + vs * L::TILE));
     pwg::wait_o<D>(o);
     give_back(empty_v(vs));
     next_v();

@@ -151,18 +151,26 @@ void wg_qk16(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s)
 // The warp-specialized QK16 kernel (prefill_ws.cuh, D 64 / 128 / 256) on a's K and V as float16 rows: V scanned once, the
 // unflagged heads on it and the flagged ones on prefill_wg.cuh's checked instance (two warpgroups of the same 128 rows
 // per block, so the same grid; its own block size and shared memory).
-template <int D>
+template <int D, int NK>
 void ws_qk16(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s) {
-  using St = pws::Stages<D>;
+  using I = pws::Inst<D, NK>;
   const TmaMaps tm = kv_maps(a, 2 * D, 2 * D);
   TileArgs b = a;
   b.v_flags = static_cast<const int*>(scratch);
   scan_v_nonfinite(b, static_cast<int*>(scratch), s);
-  launch_planned(pws::prefill_ws_kernel<D, St::SK, St::SV>, pl, s, b, pl.causal_tiles, tm);
+  launch_planned(pws::prefill_ws_kernel<D, NK, I::SK, I::SV>, pl, s, b, pl.causal_tiles, tm);
   GpuPlan c = pl;
   c.threads = 256;
   c.smem_bytes = pwg::Layout<D, 2>::bytes;
   launch_planned(pwg::prefill_wg_kernel<D, 2, true>, c, s, b, pl.causal_tiles, tm);
+}
+
+void ws_d(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s) {
+  const bool wide = pl.key_tile == 128;
+  if (a.D == 64) return wide ? ws_qk16<64, 128>(pl, a, scratch, s) : ws_qk16<64, 64>(pl, a, scratch, s);
+  if (a.D == 128) return wide ? ws_qk16<128, 128>(pl, a, scratch, s) : ws_qk16<128, 64>(pl, a, scratch, s);
+  if (a.D == 256 && !wide) return ws_qk16<256, 64>(pl, a, scratch, s);
+  no_instance(pl);
 }
 
 template <int VK>
@@ -234,8 +242,7 @@ void run_prefill(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_
       b.ks_stride = 0;
       b.k_flags = kflags;
       sc += pl.k_dequant_bytes + pl.k_flag_bytes;
-      if (pl.ws) return a.D == 64 ? ws_qk16<64>(pl, b, sc, s) : a.D == 128 ? ws_qk16<128>(pl, b, sc, s)
-                                                                           : ws_qk16<256>(pl, b, sc, s);
+      if (pl.ws) return ws_d(pl, b, sc, s);
       if (a.D == 64) return mma_qk16<64>(pl, b, sc, s);
       if (a.D == 128) return mma_qk16<128>(pl, b, sc, s);
       if (a.D == 256) return pl.warps == 4 ? wg_qk16<1>(pl, b, sc, s) : wg_qk16<2>(pl, b, sc, s);

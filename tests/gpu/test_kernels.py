@@ -41,6 +41,7 @@ K16O = K16 + ",min_blocks=2"  # its overlapped schedule (2 blocks per SM, three 
 # Its warp-specialized kernel (prefill_ws.cuh, sm_90a: a producer warpgroup, two consumers taking turns;
 # V always scanned, the flagged heads on prefill_wg.cuh's checked instance): the same numerics.
 K16W = K16 + ",ws=1"
+K16W64 = K16W + ",ws_keys=64"  # its 64-key tiles at D 64 / 128 (128 by default there)
 # The contract's int8 Q.K on wgmma (S8W instances, 2 blocks per SM; V's float16 copy where V is quantized): the
 # reference's own numerics.
 S8W = ("qk_wgmma=1,v_dequant=1,min_blocks=2",)
@@ -48,7 +49,7 @@ S8W = ("qk_wgmma=1,v_dequant=1,min_blocks=2",)
 MMA_DECODE = ["staging=cp_async", "staging=tma", "staging=regs", "staging=bulk", "cluster=1", "warps=2,stages=1",
               "warps=8"]
 MMA_PREFILL = ["tma=0", "wgmma=0", "min_blocks=2", "m_tiles=2", "tma=0,stages=1", "v_scan=0", "v_scan=1",
-               "v_dequant=0", "v_dequant=1", K16, K16 + ",v_scan=0", K16O, K16W, *S8W]
+               "v_dequant=0", "v_dequant=1", K16, K16 + ",v_scan=0", K16O, K16W, K16W64, *S8W]
 KERNEL_OF = {"kernel=simt": "decode_simt", "kernel=tile": "tile"}
 # q6_0 V has no tensor-core prefill of its own: it runs on its float16 copy (v_dequant), so v_dequant=0 takes the tile
 # kernel, with this reason
@@ -145,8 +146,10 @@ def test_long_cases(torch_cuda, name, route, overrides):
         assert plan["kernel"] == KERNEL_OF[overrides]
     elif overrides.startswith(K16):
         assert plan.get("k_dequant", False) == _qk16_expected(torch_cuda, c, plan), plan
-        if overrides == K16W:
+        if overrides in (K16W, K16W64):
             assert plan.get("ws", False) == _ws_expected(torch_cuda, c, plan), plan
+            if plan.get("ws", False):
+                assert plan["key_tile"] == (64 if overrides == K16W64 or c.D == 256 else 128), plan
     elif overrides.startswith(S8W[0]):
         assert plan.get("qk_wgmma", False) == _qk16_expected(torch_cuda, c, plan, s8w=True), plan
     elif _mma_ok(c) and c.v_format == "q6_0" and overrides == "v_dequant=0":
@@ -441,7 +444,7 @@ def test_v_dequant_prefill_matches_the_kernels_own_conversion(torch_cuda, v_form
                                                    ("q8_0", 128, K16O), ("q4_0", 64, K16O), ("float", 64, K16O),
                                                    ("float", 256, K16), ("q8_0", 256, K16), ("float", 128, K16W),
                                                    ("q8_0", 128, K16W), ("float", 256, K16W), ("q4_0", 256, K16W),
-                                                   ("float", 64, K16W), ("q4_0", 64, K16W)])
+                                                   ("float", 64, K16W), ("q4_0", 64, K16W), ("q8_0", 128, K16W64)])
 def test_qk16_prefill_edges_against_the_reference(torch_cuda, v_format, D, overrides):
     """The QK16 prefill (k_dequant=1) on the edges its K copy has to keep: a head whose K is packed from float32 values
     past float16's range (scales past 515.5: that head's copy holds K times 2^-8 and its logits are multiplied back),
@@ -470,7 +473,7 @@ def test_qk16_prefill_edges_against_the_reference(torch_cuda, v_format, D, overr
     out = torch.full(q.shape, float("nan"), dtype=torch.float16, device="cuda")
     plan = native.TorchAttention(*t, out, v_format=v_format, route="prefill", overrides=overrides)(return_plan=True)
     torch.cuda.synchronize()
-    assert plan["k_dequant"] and plan["ws"] == (overrides == K16W), plan
+    assert plan["k_dequant"] and plan["ws"] == overrides.startswith(K16W), plan
     o = out.cpu().numpy()
     bad = np.isnan(ref)
     assert np.array_equal(np.isnan(o), bad), "NaN rows differ from the reference's"
@@ -480,7 +483,7 @@ def test_qk16_prefill_edges_against_the_reference(torch_cuda, v_format, D, overr
 
 
 @pytest.mark.parametrize("D,overrides", [(128, K16), (128, K16O), (256, K16), (64, K16W), (128, K16W),
-                                         (256, K16W)])
+                                         (128, K16W64), (256, K16W)])
 def test_qk16_prefill_streams_and_graph(torch_cuda, D, overrides):
     """The QK16 prefill (K's float16 copy, its flags, V's copy and scan, then the kernel; at D = 256 the kernel with Q
     in shared memory) on four streams at once equals one call bit for bit, and captured into a CUDA graph and
@@ -498,7 +501,7 @@ def test_qk16_prefill_streams_and_graph(torch_cuda, D, overrides):
     new = lambda: native.TorchAttention(*t, torch.empty_like(t[0]), v_format="q8_0", route="prefill",  # noqa: E731
                                         overrides=overrides)
     p = native.gpu_plan(new().call)
-    assert p["k_dequant"] and p["ws"] == (overrides == K16W), p
+    assert p["k_dequant"] and p["ws"] == overrides.startswith(K16W), p
 
     def same_bits(out, want):
         assert torch.equal(out, want), "QK16 prefill graph replay differs from a direct call"

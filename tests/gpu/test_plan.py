@@ -803,20 +803,24 @@ def test_k_dequant_at_d256_plans_the_q_in_shared_memory_kernel():
 
 def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     """ws=1: the f16 Q.K prefill warp-specialized (prefill_ws.cuh) in place of a k_dequant plan (D 64 / 128 / 256) on
-    sm_90a: 128 rows per block, 3 warpgroups (2 consumers, 1 producer), one block per SM; shared memory: 2 Q tiles, SK
-    K slots and SV V slots of 64 rows x 2 D bytes (4 / 4 at D <= 128, 2 / 3 at D = 256), a full and an empty mbarrier
-    per slot, the swizzle slack. V is always scanned (the kernel has no V check: the flagged heads run on
-    prefill_wg.cuh's checked instance), so the scratch ends with the V flags. Not taken without the override, where k_dequant is not,
-    at D = 64, nor off sm_90a."""
+    sm_90a: 128 rows per block, 3 warpgroups (2 consumers, 1 producer), one block per SM; shared memory: 2 Q tiles of
+    64 rows x 2 D bytes, SK K slots and SV V slots of key_tile rows x 2 D bytes, a full and an empty mbarrier per slot,
+    the swizzle slack. Key tiles of 128 with 3 + 3 slots at D = 128 (ws_keys=64: 64 with 4 + 4), 128 with 4 + 4 at
+    D = 64, 64 with 2 + 3 at D = 256. V is always scanned (the kernel has no V check: the flagged heads run on
+    prefill_wg.cuh's checked instance), so the scratch ends with the V flags. Not taken without the override, where
+    k_dequant is not, nor off sm_90a, nor where the block does not fit."""
     base = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1")
     p = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=1")
     assert (p["ws"], p["k_dequant"], p["wgmma"], p["tma"], p["min_blocks"], p["v_scan"]) == \
         (True, True, True, True, 1, True), p
-    assert (p["rows_per_block"], p["threads"], p["warps"], p["stages"]) == (128, 384, 12, 4), p
-    assert p["smem_bytes"] == 2 * 64 * 256 + 8 * 64 * 256 + 16 * 8 + 1024, p
+    assert (p["rows_per_block"], p["threads"], p["warps"], p["key_tile"], p["stages"]) == (128, 384, 12, 128, 3), p
+    assert p["smem_bytes"] == 2 * 64 * 256 + 6 * 128 * 256 + 16 * 6 + 1024, p
     assert (p["n_chunks"], p["blocks"]) == (1, 2 * 8 * 4 * (8192 // 128)), p
     assert p["scratch_bytes"] == base["scratch_bytes"] == 2 * 8 * 8192 * 128 * 2 + 256 + 2 * 8 * 4, p
-    assert not base["ws"]
+    assert not base["ws"] and "key_tile" not in base
+    narrow = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=1,ws_keys=64")
+    assert (narrow["key_tile"], narrow["stages"]) == (64, 4), narrow
+    assert narrow["smem_bytes"] == 2 * 64 * 256 + 8 * 64 * 256 + 16 * 8 + 1024, narrow
     # the default rule's k_dequant plan takes it too when asked; a chunk over a packed cache's rows
     assert plan(1, 32, 8, 8192, 8192, 128, v_format="q8_0", overrides="ws=1")["ws"]
     cache = plan(1, 28, 4, 16384, 131072, 128, v_format="q4_0", overrides="ws=1",
@@ -827,22 +831,27 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     short = plan(1, 32, 8, 1024, 1024, 128, v_format="float", overrides="k_dequant=1,ws=1")
     assert short["ws"] and short["v_scan"] and short["scratch_bytes"] == 8 * 1024 * 128 * 2 + 256 + 8 * 4, short
     d64 = plan(1, 32, 8, 4096, 4096, 64, v_format="q4_0", overrides="ws=1")
-    assert (d64["ws"], d64["v_dequant"], d64["rows_per_block"], d64["stages"]) == (True, True, 128, 4), d64
-    assert d64["smem_bytes"] == 2 * 64 * 128 + 8 * 64 * 128 + 16 * 8 + 1024, d64
+    assert (d64["ws"], d64["v_dequant"], d64["rows_per_block"], d64["key_tile"], d64["stages"]) == \
+        (True, True, 128, 128, 4), d64
+    assert d64["smem_bytes"] == 2 * 64 * 128 + 8 * 128 * 128 + 16 * 8 + 1024, d64
     d256 = plan(1, 24, 4, 8192, 8192, 256, v_format="float", overrides="ws=1")
-    assert (d256["ws"], d256["rows_per_block"], d256["threads"], d256["stages"]) == (True, 128, 384, 2), d256
+    assert (d256["ws"], d256["rows_per_block"], d256["threads"], d256["key_tile"], d256["stages"]) == \
+        (True, 128, 384, 64, 2), d256
     assert d256["smem_bytes"] == 2 * 64 * 512 + 5 * 64 * 512 + 16 * 5 + 1024, d256
     assert d256["scratch_bytes"] == 4 * 8192 * 256 * 2 + 256 + 4 * 4, d256
+    small = "sm=90a,sms=132,smem=200000"  # the wide D = 128 block does not fit, the 64-key one does
+    assert plan(1, 32, 8, 8192, 8192, 128, device=small, overrides="ws=1,ws_keys=64")["ws"]
     for off in (plan(2, 32, 8, 8192, 8192, 128, v_format="float"),
                 plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=0,ws=1"),
                 plan(1, 32, 8, 8192, 8192, 128, device=H100_PLAIN_SM90, overrides="ws=1"),
                 plan(1, 32, 8, 8192, 8192, 128, device=A100, overrides="ws=1"),
                 plan(1, 24, 4, 8192, 8192, 256, v_format="float", overrides="ws=1,k_dequant=0"),
-                plan(1, 24, 4, 8192, 8192, 256, v_format="float", overrides="ws=1",
-                     device="sm=90a,sms=132,smem=200000")):
+                plan(1, 32, 8, 8192, 8192, 128, device=small, overrides="ws=1"),
+                plan(1, 24, 4, 8192, 8192, 256, v_format="float", overrides="ws=1", device=small)):
         assert not off.get("ws", False), off
-    with pytest.raises(native.NativeError, match="ws"):
-        plan(1, 32, 8, 8192, 8192, 128, overrides="ws=2")
+    for bad in ("ws=2", "ws_keys=96", "ws_keys=256"):
+        with pytest.raises(native.NativeError, match="ws"):
+            plan(1, 32, 8, 8192, 8192, 128, overrides=bad)
 
 
 def test_qk_wgmma_plans_the_int8_wgmma_qk_only_where_asked():

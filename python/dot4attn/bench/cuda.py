@@ -13,7 +13,7 @@ GroupQueryAttention on the CUDA execution provider, in one process.
   but the planner takes the f16 one (sm_90a, shorter calls), d4a_<V>_qk16 (k_dequant=1,v_dequant=1); where the
   planner takes them (sm_90a, D 64 / 128), d4a_<V>_qk16o, the f16 Q.K with 2 blocks per SM and each tile's softmax
   overlapped with the next tile's Q.K (k_dequant=1,v_dequant=1,min_blocks=2), d4a_<V>_ws, the f16 Q.K
-  warp-specialized (k_dequant=1,v_dequant=1,ws=1), and d4a_<V>_s8w, the int8 Q.K on wgmma (qk_wgmma=1,
+  warp-specialized (k_dequant=1,v_dequant=1,ws=1; d4a_<V>_ws64 with 64-key tiles at D 64 / 128), and d4a_<V>_s8w, the int8 Q.K on wgmma (qk_wgmma=1,
   2 blocks per SM);
   sdpa_flash, sdpa_cudnn (torch.nn.functional.scaled_dot_product_attention, f16, GQA through enable_gqa);
   ort_gqa_f16 / ort_gqa_int8 (com.microsoft.GroupQueryAttention on the CUDA EP, f16 or ORT's own int8 (per-tensor
@@ -375,7 +375,8 @@ def _prefill_case(run, hq, hkv, d, s):
         # one (k_dequant.cuh), the f16 Q.K overlapped, the int8 Q.K on wgmma
         default = native.gpu_plan(native.TorchAttention(q, kp, ks, vp, vs, run.torch.empty_like(q), v_format=fmt).call)
         for ov, sfx in (("k_dequant=0", "_int8"), (QK16, "_qk16"), (QK16 + ",min_blocks=2", "_qk16o"),
-                        (QK16 + ",ws=1", "_ws"), ("qk_wgmma=1,v_dequant=1,min_blocks=2", "_s8w")):
+                        (QK16 + ",ws=1", "_ws"), (QK16 + ",ws=1,ws_keys=64", "_ws64"),
+                        ("qk_wgmma=1,v_dequant=1,min_blocks=2", "_s8w")):
             r = native.TorchAttention(q, kp, ks, vp, vs, run.torch.empty_like(q), v_format=fmt, overrides=ov)
             pl = native.gpu_plan(r.call)
             if sfx == "_int8":
@@ -386,6 +387,8 @@ def _prefill_case(run, hq, hkv, d, s):
                 takes = pl.get("k_dequant") and pl.get("min_blocks") == 2
             elif sfx == "_ws":  # the warp-specialized f16 Q.K
                 takes = pl.get("ws")
+            elif sfx == "_ws64":  # its 64-key tiles where the default tile is 128 keys (D 64 / 128)
+                takes = pl.get("ws") and d != 256
             else:
                 takes = pl.get("qk_wgmma")
             if takes:
