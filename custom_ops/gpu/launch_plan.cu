@@ -606,10 +606,11 @@ void plan_qk16_wide(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& de
   pl = w;
 }
 
-// The warp-specialized f16 Q.K prefill (prefill_ws.cuh) in place of a k_dequant plan (D 64 / 128 / 256): 128 rows per
-// block (two consumer warpgroups) and a producer warpgroup, one block per SM, V scanned once per call (the kernel has
-// no V check: the flagged heads run on prefill_wg.cuh's checked instance, whose shared memory must fit too). Only
-// when asked (ws=1).
+// The warp-specialized f16 Q.K prefill (prefill_ws.cuh) in place of a k_dequant plan (D 64 / 128 / 256): work items
+// of 128 rows (two consumer warpgroups) beside a producer warpgroup, one block per SM, persistent (a block per SM
+// walking the items; ws_persist=0: a block per item), V scanned once per call (the kernel has no V check: the flagged
+// heads run on prefill_wg.cuh's checked instance, a block per item, whose shared memory must fit too). Only when
+// asked (ws=1).
 // The instance of a head size and key tile: its key tile, K slots, shared memory (and the checked companion's).
 struct WsInst {
   int keys = 0, slots = 0, smem = 0, checked = 0;
@@ -640,6 +641,9 @@ void plan_ws(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, cons
   w.smem_bytes = in.smem;
   if (block_count(w, p) > kMaxBlocks) return;
   set_blocks(w, p);
+  w.ws_items = w.blocks;
+  w.persistent = ov.ws_persist != 0;
+  if (w.persistent) w.blocks = std::min<int64_t>(w.ws_items, std::max(dev.sms, 1));  // one block per SM
   if (!w.v_scan) w.scratch_bytes += size_t(p.B * p.Hkv) * sizeof(int);
   w.v_scan = true;
   w.ws = true;
@@ -896,13 +900,14 @@ PlanOverrides parse_plan_overrides(const char* s) {
     else if (k == "k_dequant") ov.k_dequant = to_int(k, v, 0, 1, kWhat);
     else if (k == "qk_wgmma") ov.qk_wgmma = to_int(k, v, 0, 1, kWhat);
     else if (k == "ws") ov.ws = to_int(k, v, 0, 1, kWhat);
+    else if (k == "ws_persist") ov.ws_persist = to_int(k, v, 0, 1, kWhat);
     else if (k == "ws_keys") {
       ov.ws_keys = to_int(k, v, 64, 128, kWhat);
       if (ov.ws_keys != 64 && ov.ws_keys != 128) fail(kWhat, "ws_keys: expected 64 or 128, got ", v);
     }
     else
       fail(kWhat, "unknown key '", k, "' (expected kernel, warps, stages, staging, cluster, m_tiles, min_blocks, tma, ",
-           "wgmma, split_waves, v_scan, v_dequant, k_dequant, qk_wgmma, ws, ws_keys)");
+           "wgmma, split_waves, v_scan, v_dequant, k_dequant, qk_wgmma, ws, ws_keys, ws_persist)");
   }
   return ov;
 }
@@ -950,7 +955,9 @@ std::string plan_json(const GpuPlan& pl) {
       << (pl.v_scan ? "true" : "false") << ", \"v_dequant\": " << (pl.v_dequant ? "true" : "false")
       << ", \"k_dequant\": " << (pl.k_dequant ? "true" : "false")
       << ", \"qk_wgmma\": " << (pl.qk_wgmma ? "true" : "false") << ", \"ws\": " << (pl.ws ? "true" : "false");
-  if (pl.ws) o << ", \"key_tile\": " << pl.key_tile;
+  if (pl.ws)
+    o << ", \"key_tile\": " << pl.key_tile << ", \"persistent\": " << (pl.persistent ? "true" : "false")
+      << ", \"items\": " << pl.ws_items;
   o << ", \"smem_bytes\": " << pl.smem_bytes << ", \"n_splits\": " << pl.n_splits << ", \"split_len\": "
     << pl.split_len << ", \"n_chunks\": " << pl.n_chunks << ", \"blocks\": " << pl.blocks
     << ", \"scratch_bytes\": " << pl.scratch_bytes << ", \"strided\": " << (pl.strided ? "true" : "false")

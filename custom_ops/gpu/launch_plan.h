@@ -31,6 +31,7 @@
 //   ws=0|1                      the f16 Q.K prefill warp-specialized (GpuPlan::ws, prefill_ws.cuh; 1: wherever the
 //                               plan takes k_dequant; default 0)
 //   ws_keys=64|128              its keys per tile (GpuPlan::key_tile; default 128 at D 64 / 128; D = 256 takes 64)
+//   ws_persist=0|1              its grid: one block per SM walking the work items (default), or one per item
 // Host code only; no GPU runtime call here (device facts come in as a value).
 #pragma once
 
@@ -83,6 +84,7 @@ struct PlanOverrides {
   int qk_wgmma = -1;         // -1 auto (off for now), 0 off, 1 on (tensor-core prefill: int8 Q.K on wgmma)
   int ws = -1;               // -1 auto (off for now), 0 off, 1 on (the f16 Q.K prefill warp-specialized)
   int ws_keys = 0;           // 0 auto, 64 or 128: that kernel's keys per tile (D 64 / 128)
+  int ws_persist = -1;       // -1 auto (on), 0 off: that kernel's blocks walk its work items (one block per SM)
 };
 
 // The largest float16 copy of a quantized V the prefill dequantizes into (scratch): past it, the kernel converts
@@ -134,6 +136,8 @@ struct GpuPlan {
   // Tensor-core prefill with Q.K on f16 wgmma (sm_90a): the warp-specialized kernel (prefill_ws.cuh: a
   // producer warpgroup, two consumer warpgroups taking turns on the tensor cores), V always scanned once per call.
   bool ws = false;
+  bool persistent = false;  // ws: `blocks` (one per SM) walk ws_items work items of 128 rows; else one block per item
+  int64_t ws_items = 0;
   bool strided = false;      // K / V rows strided (AttentionParams' row layout is not the dense one)
   std::string fallback;      // why the route's preferred kernel was not taken ("" when it was)
   PlanOverrides overrides;   // what the plan was made with (a refused cluster launch is planned again without)

@@ -14,12 +14,14 @@
 //     the Q.K (intra-warpgroup overlap); P.V of t - 1 completes under the softmax.
 // Per consumer warpgroup and tile t:  wait K(t) full; [turn]  issue S = Q.K(t);  rescale O (lazy max);  issue
 // O += P(t-1).V(t-1); [pass the turn]  wait for S; give K(t) back;  mask, softmax -> P(t);  wait for O; give V(t-1) back.
-// (A slot given back after the block's last tile is never waited for; every copy lands before the block exits.)
-// A warpgroup whose rows see no key of a tile (causal: the block's first rows) still takes its turn and gives the
-// tile's slots back, so both warpgroups walk all of the block's tiles and the turns stay paired.
+// A warpgroup whose rows see no key of a tile (causal: the work item's first rows) still takes its turn and gives the
+// tile's slots back, so both warpgroups walk all of the item's tiles and the turns stay paired. A block walks work
+// items of 128 rows (item_at), persistently where the planner gives it one block per SM: the slots' phases and the
+// turns run on from item to item, and the producer loads the next item's first tiles while the consumers store
+// this one's rows.
 //
 // Only the instance without the V check: the planner scans V once per call (v_scan.cuh) and the heads it flags run on
-// prefill_wg.cuh's checked instance (launch_ws in prefill_gpu.cu).
+// prefill_wg.cuh's checked instance (ws_qk16 in prefill_gpu.cu).
 #pragma once
 
 #include "gpu/prefill_wg.cuh"
@@ -66,43 +68,56 @@ struct Inst {
 // Named barriers: 1 + w is consumer warpgroup w's turn to issue its GEMMs, 3 + w its Q tile being whole.
 constexpr int kTurnBar = 1, kQBar = 3;
 
-// ncq > 0: causal with Sq % 128 == 0, blocks in position-major order (heaviest query chunk of every head first).
-template <int D, int NK, int SK, int SV>
-__global__ void __launch_bounds__(kThreads, 1)
-    prefill_ws_kernel(const TileArgs a, const int64_t ncq, const __grid_constant__ TmaMaps tm) {
-#if defined(D4A_WGMMA)
-  using L = Layout<D, NK, SK, SV>;
-  constexpr int kKeys = NK;
-  constexpr int kRows = L::kRows;
-  extern __shared__ __align__(16) uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + smem_pad1024(smem_raw);
-  const int tid = threadIdx.x, wg = tid >> 7;  // warpgroups 0, 1: consumers; 2: the producer
+// A work item: 128 rows of one (batch, KV head) row space (as a block of prefill_wg.cuh), its keys in nkt tiles of
+// NK. ncq > 0: causal with Sq % 128 == 0, items in position-major order (the heaviest query chunk of every head
+// first); else row chunks, in reverse under causal masking. Skipped: a V-poisoned head (prefill_wg.cuh's checked
+// instance runs it).
+struct Item {
+  int64_t bh, b, hkv, row0, row_end;
+  int nkt;
+  bool skip;
+};
 
-  // ---- which (batch, KV head, row chunk): as prefill_wg.cuh ----
-  const int64_t idx = int64_t(blockIdx.x);
-  int64_t bh, chunk;
+template <int NK>
+__device__ __forceinline__ Item item_at(const TileArgs& a, int64_t ncq, int64_t idx) {
+  Item it;
+  int64_t chunk;
   if (ncq > 0) {
     const int64_t U = a.B * a.Hkv * a.g;
     const int64_t level = idx / U, u = idx % U;
-    bh = u / a.g;
+    it.bh = u / a.g;
     chunk = (u % a.g) * ncq + (ncq - 1 - level);
   } else {
-    bh = idx / a.n_chunks;
+    it.bh = idx / a.n_chunks;
     chunk = idx % a.n_chunks;
     if (a.reverse_chunks) chunk = a.n_chunks - 1 - chunk;
   }
-  if (a.v_flags[bh] != 0) return;  // a V-poisoned head: prefill_wg.cuh's checked instance runs it
-  const int64_t b = bh / a.Hkv, hkv = bh % a.Hkv;
+  it.skip = a.v_flags[it.bh] != 0;
+  it.b = it.bh / a.Hkv;
+  it.hkv = it.bh % a.Hkv;
   const int64_t rows_here = a.g * a.Sq;
-  const int64_t row0 = chunk * kRows;
-  const int64_t row_end = row0 + kRows < rows_here ? row0 + kRows : rows_here;
-  int nkt;  // the block's key tiles (up to its last visible key)
-  {
-    int64_t lo, hi;
-    pmma::run_kminmax(a, row0, row_end, lo, hi);
-    const int kend = int(hi + 1 < a.Sk ? hi + 1 : a.Sk);
-    nkt = kend > 0 ? (kend + kKeys - 1) / kKeys : 0;
-  }
+  it.row0 = chunk * 64 * kConsumers;
+  it.row_end = it.row0 + 64 * kConsumers < rows_here ? it.row0 + 64 * kConsumers : rows_here;
+  int64_t lo, hi;
+  pmma::run_kminmax(a, it.row0, it.row_end, lo, hi);
+  const int kend = int(hi + 1 < a.Sk ? hi + 1 : a.Sk);
+  it.nkt = kend > 0 ? (kend + NK - 1) / NK : 0;
+  return it;
+}
+
+// Block b takes items b, b + gridDim.x, ...: one each where the grid covers them, or persistent (one block per SM,
+// the items in their heavy-first order dealt round-robin), so the producer loads the next item's first tiles while
+// the consumers store this one's rows.
+template <int D, int NK, int SK, int SV>
+__global__ void __launch_bounds__(kThreads, 1)
+    prefill_ws_kernel(const TileArgs a, const int64_t ncq, const int64_t n_items, const __grid_constant__ TmaMaps tm) {
+#if defined(D4A_WGMMA)
+  using L = Layout<D, NK, SK, SV>;
+  constexpr int kKeys = NK;
+  extern __shared__ __align__(16) uint8_t smem_raw[];
+  uint8_t* smem = smem_raw + smem_pad1024(smem_raw);
+  const int tid = threadIdx.x, wg = tid >> 7;  // warpgroups 0, 1: consumers; 2: the producer
+  const int64_t rows_here = a.g * a.Sq;
 
   const unsigned bars = smem_u32(smem + L::OFF_BAR);
   auto full_k = [&](int i) { return bars + 8u * unsigned(i); };
@@ -122,28 +137,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  if (wg == kConsumers) {  // ---- the producer: one thread issues every tile's copies ----
+  if (wg == kConsumers) {  // ---- the producer: one thread issues every tile's copies, item after item ----
     wg_regs_dec<kProducerRegs>();
     if (tid == 128 * kConsumers) {
-      const int z = int(bh);
-      for (int t = 0; t < nkt; ++t) {  // keys past Sk arrive as zeros and are masked like any other
-        const int sk = t % SK, sv = t % SV, y = t * kKeys;
-        if (t >= SK) mbar_wait(empty_k(sk), unsigned(t / SK - 1) & 1u);  // the consumers gave tile t - SK back
-        mbar_arrive_expect(full_k(sk), L::TILE);
+      int64_t g = 0;  // tiles issued so far (the slots' phases run on across items)
+      for (int64_t idx = blockIdx.x; idx < n_items; idx += gridDim.x) {
+        const Item it = item_at<NK>(a, ncq, idx);
+        if (it.skip) continue;
+        const int z = int(it.bh);
+        for (int t = 0; t < it.nkt; ++t, ++g) {  // keys past Sk arrive as zeros and are masked like any other
+          const int sk = int(g % SK), sv = int(g % SV), y = t * kKeys;
+          if (g >= SK) mbar_wait(empty_k(sk), unsigned(g / SK - 1) & 1u);  // the consumers gave tile g - SK back
+          mbar_arrive_expect(full_k(sk), L::TILE);
 #pragma unroll
-        for (int x = 0; x < 2 * D; x += 128)  // a slab of NK rows: NK / 64 boxes, 8 KB apart
+          for (int x = 0; x < 2 * D; x += 128)  // a slab of NK rows: NK / 64 boxes, 8 KB apart
 #pragma unroll
-          for (int h = 0; h < kKeys; h += kBox)
-            tma_load_3d_plain(smem_u32(smem + L::OFF_K + sk * L::TILE + (x / 128) * L::SLAB + h * 128), &tm.k, x,
-                              y + h, z, full_k(sk));
-        if (t >= SV) mbar_wait(empty_v(sv), unsigned(t / SV - 1) & 1u);
-        mbar_arrive_expect(full_v(sv), L::TILE);
+            for (int h = 0; h < kKeys; h += kBox)
+              tma_load_3d_plain(smem_u32(smem + L::OFF_K + sk * L::TILE + (x / 128) * L::SLAB + h * 128), &tm.k, x,
+                                y + h, z, full_k(sk));
+          if (g >= SV) mbar_wait(empty_v(sv), unsigned(g / SV - 1) & 1u);
+          mbar_arrive_expect(full_v(sv), L::TILE);
 #pragma unroll
-        for (int x = 0; x < 2 * D; x += 128)
+          for (int x = 0; x < 2 * D; x += 128)
 #pragma unroll
-          for (int h = 0; h < kKeys; h += kBox)
-            tma_load_3d_plain(smem_u32(smem + L::OFF_V + sv * L::TILE + (x / 128) * L::SLAB + h * 128), &tm.v, x,
-                              y + h, z, full_v(sv));
+            for (int h = 0; h < kKeys; h += kBox)
+              tma_load_3d_plain(smem_u32(smem + L::OFF_V + sv * L::TILE + (x / 128) * L::SLAB + h * 128), &tm.v, x,
+                                y + h, z, full_v(sv));
+        }
       }
     }
     return;
@@ -152,121 +172,127 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ---- the consumers ----
   wg_regs_inc<kConsumerRegs>();
   const int warp = (tid >> 5) & 3, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
-  const int64_t wg0 = row0 + 64 * wg, w0 = wg0 + 16 * warp;  // this warpgroup's / warp's first row
-  // key bounds: the warpgroup's tiles with work (nw: from tile nw on no row of it sees a key; uniform over the
-  // warpgroup, as wgmma needs), the warp's first causal limit (tiles before it need no masking)
-  int nw, kmin_w;
-  {
-    int64_t lo, hi, lo_w, hi_w;
-    pmma::run_kminmax(a, wg0, wg0 + 64 < row_end ? wg0 + 64 : row_end, lo, hi);
-    nw = hi < 0 ? 0 : int(hi / kKeys + 1 < nkt ? hi / kKeys + 1 : nkt);
-    pmma::run_kminmax(a, w0, w0 + 16 < row_end ? w0 + 16 : row_end, lo_w, hi_w);
-    kmin_w = int(lo_w < 0x7fffffffLL ? lo_w : 0x7fffffffLL);
-  }
-
+  const int rl0 = 64 * wg + 16 * warp + gid;  // this thread's rows: rl0, rl0 + 8 of the item's 128
   uint8_t* qt = smem + L::OFF_Q + wg * L::QTILE;
-  pwg::stage_q<D>(a, b, hkv, w0, rows_here, qt, 16 * warp, lane);
-  fence_proxy_async_smem();            // the generic stores of Q before the wgmma reads them
-  named_bar_sync(kQBar + wg, 128);     // the warpgroup's Q tile is whole
-  if (wg == 1 && nkt > 0) named_bar_arrive(kTurnBar, 256);  // warpgroup 0 issues first
   const unsigned q_addr = smem_u32(qt);
-  // the softmax's exponent factor: scale * log2 e, times 2^8 where this head's K copy holds K times 2^-8
-  const float c_qk = a.scale_log2 * (a.k_flags != nullptr && a.k_flags[bh] != 0 ? 256.f : 1.f);
-  const float mask_mul = kLog2e / c_qk;  // an additive mask value in unscaled dot-product units
-
-  pwg::OAcc<D> o;
-#pragma unroll
-  for (int p = 0; p < pwg::OShape<D>::P; ++p)
-#pragma unroll
-    for (int n = 0; n < pwg::OShape<D>::N; ++n) o[p][n][0] = o[p][n][1] = o[p][n][2] = o[p][n][3] = 0.f;
-  pwg::RowSoftmax st;
-  float alpha[2] = {1.f, 1.f};  // O's factor before the next P.V (the last softmax's)
-  bool rescale = false;
-  uint32_t pa[kKeys / 16][4];   // P of the last tile with work, waiting for its P.V
-  const int rl0 = 64 * wg + 16 * warp + gid;  // this thread's rows: rl0, rl0 + 8 of the block
-  int ks = 0, vs = 0;           // the K slot of tile t, the V slot of tile t - 1
-  unsigned kph = 0, vph = 0;    // their phases
+  int ks = 0, vs = 0;         // the K slot of the next tile, the V slot of the oldest tile not given back
+  unsigned kph = 0, vph = 0;  // their phases (running on across items, as the producer's)
   auto give_back = [&](unsigned bar) {
     __syncwarp();
     if (lane == 0) mbar_arrive(bar);
   };
-
-  // The turn on the tensor cores: K(t) landed, then this warpgroup's turn; passing it (none after the block's last
-  // tile: the turns stay paired).
+  // The turn on the tensor cores: K landed, then this warpgroup's turn (warpgroup 1 opens warpgroup 0's first turn,
+  // and warpgroup 0 takes one more turn at the end, so every arrival on the pair is consumed).
   auto turn = [&]() {
     mbar_wait(full_k(ks), kph);
     named_bar_sync(kTurnBar + wg, 256);
   };
-  auto pass = [&](int t) {
-    if (wg == 0 || t < nkt - 1) named_bar_arrive(kTurnBar + 1 - wg, 256);
-  };
+  auto pass = [&]() { named_bar_arrive(kTurnBar + 1 - wg, 256); };
   auto next_k = [&]() {
     if (++ks == SK) ks = 0, kph ^= 1u;
   };
   auto next_v = [&]() {
     if (++vs == SV) vs = 0, vph ^= 1u;
   };
-  // S of tile t (waited for): masked where needed, into P in place, O's factor for the next P.V
-  auto softmax = [&](float (&s)[kKeys / 8][4], int t) {
-    const int j0 = t * kKeys;
-    if (a.mask_kind != 0 || j0 + kKeys - 1 > kmin_w)
-      pwg::mask_tile<kKeys>(a, s, b, hkv, row0 + rl0, rows_here, j0, tig, mask_mul);
-    rescale = st.update<kKeys>(s, c_qk, alpha);
-  };
+  if (wg == 1) named_bar_arrive(kTurnBar, 256);
 
-  // The loop is peeled so that no wgmma sits under a condition (ptxas serializes wgmma whose registers a divergent
-  // path may touch): tile 0's Q.K alone, then Q.K(t) with P.V(t - 1), then the last P.V; then the tiles no row of the
-  // warpgroup sees, turns and slots only.
-  int t = 0;
-  if (nw > 0) {
-    float s[kKeys / 8][4];
-    turn();
-    pwg::qk_issue<D, kKeys>(s, q_addr, smem_u32(smem + L::OFF_K + ks * L::TILE));
-    pass(0);
-    wgmma_wait<0>();
-    pwg::fence_s<kKeys>(s);
-    give_back(empty_k(ks));
-    next_k();
-    softmax(s, 0);
-    pwg::p_frags<kKeys>(pa, s);
-    for (t = 1; t < nw; ++t) {
+  for (int64_t idx = blockIdx.x; idx < n_items; idx += gridDim.x) {
+    const Item it = item_at<NK>(a, ncq, idx);
+    if (it.skip) continue;
+    const int nkt = it.nkt;
+    const int64_t b = it.b, hkv = it.hkv, row0 = it.row0, row_end = it.row_end;
+    const int64_t wg0 = row0 + 64 * wg, w0 = wg0 + 16 * warp;  // this warpgroup's / warp's first row
+    // key bounds: the warpgroup's tiles with work (nw: from tile nw on no row of it sees a key; uniform over the
+    // warpgroup, as wgmma needs), the warp's first causal limit (tiles before it need no masking)
+    int nw, kmin_w;
+    {
+      int64_t lo, hi, lo_w, hi_w;
+      pmma::run_kminmax(a, wg0, wg0 + 64 < row_end ? wg0 + 64 : row_end, lo, hi);
+      nw = hi < 0 ? 0 : int(hi / kKeys + 1 < nkt ? hi / kKeys + 1 : nkt);
+      pmma::run_kminmax(a, w0, w0 + 16 < row_end ? w0 + 16 : row_end, lo_w, hi_w);
+      kmin_w = int(lo_w < 0x7fffffffLL ? lo_w : 0x7fffffffLL);
+    }
+    // this item's Q (the warpgroup's last Q.K of the item before has completed)
+    pwg::stage_q<D>(a, b, hkv, w0, rows_here, qt, 16 * warp, lane);
+    fence_proxy_async_smem();         // the generic stores of Q before the wgmma reads them
+    named_bar_sync(kQBar + wg, 128);  // the warpgroup's Q tile is whole
+    // the softmax's exponent factor: scale * log2 e, times 2^8 where this head's K copy holds K times 2^-8
+    const float c_qk = a.scale_log2 * (a.k_flags != nullptr && a.k_flags[it.bh] != 0 ? 256.f : 1.f);
+    const float mask_mul = kLog2e / c_qk;  // an additive mask value in unscaled dot-product units
+
+    pwg::OAcc<D> o;
+#pragma unroll
+    for (int p = 0; p < pwg::OShape<D>::P; ++p)
+#pragma unroll
+      for (int n = 0; n < pwg::OShape<D>::N; ++n) o[p][n][0] = o[p][n][1] = o[p][n][2] = o[p][n][3] = 0.f;
+    pwg::RowSoftmax st;
+    float alpha[2] = {1.f, 1.f};  // O's factor before the next P.V (the last softmax's)
+    bool rescale = false;
+    uint32_t pa[kKeys / 16][4];   // P of the last tile with work, waiting for its P.V
+    // S of tile t (waited for): masked where needed, into P in place, O's factor for the next P.V
+    auto softmax = [&](float (&s)[kKeys / 8][4], int t) {
+      const int j0 = t * kKeys;
+      if (a.mask_kind != 0 || j0 + kKeys - 1 > kmin_w)
+        pwg::mask_tile<kKeys>(a, s, b, hkv, row0 + rl0, rows_here, j0, tig, mask_mul);
+      rescale = st.update<kKeys>(s, c_qk, alpha);
+    };
+
+    // The loop is peeled so that no wgmma sits under a condition (ptxas serializes wgmma whose registers a divergent
+    // path may touch): tile 0's Q.K alone, then Q.K(t) with P.V(t - 1), then the last P.V; then the tiles no row of
+    // the warpgroup sees, turns and slots only.
+    int t = 0;
+    if (nw > 0) {
+      float s[kKeys / 8][4];
       turn();
       pwg::qk_issue<D, kKeys>(s, q_addr, smem_u32(smem + L::OFF_K + ks * L::TILE));
-      if (rescale) pwg::rescale_o<D>(o, alpha);
-      mbar_wait(full_v(vs), vph);
-      pwg::pv_issue<D, kKeys>(o, pa, smem_u32(smem + L::OFF_V + vs * L::TILE));
-      pass(t);
-      wgmma_wait<1>();  // the Q.K (the older group) is done; the P.V may still run
+      pass();
+      wgmma_wait<0>();
       pwg::fence_s<kKeys>(s);
       give_back(empty_k(ks));
       next_k();
-      softmax(s, t);
+      softmax(s, 0);
+      pwg::p_frags<kKeys>(pa, s);
+      for (t = 1; t < nw; ++t) {
+        turn();
+        pwg::qk_issue<D, kKeys>(s, q_addr, smem_u32(smem + L::OFF_K + ks * L::TILE));
+        if (rescale) pwg::rescale_o<D>(o, alpha);
+        mbar_wait(full_v(vs), vph);
+        pwg::pv_issue<D, kKeys>(o, pa, smem_u32(smem + L::OFF_V + vs * L::TILE));
+        pass();
+        wgmma_wait<1>();  // the Q.K (the older group) is done; the P.V may still run
+        pwg::fence_s<kKeys>(s);
+        give_back(empty_k(ks));
+        next_k();
+        softmax(s, t);
+        pwg::wait_o<D>(o);
+        give_back(empty_v(vs));
+        next_v();
+        pwg::p_frags<kKeys>(pa, s);
+      }
+      if (rescale) pwg::rescale_o<D>(o, alpha);
+      mbar_wait(full_v(vs), vph);
+      pwg::pv_issue<D, kKeys>(o, pa, smem_u32(smem + L::OFF_V + vs * L::TILE));
       pwg::wait_o<D>(o);
       give_back(empty_v(vs));
       next_v();
-      pwg::p_frags<kKeys>(pa, s);
     }
-    if (rescale) pwg::rescale_o<D>(o, alpha);
-    mbar_wait(full_v(vs), vph);
-    pwg::pv_issue<D, kKeys>(o, pa, smem_u32(smem + L::OFF_V + vs * L::TILE));
-    pwg::wait_o<D>(o);
-    give_back(empty_v(vs));
-    next_v();
-  }
-  for (; t < nkt; ++t) {  // no row of this warpgroup sees these keys; the V is waited for before its slot goes back
-    turn();
-    pass(t);
-    give_back(empty_k(ks));
-    next_k();
-    mbar_wait(full_v(vs), vph);
-    give_back(empty_v(vs));
-    next_v();
-  }
+    for (; t < nkt; ++t) {  // no row of this warpgroup sees these keys; the V is waited for before its slot goes back
+      turn();
+      pass();
+      give_back(empty_k(ks));
+      next_k();
+      mbar_wait(full_v(vs), vph);
+      give_back(empty_v(vs));
+      next_v();
+    }
 
-  pwg::store_o<D>(a, o, st, b, hkv, row0 + rl0, rows_here, tig);
+    pwg::store_o<D>(a, o, st, b, hkv, row0 + rl0, rows_here, tig);
+  }
+  if (wg == 0) named_bar_sync(kTurnBar, 256);  // warpgroup 1's last pass (or its opening arrival)
 #else
   (void)a;
   (void)ncq;
+  (void)n_items;
   (void)tm;
   __trap();
 #endif

@@ -149,8 +149,9 @@ void wg_qk16(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s)
 }
 
 // The warp-specialized QK16 kernel (prefill_ws.cuh, D 64 / 128 / 256) on a's K and V as float16 rows: V scanned once, the
-// unflagged heads on it and the flagged ones on prefill_wg.cuh's checked instance (two warpgroups of the same 128 rows
-// per block, so the same grid; its own block size and shared memory).
+// unflagged heads on it (a block per SM walking the work items, or a block per item) and the flagged ones on
+// prefill_wg.cuh's checked instance (two warpgroups of the same 128 rows per block: a block per item; its own block
+// size and shared memory).
 template <int D, int NK>
 void ws_qk16(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s) {
   using I = pws::Inst<D, NK>;
@@ -158,8 +159,9 @@ void ws_qk16(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s)
   TileArgs b = a;
   b.v_flags = static_cast<const int*>(scratch);
   scan_v_nonfinite(b, static_cast<int*>(scratch), s);
-  launch_planned(pws::prefill_ws_kernel<D, NK, I::SK, I::SV>, pl, s, b, pl.causal_tiles, tm);
-  GpuPlan c = pl;
+  launch_planned(pws::prefill_ws_kernel<D, NK, I::SK, I::SV>, pl, s, b, pl.causal_tiles, pl.ws_items, tm);
+  GpuPlan c = pl;  // a block per work item
+  c.blocks = pl.ws_items;
   c.threads = 256;
   c.smem_bytes = pwg::Layout<D, 2>::bytes;
   launch_planned(pwg::prefill_wg_kernel<D, 2, true>, c, s, b, pl.causal_tiles, tm);

@@ -42,6 +42,7 @@ K16O = K16 + ",min_blocks=2"  # its overlapped schedule (2 blocks per SM, three 
 # V always scanned, the flagged heads on prefill_wg.cuh's checked instance): the same numerics.
 K16W = K16 + ",ws=1"
 K16W64 = K16W + ",ws_keys=64"  # its 64-key tiles at D 64 / 128 (128 by default there)
+K16W1 = K16W + ",ws_persist=0"  # a block per work item instead of one per SM walking them
 # The contract's int8 Q.K on wgmma (S8W instances, 2 blocks per SM; V's float16 copy where V is quantized): the
 # reference's own numerics.
 S8W = ("qk_wgmma=1,v_dequant=1,min_blocks=2",)
@@ -49,7 +50,8 @@ S8W = ("qk_wgmma=1,v_dequant=1,min_blocks=2",)
 MMA_DECODE = ["staging=cp_async", "staging=tma", "staging=regs", "staging=bulk", "cluster=1", "warps=2,stages=1",
               "warps=8"]
 MMA_PREFILL = ["tma=0", "wgmma=0", "min_blocks=2", "m_tiles=2", "tma=0,stages=1", "v_scan=0", "v_scan=1",
-               "v_dequant=0", "v_dequant=1", K16, K16 + ",v_scan=0", K16O, K16W, K16W64, *S8W]
+               "v_dequant=0", "v_dequant=1", K16, K16 + ",v_scan=0", K16O, K16W, K16W64, K16W1,
+               *S8W]
 KERNEL_OF = {"kernel=simt": "decode_simt", "kernel=tile": "tile"}
 # q6_0 V has no tensor-core prefill of its own: it runs on its float16 copy (v_dequant), so v_dequant=0 takes the tile
 # kernel, with this reason
@@ -146,10 +148,11 @@ def test_long_cases(torch_cuda, name, route, overrides):
         assert plan["kernel"] == KERNEL_OF[overrides]
     elif overrides.startswith(K16):
         assert plan.get("k_dequant", False) == _qk16_expected(torch_cuda, c, plan), plan
-        if overrides in (K16W, K16W64):
+        if overrides in (K16W, K16W64, K16W1):
             assert plan.get("ws", False) == _ws_expected(torch_cuda, c, plan), plan
             if plan.get("ws", False):
                 assert plan["key_tile"] == (64 if overrides == K16W64 or c.D == 256 else 128), plan
+                assert plan["persistent"] == (overrides != K16W1), plan
     elif overrides.startswith(S8W[0]):
         assert plan.get("qk_wgmma", False) == _qk16_expected(torch_cuda, c, plan, s8w=True), plan
     elif _mma_ok(c) and c.v_format == "q6_0" and overrides == "v_dequant=0":
