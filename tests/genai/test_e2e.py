@@ -378,19 +378,56 @@ class _FakeRunner:
         pass
 
 
-def _fake_runners(monkeypatch, on_start=None) -> list[tuple[str, bool]]:
-    """The harness makes _FakeRunners; returns the (kind, cuda_graph) of each runner made, in order."""
+def _fake_runners(monkeypatch, on_start=None, threads_of: list | None = None) -> list[tuple[str, bool]]:
+    """The harness makes _FakeRunners; returns the (kind, cuda_graph) of each runner made, in order (and appends
+    each one's intra-op threads to threads_of)."""
     from dot4attn.e2e import harness
 
     made = []
 
-    def make(kind, folder, device, cuda_graph=False):
+    def make(kind, folder, device, cuda_graph=False, threads=None):
         made.append((kind, cuda_graph))
+        if threads_of is not None:
+            threads_of.append(threads)
         return _FakeRunner(kind, cuda_graph, on_start)
+
 
     monkeypatch.setattr(harness, "make_runner", make)
     monkeypatch.setattr(harness, "cache_bytes_per_token", lambda folder: 100)
     return made
+
+
+def test_every_row_runs_the_same_intra_op_threads(monkeypatch, tmp_path):
+    """Settings.threads reaches every runner the harness makes, og.Generator's rows and the in-place row alike (their
+    runtimes' own defaults differ on the CPU: runners.make_runner)."""
+    from dot4attn.e2e import harness
+
+    threads = []
+    made = _fake_runners(monkeypatch, threads_of=threads)
+    settings = harness.Settings(device="cpu", contexts=[16], batches=[1], batch_contexts=[16], steps=2, threads=3)
+    rows = ["genai", "d4a-q8_0", "d4a-q4_0"]
+    harness.run_rows({r: tmp_path for r in rows}, settings, vocab=8, log=lambda *a: None, rows=rows)
+    assert {k for k, _ in made} == {"og", "inplace"} and threads == [3] * len(made), (made, threads)
+
+
+def test_threads_default_to_the_cpus_on_the_cpu(smoke):
+    """On the CPU every row runs as many intra-op threads as the process has CPUs (recorded, and said in the
+    table's header); --threads sets them, 0 leaves each runtime its own; on CUDA each runtime keeps its own."""
+    import argparse
+    import os
+
+    from dot4attn.e2e import add_arguments, settings_from_args
+
+    out, data = smoke
+    n = len(os.sched_getaffinity(0))
+    assert data["facts"]["settings"]["threads"] == n
+    assert f"runs {n} ONNX Runtime intra-op thread" in (out / "smoke.md").read_text()
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    for argv, want in ((["--device", "cpu"], n), (["--device", "cpu", "--threads", "1"], 1),
+                       (["--device", "cpu", "--threads", "0"], None), (["--device", "cuda"], None),
+                       (["--device", "cuda", "--threads", "4"], 4)):
+        assert settings_from_args(p.parse_args(argv))[1].threads == want, argv
 
 
 def test_a_case_whose_cuda_graph_mode_fails_runs_launched(monkeypatch, tmp_path):

@@ -150,6 +150,8 @@ def test_greedy_step_hands_back_the_next_ids(folders, host_logits):
     la, lb = a.step(None), b.step(nxt[:, None])
     np.testing.assert_array_equal(np.asarray(la, np.float32), lb)
     assert a.length == b.length == 4 + 6
+    # the head (Cast + ArgMax) runs one thread: a pool of its own beside the decoder's slowed CPU steps at batch 2
+    assert a._head_session.get_session_options().intra_op_num_threads == 1
 
 
 @pytest.mark.parametrize("which", ["original", "q8_0", "q4_0"])

@@ -95,3 +95,22 @@ def test_open_decoder_picks_by_what_the_path_is(folders, tmp_path):
         dec = open_decoder(folder)
         dec.reset(1, 8)
         dec.prefill(_prompt(4), mask=np.array([[0, 1, 1, 1]]))
+
+
+def test_threads_set_either_runners_intra_op_threads(folders):
+    """threads=N: the in-place runner's session runs N intra-op threads, og.Generator's gets them through its
+    config's session options; the logits do not change (the benchmark gives every row the same count:
+    dot4attn.e2e.runners)."""
+    _, folder = folders
+    prompt = _prompt(12, seed=3)
+    dec = open_decoder(folder, runner="inplace", threads=1)
+    assert dec.sess.get_session_options().intra_op_num_threads == 1
+    got = {}
+    for runner in ("og", "inplace"):
+        for threads in (None, 1):
+            d = open_decoder(folder, runner=runner, threads=threads)
+            d.reset(1, 32)
+            got[runner, threads] = d.prefill(prompt)
+            d.close()
+    for key, logits in got.items():
+        np.testing.assert_allclose(logits, got["og", None], atol=1e-5, rtol=0, err_msg=str(key))

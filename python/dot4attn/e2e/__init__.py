@@ -71,6 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run every timed case in a process of its own (after an untimed warm-up there): no case "
                         "inherits the memory another case's prompt grew in onnxruntime's process-wide arena, so one "
                         "invocation measures batch cases that otherwise need a process per row")
+    p.add_argument("--threads", type=nonnegative_int, default=None, metavar="N",
+                   help="ONNX Runtime intra-op threads of every row's decoder, og.Generator's and the in-place "
+                        "runner's alike (default cpu: the CPUs this process may run on; cuda: each runtime's own; "
+                        "0: each runtime's own), so no row gets more cores than another")
     p.add_argument("--answer-tokens", type=positive_int, default=500, metavar="N",
                    help="answer length of the request time reported beside each prefilled case: time to first "
                         "token + N x ms/token (default 500)")
@@ -127,7 +131,17 @@ def settings_from_args(args):
     return preset, Settings(device=args.device, contexts=contexts, batches=batches, batch_contexts=batch_contexts,
                             steps=steps, warmup=args.warmup, chunk=chunk, seed=args.seed, fit_context=fit,
                             cuda_graph=args.device == "cuda" and not args.no_cuda_graph,
-                            copied_contexts=sorted(copied), case_processes=args.case_processes)
+                            copied_contexts=sorted(copied), case_processes=args.case_processes,
+                            threads=_threads(args))
+
+
+def _threads(args) -> int | None:
+    """--threads, or on the CPU every CPU this process may run on (each runtime's own default differs there)."""
+    if args.threads is not None:
+        return args.threads or None
+    if args.device != "cpu":
+        return None
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def machine(device: str) -> str:
@@ -224,14 +238,14 @@ def run(args) -> int:
     return 0
 
 
-RESUME_KEYS = ("steps", "warmup", "seed", "chunk", "device", "cuda_graph")  # change what a case measures
+RESUME_KEYS = ("steps", "warmup", "seed", "chunk", "device", "cuda_graph", "threads")  # change what a case measures
 FIT_KEYS = ("steps", "warmup", "device", "fit_context")  # change what a fit search measures (max_length)
 
 
 def resumed(path: Path, facts: dict, log=print) -> list[dict]:
     """The measured results of an earlier run written to path, when it ran the same model with the same
     per-case settings; only its fit searches when just the per-case settings that leave them alone differ
-    (cuda_graph, seed, chunk: a fit try allocates and decodes a batch the same way whatever they are); [] when
+    (cuda_graph, seed, chunk, threads: a fit try allocates and decodes a batch the same way whatever they are); [] when
     there is no such file."""
     if not path.is_file():
         return []

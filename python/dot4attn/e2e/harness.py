@@ -51,6 +51,9 @@ class Settings:
     # what another case's prompt grew in onnxruntime's process-wide arena (rows 2 and 3 of the 7B batch-16 cases ran
     # out of it after row 1's in one process)
     case_processes: bool = False
+    # ONNX Runtime intra-op threads of every row's decoder, whichever runtime drives it (None: each runtime's own,
+    # which differ on the CPU: runners.make_runner)
+    threads: int | None = None
 
     def cases(self) -> list[tuple[int, int]]:
         # batch by batch, contexts ascending within each: batch 1 (where the goals are) is complete first
@@ -271,7 +274,8 @@ def _measure(row: str, folder: Path, settings: Settings, context: int, batch: in
     copied: by dot4attn.runtime.inplace, one sequence prefilled and its cache copied to the batch."""
     gc.collect()
     base_mem, _ = memory_used(settings.device)
-    runner = make_runner("inplace-copied" if copied else RUNNER[row], folder, settings.device, cuda_graph)
+    runner = make_runner("inplace-copied" if copied else RUNNER[row], folder, settings.device, cuda_graph,
+                         settings.threads)
     try:
         r, failed = run_case(runner, settings, context, batch, vocab, base_mem, copied), None
     except Exception as e:  # noqa: BLE001 - out of memory, say: kept as the case's result, run goes on

@@ -145,6 +145,10 @@ HEADER = ["#", "row", "context", "batch", "TTFT s (x row 1)", "ms/token", "reque
 
 def markdown(results: list[dict], goal_list: list[dict], facts: dict) -> str:
     lines = [f"Model: {facts['model']}. Machine: {facts['machine']}.", ""]
+    threads = facts.get("settings", {}).get("threads")
+    if threads:
+        lines += [f"Every row's decoder runs {threads} ONNX Runtime intra-op thread{'s' * (threads > 1)} "
+                  "(og.Generator's and the in-place runner's alike).", ""]
     if facts.get("settings", {}).get("cuda_graph"):
         lines += ["Decode steps replay as CUDA graphs: the og.Generator rows with onnxruntime-genai's "
                   "`enable_cuda_graph=1` (a case where that mode fails runs launched and says so), row 4 through "
