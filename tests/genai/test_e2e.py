@@ -391,7 +391,6 @@ def _fake_runners(monkeypatch, on_start=None, threads_of: list | None = None) ->
             threads_of.append(threads)
         return _FakeRunner(kind, cuda_graph, on_start)
 
-
     monkeypatch.setattr(harness, "make_runner", make)
     monkeypatch.setattr(harness, "cache_bytes_per_token", lambda folder: 100)
     return made

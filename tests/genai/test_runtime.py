@@ -105,6 +105,7 @@ def test_threads_set_either_runners_intra_op_threads(folders):
     prompt = _prompt(12, seed=3)
     dec = open_decoder(folder, runner="inplace", threads=1)
     assert dec.sess.get_session_options().intra_op_num_threads == 1
+    dec.close()
     got = {}
     for runner in ("og", "inplace"):
         for threads in (None, 1):

@@ -245,8 +245,8 @@ FIT_KEYS = ("steps", "warmup", "device", "fit_context")  # change what a fit sea
 def resumed(path: Path, facts: dict, log=print) -> list[dict]:
     """The measured results of an earlier run written to path, when it ran the same model with the same
     per-case settings; only its fit searches when just the per-case settings that leave them alone differ
-    (cuda_graph, seed, chunk, threads: a fit try allocates and decodes a batch the same way whatever they are); [] when
-    there is no such file."""
+    (cuda_graph, seed, chunk, threads: a fit try allocates and decodes a batch the same way whatever they are); []
+    when there is no such file."""
     if not path.is_file():
         return []
     try:
