@@ -1,9 +1,10 @@
-"""Which 4-bit V keeps SmolLM2-135M? A simulation for docs/quality.md: the Hugging Face model in torch with its V
-fake-quantized per scheme (v_proj's output, per KV head, before the cache; K and Q stay float, so only V's error
-shows), every position of a few windows of the shipped text scored against the float model (KL, top-1, PPL ratio).
-The real caches are measured by `dot4attn eval --smollm2`; this explores formats the ops do not have.
+"""Which 4-bit V (or K) keeps SmolLM2-135M? A simulation for docs/quality.md: the Hugging Face model in torch with its
+V fake-quantized per scheme (v_proj's output, per KV head, before the cache; K and Q stay float, so only V's error
+shows), or with --target k its K (after the rotary embedding, as the cache holds it; V and Q float), every position
+of a few windows of the shipped text scored against the float model (KL, top-1, PPL ratio). The real caches are
+measured by `dot4attn eval --smollm2`; this explores formats the ops do not have.
 
-    PYTHONPATH=python .venv/bin/python tools/v_quant_sim.py --context 512 --windows 2
+    PYTHONPATH=python .venv/bin/python tools/v_quant_sim.py --context 512 --windows 2 [--target k]
 """
 from __future__ import annotations
 
@@ -81,10 +82,28 @@ def schemes(d: int) -> dict:
     }
 
 
+def k_schemes(d: int) -> dict:
+    """K after the rotary embedding. A rotation of K cannot be folded into k_proj (the rotary embedding sits between
+    them): an op would rotate K when packing it and Q before the Q.K, so the product is unchanged and only K's error
+    moves (simulated as Q(K H) H)."""
+    h = torch.tensor(hadamard(d), dtype=torch.float32)
+    rot = lambda f: (lambda k: f(k @ h) @ h)  # noqa: E731
+    return {
+        "q8_0 (the packed K's levels)": q8_0,
+        "6-bit, 32-value blocks, 64 levels": lambda k: q_sym(k, 6),
+        "5-bit, 32-value blocks, 32 levels": lambda k: q_sym(k, 5),
+        "q4_0, 16 levels": lambda k: q4_sym(k, 32, True),
+        "q4_0, 16 levels + Hadamard": rot(lambda k: q4_sym(k, 32, True)),
+        "4-bit, 16-value blocks + Hadamard": rot(lambda k: q4_sym(k, 16, True)),
+        "q4_1 + Hadamard": rot(lambda k: q4_1(k, 32)),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--windows", type=int, default=2)
+    ap.add_argument("--target", choices=["v", "k"], default="v", help="the cache tensor fake-quantized (default v)")
     args = ap.parse_args()
     hf = smollm2.hf_dir()
     model = AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32, attn_implementation="eager").eval()
@@ -95,10 +114,22 @@ def main() -> int:
         f = state["f"]
         return out if f is None else f(out.reshape(*out.shape[:-1], -1, d)).reshape(out.shape)
 
-    for layer in model.model.layers:
-        layer.self_attn.v_proj.register_forward_hook(hook)
+    if args.target == "v":
+        for layer in model.model.layers:
+            layer.self_attn.v_proj.register_forward_hook(hook)
+    else:  # K as the cache holds it: after the rotary embedding, [B, Hkv, S, D]
+        from transformers.models.llama import modeling_llama
+
+        rope = modeling_llama.apply_rotary_pos_emb
+
+        def rope_then_quantize(q, k, *a, **kw):
+            q, k = rope(q, k, *a, **kw)
+            f = state["f"]
+            return q, (k if f is None else f(k))
+
+        modeling_llama.apply_rotary_pos_emb = rope_then_quantize
     tokens = tokenize(DEFAULT_TEXT, hf)
-    table = schemes(d)
+    table = schemes(d) if args.target == "v" else k_schemes(d)
     tallies = {name: Tally() for name in table}
     t0 = time.time()
     for w in range(args.windows):
@@ -110,7 +141,9 @@ def main() -> int:
                 state["f"] = f
                 tallies[name].add(ref, model(ids[:, :-1]).logits[0].numpy(), ids[0, 1:].numpy())
         print(f"window {w + 1}/{args.windows} ({time.time() - t0:.0f} s)", file=sys.stderr)
-    print(f"context {args.context}, {args.windows} windows; V fake-quantized, K and Q float; against the float model:")
+    what = ("V fake-quantized, K and Q float" if args.target == "v"
+            else "K fake-quantized after the rotary, V and Q float")
+    print(f"context {args.context}, {args.windows} windows; {what}; against the float model:")
     for name, t in tallies.items():
         s = t.summary()
         print(f"  {name:42s} PPL ratio {s['ppl_ratio']:.4f}  mean KL {s['mean_kl']:.2e}  top-1 {100 * s['top1']:.1f}%")
