@@ -90,7 +90,9 @@ def k_schemes(d: int) -> dict:
     rot = lambda f: (lambda k: f(k @ h) @ h)  # noqa: E731
     return {
         "q8_0 (the packed K's levels)": q8_0,
+        "q8_0 + Hadamard": rot(q8_0),
         "6-bit, 32-value blocks, 64 levels": lambda k: q_sym(k, 6),
+        "6-bit + Hadamard": rot(lambda k: q_sym(k, 6)),
         "5-bit, 32-value blocks, 32 levels": lambda k: q_sym(k, 5),
         "q4_0, 16 levels": lambda k: q4_sym(k, 32, True),
         "q4_0, 16 levels + Hadamard": rot(lambda k: q4_sym(k, 32, True)),
