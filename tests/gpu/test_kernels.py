@@ -78,8 +78,8 @@ def _qk16_expected(torch, c, plan, s8w: bool = False) -> bool:
         return False
     if c.D == 256:
         return not s8w and c.dtype == "float16"
-    return (c.D in (64, 128) and plan.get("wgmma", False) and plan.get("min_blocks") in (2, 3)
-            and plan.get("m_tiles") == 1)
+    return (c.D in (64, 128) and plan.get("wgmma", False) and plan.get("m_tiles") == 1
+            and (plan.get("ws", False) or plan.get("min_blocks") in (2, 3)))  # ws: one block per SM
 
 
 def _ws_expected(torch, c, plan) -> bool:
