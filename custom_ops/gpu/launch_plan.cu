@@ -622,7 +622,12 @@ WsInst ws_inst() {
 }
 
 void plan_ws(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
-  if (ov.ws != 1 || !pl.k_dequant || pl.vk != kVF16 || !dev.wgmma) return;
+  // default: D = 128 over kWsMinKeys+ keys, where it measured faster than the QK16 instance with 3 blocks per SM
+  // (H100: 1.04x at 8k, 1.24x at 32k, 1.34x for a 16k chunk over 128k keys; 0.88x at 2k; at D = 64 and 256 it is
+  // slower below 32k, docs/performance.md), unless an override asks for another instance or no V scan
+  const bool other = ov.min_blocks != 0 || ov.m_tiles != 0 || ov.warps != 0 || ov.stages != 0 || ov.v_scan == 0;
+  const bool wanted = ov.ws == 1 || (ov.ws == -1 && !other && p.D == 128 && p.Sk >= kWsMinKeys);
+  if (!wanted || !pl.k_dequant || pl.vk != kVF16 || !dev.wgmma) return;
   if (!pl.v_dequant && !tma_rows_ok(p.v, 2 * p.D, v_stride_bytes(p), p.head_rows(), p.Sk, p.B * p.Hkv)) return;
   const bool narrow = ov.ws_keys == 64;  // D 64 / 128: the 64-key tiles (D = 256 has only those)
   const WsInst in = p.D == 64    ? (narrow ? ws_inst<64, 64>() : ws_inst<64, 128>())

@@ -81,10 +81,16 @@ def test_h200_d256_q4_0_streams_by_tma_in_3_warps():
 
 @pytest.mark.parametrize("v_format", ["float", "q8_0", "q4_0"])
 def test_h200_prefill_takes_wgmma(v_format):
-    p = plan(1, 32, 8, 8192, 8192, 128, v_format=v_format)
-    assert (p["route"], p["kernel"], p["tma"], p["wgmma"], p["min_blocks"], p["m_tiles"]) == \
-        ("prefill", "prefill_mma", True, True, 3, 1)
-    assert p["blocks"] == 1 * 8 * 4 * (8192 // 64)  # causal tiles: B x Hkv x group x Sq / 64
+    """A long prefill at D = 128 on the H200: TMA and wgmma; 3 blocks per SM of 64 rows below 8192 keys, from there
+    (and by default) the warp-specialized kernel, one persistent block per SM over 128-row items."""
+    p = plan(1, 32, 8, 4096, 4096, 128, v_format=v_format)
+    assert (p["route"], p["kernel"], p["tma"], p["wgmma"], p["min_blocks"], p["m_tiles"], p["ws"]) == \
+        ("prefill", "prefill_mma", True, True, 3, 1, False)
+    assert p["blocks"] == 1 * 8 * 4 * (4096 // 64)  # causal tiles: B x Hkv x group x Sq / 64
+    w = plan(1, 32, 8, 8192, 8192, 128, v_format=v_format)
+    assert (w["kernel"], w["tma"], w["wgmma"], w["min_blocks"], w["ws"], w["persistent"]) == \
+        ("prefill_mma", True, True, 1, True, True), w
+    assert (w["items"], w["blocks"]) == (1 * 8 * 4 * (8192 // 128), 132), w
 
 
 @pytest.mark.parametrize("v_format,sq,sk,overrides,scan", [
@@ -110,9 +116,9 @@ def test_long_quantized_v_prefill_dequantizes_v_once(v_format):
     float16-V wgmma instance on them, with its V scan: scratch = the float16 copy (rows in the K layout) + the
     flags. Short walks, v_dequant=0, and devices without that instance keep the kernel's own conversion; v_dequant=1
     takes the copy wherever that instance runs, short walks too."""
-    p = plan(2, 32, 8, 8192, 8192, 128, v_format=v_format)
-    assert (p["kernel"], p["wgmma"], p["min_blocks"], p["v_dequant"], p["v_scan"]) == \
-        ("prefill_mma", True, 3, True, True), p
+    p = plan(2, 32, 8, 8192, 8192, 128, v_format=v_format)  # the warp-specialized kernel's plan (ws) by default
+    assert (p["kernel"], p["wgmma"], p["min_blocks"], p["v_dequant"], p["v_scan"], p["ws"]) == \
+        ("prefill_mma", True, 1, True, True, True), p
     assert p["k_dequant"] and p["scratch_bytes"] == 2 * (2 * 8 * 8192 * 128 * 2) + 256 + 2 * 8 * 4  # V, K copies
     cache = plan(1, 28, 4, 16384, 131072, 128, v_format=v_format, overrides="k_dequant=0",
                  kv_layout=packed_layout(128, v_format, 140000))  # a cache: the copy spans its rows per head
@@ -728,12 +734,12 @@ def test_k_dequant_plans_the_f16_qk_prefill():
     rounded)][V scan flags]. By default at D = 64 and 128 with 3 blocks per SM where each K tile is read by 8+ blocks
     over 2048+ keys; k_dequant=1 drops the length rule and takes min_blocks=2; k_dequant=0 never. Never where
     that instance does not run."""
-    p = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1")
+    p = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=0")  # ws: test_ws_* below
     assert (p["kernel"], p["wgmma"], p["min_blocks"], p["k_dequant"], p["v_scan"]) == \
         ("prefill_mma", True, 3, True, True), p
     assert p["smem_bytes"] == 2 * (64 * 256 * 2) + 16 + 1024
     assert p["scratch_bytes"] == 2 * 8 * 8192 * 128 * 2 + 256 + 2 * 8 * 4
-    q8 = plan(2, 32, 8, 8192, 8192, 128, v_format="q8_0", overrides="k_dequant=1")
+    q8 = plan(2, 32, 8, 8192, 8192, 128, v_format="q8_0", overrides="k_dequant=1,ws=0")
     assert (q8["v_dequant"], q8["k_dequant"]) == (True, True), q8
     assert q8["scratch_bytes"] == 2 * (2 * 8 * 8192 * 128 * 2) + 256 + 2 * 8 * 4
     d64 = plan(1, 32, 8, 4096, 4096, 64, v_format="q4_0", overrides="k_dequant=1,v_dequant=1,min_blocks=2")
@@ -747,8 +753,8 @@ def test_k_dequant_plans_the_f16_qk_prefill():
     cache = plan(1, 28, 4, 16384, 131072, 128, v_format="q8_0", overrides="k_dequant=1",
                  kv_layout=packed_layout(128, "q8_0", 140000))
     assert cache["k_dequant"] and cache["scratch_bytes"] == 2 * 4 * 140000 * 128 * 2 + 256 + 4 * 4, cache
-    auto = plan(2, 32, 8, 8192, 8192, 128, v_format="float")
-    assert auto["k_dequant"] and auto["scratch_bytes"] == p["scratch_bytes"], auto  # the default at D = 128
+    auto = plan(2, 32, 8, 4096, 4096, 128, v_format="float")
+    assert auto["k_dequant"] and not auto["ws"], auto  # the default at D = 128 (ws from 8192 keys on)
     assert plan(1, 28, 4, 16384, 131072, 128, v_format="q4_0")["k_dequant"]  # a chunk over a long past
     for short in (plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=0"),
                   plan(1, 32, 8, 1024, 1024, 128, v_format="float"),  # under 2048 keys
@@ -808,9 +814,10 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     64 rows x 2 D bytes, SK K slots and SV V slots of key_tile rows x 2 D bytes, a full and an empty mbarrier per slot,
     the swizzle slack. Key tiles of 128 with 3 + 3 slots at D = 128 (ws_keys=64: 64 with 4 + 4), 128 with 4 + 4 at
     D = 64, 64 with 2 + 3 at D = 256. V is always scanned (the kernel has no V check: the flagged heads run on
-    prefill_wg.cuh's checked instance), so the scratch ends with the V flags. Not taken without the override, where
-    k_dequant is not, nor off sm_90a, nor where the block does not fit."""
-    base = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1")
+    prefill_wg.cuh's checked instance), so the scratch ends with the V flags. The default at D = 128 from 8192 keys
+    on (kWsMinKeys); elsewhere only when asked; never where k_dequant is not, off sm_90a, or where the block does not
+    fit."""
+    base = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=0")
     p = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=1")
     assert (p["ws"], p["k_dequant"], p["wgmma"], p["tma"], p["min_blocks"], p["v_scan"]) == \
         (True, True, True, True, 1, True), p
@@ -847,7 +854,15 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     assert d256["scratch_bytes"] == 4 * 8192 * 256 * 2 + 256 + 4 * 4, d256
     small = "sm=90a,sms=132,smem=200000"  # the wide D = 128 block does not fit, the 64-key one does
     assert plan(1, 32, 8, 8192, 8192, 128, device=small, overrides="ws=1,ws_keys=64")["ws"]
-    for off in (plan(2, 32, 8, 8192, 8192, 128, v_format="float"),
+    # the default: D = 128 from 8192 keys on, where no override asks for another instance or no V scan
+    assert plan(2, 32, 8, 8192, 8192, 128, v_format="float")["ws"]
+    assert plan(1, 28, 4, 16384, 131072, 128, v_format="q8_0")["ws"]  # a prompt chunk over a long past
+    for off in (plan(2, 32, 8, 4096, 4096, 128, v_format="float"),  # under 8192 keys
+                plan(1, 32, 8, 8192, 8192, 64, v_format="float"),  # D 64 / 256: only when asked
+                plan(1, 24, 4, 8192, 8192, 256, v_format="float"),
+                plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="v_scan=0"),
+                plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,min_blocks=2"),
+                plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="ws=0"),
                 plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=0,ws=1"),
                 plan(1, 32, 8, 8192, 8192, 128, device=H100_PLAIN_SM90, overrides="ws=1"),
                 plan(1, 32, 8, 8192, 8192, 128, device=A100, overrides="ws=1"),
