@@ -449,7 +449,8 @@ __global__ void __launch_bounds__(128 * NWG, 1)
     if (j0 <= kmax_g) {  // else no row of this warpgroup sees a key of the tile (uniform over the warpgroup)
       float s[8][4];
       qk<D>(s, q_addr, smem_u32(slot));
-      if (a.mask_kind != 0 || j0 + kKeys - 1 > kmin_w) mask_tile(a, s, b, hkv, row0 + rl0, rows_here, j0, tig, mask_mul);
+      if (a.mask_kind != 0 || j0 + kKeys - 1 > kmin_w)
+        mask_tile(a, s, b, hkv, row0 + rl0, rows_here, j0, tig, mask_mul);
       float alpha[2];
       if (st.update(s, c_qk, alpha)) rescale_o<D>(o, alpha);
       pv<D>(o, s, smem_u32(slot + L::TILE));

@@ -13,7 +13,8 @@
 //   * inside a warpgroup, tile t's Q.K is issued with tile t - 1's P.V before tile t's softmax, which waits only for
 //     the Q.K (intra-warpgroup overlap); P.V of t - 1 completes under the softmax.
 // Per consumer warpgroup and tile t:  wait K(t) full; [turn]  issue S = Q.K(t);  rescale O (lazy max);  issue
-// O += P(t-1).V(t-1); [pass the turn]  wait for S; give K(t) back;  mask, softmax -> P(t);  wait for O; give V(t-1) back.
+// O += P(t-1).V(t-1); [pass the turn]  wait for S; give K(t) back;  mask, softmax -> P(t);  wait for O;
+// give V(t-1) back.
 // A warpgroup whose rows see no key of a tile (causal: the work item's first rows) still takes its turn and gives the
 // tile's slots back, so both warpgroups walk all of the item's tiles and the turns stay paired. A block walks work
 // items of 128 rows (item_at), persistently where the planner gives it one block per SM: the slots' phases and the
