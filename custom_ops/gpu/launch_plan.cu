@@ -417,9 +417,17 @@ void set_row_chunks(GpuPlan& pl, const AttentionParams& p, int rows) {
 // tile and block: where every V tile is read by `reads` >= 8 blocks and the keys are enough for the scan and the
 // second launch (the flagged heads', its other blocks returning at once) to cost less than the check's 6-8 %
 // (v_scan=1: always).
+// Whether the V scan's grid (a block per kVScanKeys keys of each (batch, KV head)) fits a launch.
+bool v_scan_fits(const AttentionParams& p) { return p.B * p.Hkv * cdiv(p.Sk, kVScanKeys) <= kMaxBlocks; }
+
 bool v_scan_wanted(const AttentionParams& p, const PlanOverrides& ov, int64_t reads) {
-  const bool fits = p.B * p.Hkv * cdiv(p.Sk, kVScanKeys) <= kMaxBlocks;
-  return fits && (ov.v_scan == 1 || (ov.v_scan != 0 && reads >= 8 && p.Sk >= 2048));
+  return v_scan_fits(p) && (ov.v_scan == 1 || (ov.v_scan != 0 && reads >= 8 && p.Sk >= 2048));
+}
+
+// Whether the float16 V rows a Q-in-shared-memory kernel (prefill_wg.cuh, prefill_ws.cuh) copies by tensor maps fit
+// one: V's own rows, or its float16 copy (dense, always fits).
+bool f16_v_maps_ok(const GpuPlan& pl, const AttentionParams& p) {
+  return pl.v_dequant || tma_rows_ok(p.v, 2 * p.D, v_stride_bytes(p), p.head_rows(), p.Sk, p.B * p.Hkv);
 }
 
 // Scratch bytes of a float16 copy of K or V: rows in the K layout (kv_rows per (batch, KV head), so a cache's copy
@@ -582,7 +590,7 @@ int qk16_smem_bytes(int min_blocks) {
 // float16-V wgmma instance would scan it). Its K and V tiles come by tensor copies: V's own rows must fit a map.
 void plan_qk16_wide(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
   if (pl.kernel != KernelKind::kPrefillMma || pl.vk != kVF16 || !qk16_wide_device(p, dev, ov)) return;
-  if (!pl.v_dequant && !tma_rows_ok(p.v, 2 * p.D, v_stride_bytes(p), p.head_rows(), p.Sk, p.B * p.Hkv)) return;
+  if (!f16_v_maps_ok(pl, p)) return;
   const int nwg = ov.warps == 4 ? 1 : 2;
   GpuPlan w = pl;
   set_row_chunks(w, p, 64 * nwg);
@@ -606,12 +614,8 @@ void plan_qk16_wide(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& de
   pl = w;
 }
 
-// The warp-specialized f16 Q.K prefill (prefill_ws.cuh) in place of a k_dequant plan (D 64 / 128 / 256): work items
-// of 128 rows (two consumer warpgroups) beside a producer warpgroup, one block per SM, persistent (a block per SM
-// walking the items; ws_persist=0: a block per item), V scanned once per call (the kernel has no V check: the flagged
-// heads run on prefill_wg.cuh's checked instance, a block per item, whose shared memory must fit too). Only when
-// asked (ws=1).
-// The instance of a head size and key tile: its key tile, K slots, shared memory (and the checked companion's).
+// The warp-specialized prefill's instance of a head size and key tile: its key tile, K slots, shared memory (and the
+// checked companion's).
 struct WsInst {
   int keys = 0, slots = 0, smem = 0, checked = 0;
 };
@@ -621,19 +625,22 @@ WsInst ws_inst() {
   return {NK, I::SK, I::L::bytes, pwg::Layout<D, 2>::bytes};
 }
 
+// The warp-specialized f16 Q.K prefill (prefill_ws.cuh) in place of a k_dequant plan (D 64 / 128 / 256): work items
+// of 128 rows (two consumer warpgroups) beside a producer warpgroup, one block per SM, persistent (a block per SM
+// walking the items; ws_persist=0: a block per item), V scanned once per call (the kernel has no V check: the flagged
+// heads run on prefill_wg.cuh's checked instance, a block per item, whose shared memory must fit too).
 void plan_ws(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
   // default: D = 128 over kWsMinKeys+ keys, where it measured faster than the QK16 instance with 3 blocks per SM
   // (H100: 1.04x at 8k, 1.24x at 32k, 1.34x for a 16k chunk over 128k keys; 0.88x at 2k; at D = 64 and 256 it is
   // slower below 32k, docs/performance.md), unless an override asks for another instance or no V scan
   const bool other = ov.min_blocks != 0 || ov.m_tiles != 0 || ov.warps != 0 || ov.stages != 0 || ov.v_scan == 0;
   const bool wanted = ov.ws == 1 || (ov.ws == -1 && !other && p.D == 128 && p.Sk >= kWsMinKeys);
-  if (!wanted || !pl.k_dequant || pl.vk != kVF16 || !dev.wgmma) return;
-  if (!pl.v_dequant && !tma_rows_ok(p.v, 2 * p.D, v_stride_bytes(p), p.head_rows(), p.Sk, p.B * p.Hkv)) return;
+  if (!wanted || !pl.k_dequant || pl.vk != kVF16 || !dev.wgmma || !f16_v_maps_ok(pl, p)) return;
   const bool narrow = ov.ws_keys == 64;  // D 64 / 128: the 64-key tiles (D = 256 has only those)
   const WsInst in = p.D == 64    ? (narrow ? ws_inst<64, 64>() : ws_inst<64, 128>())
                     : p.D == 128 ? (narrow ? ws_inst<128, 64>() : ws_inst<128, 128>())
                                  : ws_inst<256, 64>();
-  if (std::max(in.smem, in.checked) > dev.max_smem || p.B * p.Hkv * cdiv(p.Sk, kVScanKeys) > kMaxBlocks) return;
+  if (std::max(in.smem, in.checked) > dev.max_smem || !v_scan_fits(p)) return;
   GpuPlan w = pl;
   set_row_chunks(w, p, pws::kConsumers * 64);
   w.threads = pws::kThreads;
