@@ -18,10 +18,11 @@ the op's "pair" layout (K and V both head_size bytes wide, as genai allocates th
 by name: `inplace_runner=True` (`--for-inplace-runner`) writes q4_0 / q6_0 V in the "rows" layout (V narrower than
 K, 224 / 256 instead of 256 bytes per token and head at head size 128), which only dot4attn's in-place runner
 (dot4attn.runtime.inplace, `dot4attn generate`) can run. On the GPU execution providers q6_0 V needs a head size that
-is a multiple of 64. `cache_layout="tight"` (`--cache-layout tight`) writes the rows layout without its 16-byte padding
-for the CPU execution provider only (the GPU EPs refuse it): q8_0 V runs under og.Generator (K and V rows of one
-width, 136 instead of 160 bytes per token and KV head at head size 64), q4_0 / q6_0 V (narrower than K) only with
-`inplace_runner=True`; a folder whose genai_config.json runs the decoder on CUDA or ROCm is refused."""
+is a multiple of 64. `cache_layout="tight"` (`--cache-layout tight`) writes the op's cache without the rows' 16-byte
+padding, on every execution provider: q8_0 V runs under og.Generator (K and V tensors of one width, 136 instead of
+160 bytes per token and KV head at head size 64), q4_0 / q6_0 V (narrower than K) only with `inplace_runner=True`;
+its tokens' bytes are not in their rows, so a folder whose genai_config.json turns past_present_share_buffer off is
+refused."""
 from __future__ import annotations
 
 import json
@@ -67,7 +68,6 @@ def _external_files(model_path: Path) -> set[str]:
 
 INPLACE_RUNNER_HINT = ("run it with `dot4attn generate OUT_DIR --token-ids ...` or dot4attn.runtime.InPlaceDecoder "
                        "(docs/genai.md)")
-GPU_PROVIDERS = ("cuda", "rocm")  # genai provider names whose EPs run the op's GPU kernels (which refuse 'tight')
 
 
 def choose_cache_layout(v_format: str, inplace_runner: bool, cache_layout: str | None,
@@ -90,7 +90,7 @@ def choose_cache_layout(v_format: str, inplace_runner: bool, cache_layout: str |
         if v_format not in PAIR_V_FORMATS:
             raise GenaiError(f"--cache-layout pair is for --v-format q4_0 or q6_0 (V's values and both scale runs in a "
                              f"row of head-size bytes); a {v_format} V cache has K's row width already (the rows "
-                             "layout, or tight on the CPU execution provider)")
+                             "layout, or tight)")
         if inplace_runner:
             raise GenaiError("--cache-layout pair with --for-inplace-runner: the pair layout runs under og.Generator "
                              "and dot4attn's in-place runner as it is; --for-inplace-runner writes V rows narrower "
@@ -108,17 +108,15 @@ def choose_cache_layout(v_format: str, inplace_runner: bool, cache_layout: str |
     return cache_layout
 
 
-def _refuse_tight_on_a_gpu(cfg_path: Path, decoder: dict) -> None:
-    """cache_layout 'tight' runs on the CPU EP only: a folder genai runs on CUDA / ROCm would fail when its session
-    is created (the op's refusal), so the rewrite refuses it first."""
-    options = decoder.get("session_options", {}).get("provider_options") or []
-    gpus = [name for o in options if isinstance(o, dict) for name in o if name.lower() in GPU_PROVIDERS]
-    if gpus:
-        raise GenaiError(f"{cfg_path}: --cache-layout tight runs on the CPU execution provider only (the GPU kernels "
-                         "read rows of 16-byte multiples), and model.decoder.session_options.provider_options runs "
-                         f"the decoder on {', '.join(gpus)}: Dot4GroupQueryAttention would refuse the folder when "
-                         "genai creates its session. Leave --cache-layout out (the rows or pair layout runs on the "
-                         "GPU), or build the folder for the CPU (-e cpu)")
+def _refuse_tight_without_shared_buffers(cfg_path: Path, cfg: dict) -> None:
+    """cache_layout 'tight' keeps a token's bytes in two runs of the tensor, not in its rows, so it needs a cache whose
+    past and present share one buffer (the op refuses others when it runs): a folder whose genai_config.json turns
+    past_present_share_buffer off (genai would then copy rows and batches itself) is refused first."""
+    if cfg.get("search", {}).get("past_present_share_buffer") is False:
+        raise GenaiError(f"{cfg_path}: --cache-layout tight needs search.past_present_share_buffer (the builder's "
+                         "default), which this folder turns off: the tight layout keeps a token's bytes in two runs "
+                         "of the cache, not in its rows, so genai's copies of an unshared cache (rewind, beam "
+                         "reorder) would mix tokens. Leave --cache-layout out, or turn the shared buffer back on")
 
 
 def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str = "q8_0", *,
@@ -133,8 +131,9 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
     steps (split_k from this many keys on; None keeps the op's default, 2048). rotate_v: fold a per-head Hadamard
     rotation of V into the V projection and o_proj weights (passes.rotate_v: the same model, a cache whose V
     quantizes better; float weights and a power-of-2 head size only). cache_layout: the op's layout (None: "pair" for
-    q4_0 / q6_0 V, else "rows"); "tight" is the rows layout without its padding, for the CPU execution provider only:
-    a q8_0 V folder runs under og.Generator, a q4_0 / q6_0 one needs inplace_runner (choose_cache_layout)."""
+    q4_0 / q6_0 V, else "rows"); "tight" drops the rows' padding (every execution provider; a cache that shares its
+    past and present buffer only): a q8_0 V folder runs under og.Generator, a q4_0 / q6_0 one needs inplace_runner
+    (choose_cache_layout)."""
     from . import RewriteError, load_checked, save_atomic
     from ..formats import cache_row_widths
     from .genai_gqa import GenaiRewriteError, float_mask_sum, rewrite_gqa
@@ -152,7 +151,7 @@ def rewrite_folder(src: str | os.PathLike, dst: str | os.PathLike, v_format: str
     decoder = cfg["model"]["decoder"]
     cache_layout = choose_cache_layout(v_format, inplace_runner, cache_layout, decoder.get("head_size"))
     if cache_layout == "tight":
-        _refuse_tight_on_a_gpu(src / CONFIG, decoder)
+        _refuse_tight_without_shared_buffers(src / CONFIG, cfg)
     if split_k_min_keys is not None and split_k_min_keys < 1:
         raise GenaiError(f"split_k_min_keys must be >= 1, got {split_k_min_keys}")
     drop_window, window_cap = _sliding_window(src, cfg)

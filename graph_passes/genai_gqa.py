@@ -7,8 +7,8 @@ seqlens_k, total_sequence_length, cos/sin caches, the q/k norm weights at 14 / 1
 GroupQueryAttention's) and turns the two cache tensors of each layer into packed uint8 rows
 [batch, kv_heads, seq, row_bytes] (docs/ops.md, "Packed cache"): K q8_0, V q8_0 (genai gives K and V one dtype and
 one last dim), q4_0 or q6_0, either in the "pair" layout (K and V both head_size bytes wide, which genai allocates)
-or in the "rows" layout for runtimes that allow V its own width, or in the "tight" layout (the rows without their
-16-byte padding; the CPU execution provider only). The names stay, so genai still finds them.
+or in the "rows" layout for runtimes that allow V its own width, or in the "tight" layout (no 16-byte row padding;
+a cache that shares its past and present buffer). The names stay, so genai still finds them.
 
 What the op does not implement is refused with the reason, by the rules the op itself applies when its session is
 created (docs/ops.md): sliding windows, softcap, smooth softmax, causal = 0, ORT's quantized caches, window-sized
@@ -172,7 +172,7 @@ def _take_over(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
 def rewrite_gqa(model: ir.Model, v_format: str = "q8_0", head_size: int | None = None,
                 cache_layout: str = "rows") -> list[GqaLayer]:
     """Rewrites every GroupQueryAttention in place; returns the layers. cache_layout: the op's "rows", "pair" (q4_0
-    / q6_0 V only) or "tight" (the CPU EP only). Raises GenaiRewriteError, leaving the model in an undefined state
+    / q6_0 V only) or "tight" (no padding; shared buffers). Raises GenaiRewriteError, leaving the model in an undefined state
     (discard it)."""
     if v_format not in PACKED_FORMATS:
         raise GenaiRewriteError(f"v_format must be {', '.join(PACKED_FORMATS)} for a genai model, got {v_format!r}")

@@ -32,12 +32,14 @@ Q6_CASES = [(*c[:9], "q6_0", c[10]) for c in CASES if c[9] == "q4_0"] + [
     (2, 4, 2, 128, np.float32, False, True, False, True, "q6_0", "rows"),
     (2, 6, 2, 256, np.float16, True, False, False, False, "q6_0", "rows"),
 ]
-# Every rows case again in the tight layout (the rows without their padding; the CPU EP only: GPU EPs refuse it when
-# the session is created): q8_0, q4_0 and q6_0 V at d = 32 .. 256, rows of 34 .. 272 bytes, most not a multiple of 16.
+# Every rows case again in the tight layout (no row padding: tensors of 34 .. 272-byte rows at d = 32 .. 256, the
+# tokens' payloads and scales in two runs), q8_0, q4_0 and q6_0 V; on shared buffers only (the op refuses unshared
+# tight caches), so these run in tests of their own (tests/ops/test_cache_attention.py, tests/gpu/test_cache_cuda.py).
 TIGHT_CASES = [(*c[:10], "tight") for c in CASES + Q6_CASES if c[10] == "rows"]
+GPU_TIGHT_CASES = [c for c in TIGHT_CASES if gpu_takes(c[9], c[3])]
 GPU_CASES = CASES + [c for c in Q6_CASES if gpu_takes(c[9], c[3])]  # what the CUDA op tests run
 CPU_ONLY_CASES = [c for c in Q6_CASES if not gpu_takes(c[9], c[3])]
-CPU_CASES = CASES + Q6_CASES + TIGHT_CASES  # what the CPU op tests run
+CPU_CASES = CASES + Q6_CASES  # what the CPU op tests run (and TIGHT_CASES on shared buffers)
 
 
 def case_id(c) -> str:
@@ -128,11 +130,18 @@ def cache_with_garbage(rng, B, hkv, rows, d, valid, cache_layout="rows", v_forma
     for b, n in enumerate(valid):
         ck[b, :, n:] = gk
         cv[b, :, n:] = gv
+    if cache_layout == "tight":  # the op's tensors: the rows' parts in two runs
+        return ref.tight_tensor(ck, d, "q8_0"), ref.tight_tensor(cv, d, v_format or "q8_0")
     return ck, cv
 
 
-def assert_only_new_rows_changed(before_k, before_v, after_k, after_v, valid):
-    """An in-place decode step wrote row valid[b] of every (b, kv head) and nothing else."""
+def assert_only_new_rows_changed(before_k, before_v, after_k, after_v, valid, tight=None):
+    """An in-place decode step wrote row valid[b] of every (b, kv head) and nothing else. tight: (D, V format) of
+    tight-layout tensors, whose token rows are compared (reference.tight_rows)."""
+    if tight is not None:
+        d, vf = tight
+        before_k, after_k = ref.tight_rows(before_k, d, "q8_0"), ref.tight_rows(after_k, d, "q8_0")
+        before_v, after_v = ref.tight_rows(before_v, d, vf), ref.tight_rows(after_v, d, vf)
     changed = np.any(after_k != before_k, axis=-1) | np.any(after_v != before_v, axis=-1)
     want = np.zeros_like(changed)
     for b, n in enumerate(valid):

@@ -49,17 +49,16 @@ inline AttentionParams cache_attention_params(const CacheParams& c, BatchRun r, 
   p.q = static_cast<const char*>(q_rows) + q_off * elem;
   p.out = static_cast<char*>(out_rows) + q_off * elem;
   const CacheRowMap& m = c.map;  // where the parts of a token's rows lie (cache_layout.h)
-  const uint8_t* kb = c.present_k + b * c.Hkv * c.L * m.k_row;
-  const uint8_t* vb = c.present_v + b * c.Hkv * c.L * m.v_row;
-  p.k = reinterpret_cast<const int8_t*>(kb);
-  p.k_scales = reinterpret_cast<const uint16_t*>((m.k_scales_in_v ? vb : kb) + m.k_scales_off);
-  p.v = vb;
-  p.v_scales = reinterpret_cast<const uint16_t*>(vb + m.v_scales_off);
+  const int64_t n = c.B * c.Hkv * c.L, r0 = b * c.Hkv * c.L;  // token rows in all, batch row b's first
+  p.k = reinterpret_cast<const int8_t*>(c.present_k + m.k_pay_at(r0));
+  p.k_scales = reinterpret_cast<const uint16_t*>((m.k_scales_in_v ? c.present_v : c.present_k) + m.k_sc_at(r0, n));
+  p.v = c.present_v + m.v_pay_at(r0);
+  p.v_scales = reinterpret_cast<const uint16_t*>(c.present_v + m.v_sc_at(r0, n));
   p.kv_rows = c.L;
-  p.k_stride = m.k_row;
-  p.ks_stride = (m.k_scales_in_v ? m.v_row : m.k_row) / 2;
-  p.v_stride = m.v_row;
-  p.vs_stride = m.v_row / 2;
+  p.k_stride = m.k_pay_stride();
+  p.ks_stride = m.k_sc_stride() / 2;
+  p.v_stride = m.v_pay_stride();
+  p.vs_stride = m.v_sc_stride() / 2;
   p.dev_seqlens = c.dev_seqlens ? c.dev_seqlens + b : nullptr;
   p.route = choose_route(p, c.split_k_min_keys);
   return p;

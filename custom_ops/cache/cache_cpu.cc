@@ -72,13 +72,16 @@ void pack_part(const float* x, int D, VFormat f, uint8_t* row, uint8_t* scales) 
   std::memcpy(scales, s, 2 * (D / kBlock));
 }
 
-// A token's K and V rows of one head (cache_layout.h's map): payloads, scales where the layout puts them, zeros.
-void pack_token(const float* k, const float* v, const CacheParams& c, uint8_t* k_row, uint8_t* v_row) {
+// Token row r's K and V of one head (cache_layout.h's map; r of n = B Hkv L): payloads and scales where the layout
+// puts them, and the zeros after them in the layouts whose rows are self-contained.
+void pack_token(const float* k, const float* v, const CacheParams& c, int64_t r, int64_t n) {
   const CacheRowMap& m = c.map;
-  pack_part(k, c.D, VFormat::kQ8_0, k_row, (m.k_scales_in_v ? v_row : k_row) + m.k_scales_off);
-  pack_part(v, c.D, c.v_format, v_row, v_row + m.v_scales_off);
-  std::memset(k_row + m.k_zero_from, 0, size_t(m.k_row - m.k_zero_from));
-  std::memset(v_row + m.v_zero_from, 0, size_t(m.v_row - m.v_zero_from));
+  pack_part(k, c.D, VFormat::kQ8_0, c.present_k + m.k_pay_at(r),
+            (m.k_scales_in_v ? c.present_v : c.present_k) + m.k_sc_at(r, n));
+  pack_part(v, c.D, c.v_format, c.present_v + m.v_pay_at(r), c.present_v + m.v_sc_at(r, n));
+  if (m.split) return;
+  std::memset(c.present_k + r * m.k_row + m.k_zero_from, 0, size_t(m.k_row - m.k_zero_from));
+  std::memset(c.present_v + r * m.v_row + m.v_zero_from, 0, size_t(m.v_row - m.v_zero_from));
 }
 
 void store_floats(const float* src, bool half, void* dst, int64_t off, int n) {
@@ -91,7 +94,8 @@ void store_floats(const float* src, bool half, void* dst, int64_t off, int n) {
 void cache_attention_cpu(const CacheParams& c, OrtKernelContext* ctx) {
   const int D = c.D;
   const size_t elem = c.half ? 2 : 4;
-  // 1. Not shared: the present caches start as the past rows, the rest zeros.
+  // 1. Not shared: the present caches start as the past rows, the rest zeros (rows and pair: cache_op.cc refuses
+  // an unshared tight cache, whose runs move with L).
   if (!c.shared()) {
     parallel_for(ctx, size_t(c.B * c.Hkv), [&](size_t bh) {
       for (int t = 0; t < 2; ++t) {
@@ -116,8 +120,7 @@ void cache_attention_cpu(const CacheParams& c, OrtKernelContext* ctx) {
       rms_norm(c, c.k_norm, c.k_norm_eps, x);
       rotate(c, pos, x);
       load_floats(c.packed_qkv ? c.q : c.v, c.half, head_offset(c, 2, b, s, h), D, xv);
-      const int64_t row = (b * c.Hkv + h) * c.L + pos;
-      pack_token(x, xv, c, c.present_k + row * c.map.k_row, c.present_v + row * c.map.v_row);
+      pack_token(x, xv, c, (b * c.Hkv + h) * c.L + pos, c.B * c.Hkv * c.L);
     }
     if (s >= c.q_rows(b)) return;  // right padding of a first prompt: no query row
     for (int64_t h = 0; h < c.Hq; ++h) {

@@ -40,6 +40,7 @@ struct Prologue {
   uint8_t* k_cache;
   uint8_t* v_cache;
   int64_t S, Hq, Hkv, L, rot_half, b0, nb;
+  int64_t n_rows;   // B Hkv L: the token rows of the caches (the tight layout's scale runs start after n_rows payloads)
   CacheRowMap map;  // the rows' widths and where a token's parts go (cache_layout.h)
   int D;
   float q_eps, k_eps;  // the Q and K norms' epsilons
@@ -150,6 +151,10 @@ __global__ void __launch_bounds__(kThreads) prologue_kernel(Prologue a) {
   uint8_t* scales = kind == 2        ? row + m.v_scales_off
                     : m.k_scales_in_v ? a.v_cache + token_row * m.v_row + m.k_scales_off
                                       : row + m.k_scales_off;
+  if (m.split) {  // tight: the payload and the scales in their runs of the tensor (cache_layout.h); no zeros
+    row = kind == 1 ? a.k_cache + m.k_pay_at(token_row) : a.v_cache + m.v_pay_at(token_row);
+    scales = kind == 1 ? a.k_cache + m.k_sc_at(token_row, a.n_rows) : a.v_cache + m.v_sc_at(token_row, a.n_rows);
+  }
   for (int j = 0; j < nb; ++j) {
     const float amax = gpu::group32_max(gpu::abs_or_inf(x[j]));  // the non-finite policy, as PackK / PackV
     float sc;
@@ -171,7 +176,8 @@ __global__ void __launch_bounds__(kThreads) prologue_kernel(Prologue a) {
     }
   }
   // zeros past this row's parts (in the pair layout the V row's tail, after K's scales, which the K group writes)
-  for (int64_t i = (kind == 1 ? m.k_zero_from : m.v_zero_from) + lane; i < row_bytes; i += 32) row[i] = 0;
+  if (!m.split)
+    for (int64_t i = (kind == 1 ? m.k_zero_from : m.v_zero_from) + lane; i < row_bytes; i += 32) row[i] = 0;
 }
 
 // out[b, s, h * D + d] = rows[b][h][s][d] for s < q_rows(b), else 0. One thread per element.
@@ -235,7 +241,7 @@ void cache_attention_gpu(const CacheParams& c, const CacheGpuWork& l, void* scra
   void* out_rows = c.S == 1 ? c.out : base + l.q_bytes;
   void* split = base + l.q_bytes + l.out_bytes;
 
-  if (!c.shared()) {
+  if (!c.shared()) {  // rows and pair (cache_op.cc refuses an unshared tight cache)
     const int64_t rows = c.B * c.Hkv;
     for (int t = 0; t < 2; ++t) {
       const int64_t rb = t == 0 ? c.map.k_row : c.map.v_row;
@@ -255,6 +261,7 @@ void cache_attention_gpu(const CacheParams& c, const CacheGpuWork& l, void* scra
     a.q = c.q; a.k = c.k; a.v = c.v; a.cos = c.cos; a.sin = c.sin; a.q_norm = c.q_norm; a.k_norm = c.k_norm;
     a.q_rows = q_rows; a.k_cache = c.present_k; a.v_cache = c.present_v;
     a.S = c.S; a.Hq = c.Hq; a.Hkv = c.Hkv; a.L = c.L; a.map = c.map; a.rot_half = c.rot_half;
+    a.n_rows = c.B * c.Hkv * c.L;
     a.b0 = b0; a.nb = std::min<int64_t>(kMaxBatch, c.B - b0); a.D = c.D;
     a.q_eps = c.q_norm_eps; a.k_eps = c.k_norm_eps;
     a.half = c.half; a.packed = c.packed_qkv; a.rotary = c.rotary; a.interleaved = c.interleaved;

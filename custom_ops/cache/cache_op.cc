@@ -101,6 +101,11 @@ class CacheKernel : public Kernel {
     if ((c.present_k == c.past_k) != (c.present_v == c.past_v))
       fail(kOp, "outputs 'present_key' and 'present_value': either both share their past input's buffer or "
                 "neither does");
+    if (c.map.split && !c.shared())
+      fail(kOp, "cache_layout 'tight' needs outputs 'present_key' / 'present_value' that share their past input's "
+                "buffer (onnxruntime-genai's past_present_share_buffer): its tokens' bytes are not in their rows, "
+                "so a runtime's row or batch copies of an unshared cache (rewind, beam reorder) would mix them; got "
+                "present buffers of their own (use cache_layout 'rows' or 'pair' there)");
     if (c.B == 0 || c.S == 0) return;
     if (ep_ == Ep::kCpu) {
       cache_attention_cpu(c, ctx);
@@ -328,9 +333,6 @@ Kernel* create_cache_kernel(const OrtKernelInfo* info, Ep ep) {
   else if (lay == "pair") a.layout = CacheLayout::kPair;
   else if (lay == "tight") a.layout = CacheLayout::kTight;
   else fail(kOp, "attribute 'cache_layout': expected 'rows', 'pair' or 'tight', got '", lay, "'");
-  if (a.layout == CacheLayout::kTight && ep != Ep::kCpu)
-    fail(kOp, "attribute 'cache_layout' = 'tight' runs on the CPU execution provider only (the GPU kernels read rows "
-              "of 16-byte multiples: 'rows' or 'pair'), got a node assigned to ", ep_name(ep));
   if (a.layout == CacheLayout::kPair && !pair_takes_vformat(a.v_format))
     fail(kOp, "attribute 'cache_layout' = 'pair' needs v_format 'q4_0' or 'q6_0' (K and q4_0 / q6_0 V in two rows of "
               "D bytes), got v_format '", vf, "': a q8_0 V cache has K's row width in the 'rows' layout already");

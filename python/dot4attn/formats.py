@@ -14,11 +14,12 @@ Four layouts hold them:
   pair   Dot4GroupQueryAttention's cache with q4_0 or q6_0 V (attribute cache_layout="pair"): K and V tensors both
          D bytes wide, as onnxruntime-genai allocates them (V as wide as K): the K row is K's int8 payload, the V row
          V's payload, V's scales, K's scales, then zeros ([D/2 or 3D/4 | D/16 | D/16 | 0...]).
-  tight  Dot4GroupQueryAttention's cache, any packed V (attribute cache_layout="tight"): the rows layout without its
-         padding, each row its payload then its scales and nothing after (K D + D/16 bytes, V payload + D/16: at
-         D = 64 K 68, q8_0 V 68, q4_0 V 36, q6_0 V 52). The CPU execution provider only (GPU_CACHE_LAYOUTS): the GPU
-         kernels move rows in 16-byte pieces. K and q8_0 V rows have one width (onnxruntime-genai runs them); q4_0 /
-         q6_0 V rows are narrower than K's.
+  tight  Dot4GroupQueryAttention's cache, any packed V (attribute cache_layout="tight"): no padding. The tensors
+         have the width of a token's payload + scales (K D + D/16 bytes, V payload + D/16: at D = 64 K 68, q8_0 V 68,
+         q4_0 V 36, q6_0 V 52) and hold every token row's payload in one run, then every token row's scales
+         (reference.tight_tensor / tight_rows): each run is laid out as dense K / V, so the CPU and GPU kernels read
+         it as they read those. Only for caches whose past and present share one buffer (the op refuses others). K
+         and q8_0 V rows have one width (onnxruntime-genai runs them); q4_0 / q6_0 V rows are narrower than K's.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ PACKED_FORMATS = ("q8_0", "q4_0", "q6_0")
 # q6_0 V on the GPU: D a multiple of 64 (rows of 3D/4 bytes move in 16-byte pieces); the CPU EP takes every D
 GPU_Q6_D_MULTIPLE = 64
 CACHE_LAYOUTS = ("rows", "pair", "tight")  # Dot4GroupQueryAttention's attribute cache_layout
-GPU_CACHE_LAYOUTS = ("rows", "pair")  # the layouts the GPU EPs take (tight: the CPU EP only)
+GPU_CACHE_LAYOUTS = CACHE_LAYOUTS  # the layouts the GPU EPs take: all of them
 PAIR_V_FORMATS = ("q4_0", "q6_0")  # the V formats the pair layout holds (payload and both scale runs fit D bytes)
 Q6_BLOCK_BYTES = 24  # a q6_0 block: 16 bytes of low nibbles (as q4_0's payload), 8 bytes of high 2-bit pairs
 FLOAT_BYTES = {"float32": 4, "float16": 2}
@@ -67,8 +68,8 @@ def scale_bytes(d: int) -> int:
 
 
 def packed_bytes(d: int, fmt: str = K_FORMAT) -> int:
-    """Bytes of one token's packed head, payload + scales, nothing padded: a row of the "tight" layout (and what
-    the "split" layout's two tensors hold per token)."""
+    """Bytes of one token's packed head, payload + scales, nothing padded: what the "tight" layout's tensors and the
+    "split" layout's two tensors hold per token."""
     return payload_bytes(d, fmt) + scale_bytes(d)
 
 
@@ -78,7 +79,8 @@ def row_bytes(d: int, fmt: str = K_FORMAT) -> int:
 
 
 def tight_row_bytes(d: int, fmt: str = K_FORMAT) -> int:
-    """Bytes of one Dot4GroupQueryAttention cache row in the "tight" layout: payload + scales, not padded."""
+    """Row bytes (last dimension) of a Dot4GroupQueryAttention cache tensor in the "tight" layout: payload +
+    scales, not padded."""
     return packed_bytes(d, fmt)
 
 
@@ -93,8 +95,8 @@ def check_cache_layout(cache_layout: str, v_format: str) -> str:
 
 
 def gpu_takes_layout(cache_layout: str) -> bool:
-    """Whether the GPU execution providers take this cache_layout: "rows" and "pair"; "tight" (rows of no 16-byte
-    multiple) runs on the CPU execution provider only, and a GPU EP refuses it when the session is created."""
+    """Whether the GPU execution providers take this cache_layout: every one (the tight layout's runs are laid out
+    as dense K / V, which the GPU kernels read with aligned loads)."""
     if cache_layout not in CACHE_LAYOUTS:
         raise ValueError(f"cache_layout: expected one of {', '.join(CACHE_LAYOUTS)}, got {cache_layout!r}")
     return cache_layout in GPU_CACHE_LAYOUTS

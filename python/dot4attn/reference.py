@@ -287,7 +287,8 @@ cache_row_bytes = formats.row_bytes
 
 def pack_cache_rows(x: np.ndarray, fmt: str = "q8_0", cache_layout: str = "rows") -> np.ndarray:
     """uint8 rows [..., row_bytes] of x [..., D]: payload (PackK / PackV), float16 scales, then (cache_layout
-    "rows") zero padding to a multiple of 16 bytes, or (cache_layout "tight") nothing: rows of payload + D/16."""
+    "rows") zero padding to a multiple of 16 bytes, or (cache_layout "tight") nothing: rows of payload + D/16. The
+    tight layout's cache tensor holds these rows' parts in two runs: tight_tensor / tight_rows convert."""
     d = x.shape[-1]
     if cache_layout not in ("rows", "tight"):
         raise ValueError(f"pack_cache_rows: cache_layout 'rows' or 'tight', got {cache_layout!r} "
@@ -299,6 +300,27 @@ def pack_cache_rows(x: np.ndarray, fmt: str = "q8_0", cache_layout: str = "rows"
     rows[..., :pb] = payload.view(np.uint8)
     rows[..., pb:pb + 2 * (d // BLOCK)] = np.ascontiguousarray(scales.astype(np.float16)).view(np.uint8)
     return rows
+
+
+def tight_tensor(rows: np.ndarray, d: int, fmt: str = "q8_0") -> np.ndarray:
+    """The tight layout's cache tensor [B, Hkv, L, payload + D/16] (what the op reads and writes) of tight rows
+    [B, Hkv, L, payload + D/16] (pack_cache_rows(..., "tight"): each token's payload, then its scales): every token
+    row's payload in one run, then every token row's scales (docs/ops.md)."""
+    pb, w = cache_payload_bytes(d, fmt), formats.tight_row_bytes(d, fmt)
+    if rows.shape[-1] != w:
+        raise ValueError(f"tight_tensor: expected rows of {w} bytes ({fmt}, D = {d}), got {rows.shape[-1]}")
+    flat = rows.reshape(-1, w)
+    return np.concatenate([flat[:, :pb].reshape(-1), flat[:, pb:].reshape(-1)]).reshape(rows.shape)
+
+
+def tight_rows(tensor: np.ndarray, d: int, fmt: str = "q8_0") -> np.ndarray:
+    """Each token's tight row (payload, then scales) of a tight-layout cache tensor: tight_tensor's inverse."""
+    pb, w = cache_payload_bytes(d, fmt), formats.tight_row_bytes(d, fmt)
+    if tensor.shape[-1] != w:
+        raise ValueError(f"tight_rows: expected a tensor of {w}-byte rows ({fmt}, D = {d}), got {tensor.shape[-1]}")
+    flat = np.ascontiguousarray(tensor).reshape(-1)
+    n = flat.size // w
+    return np.concatenate([flat[:n * pb].reshape(n, pb), flat[n * pb:].reshape(n, w - pb)], 1).reshape(tensor.shape)
 
 
 def unpack_cache_rows(rows: np.ndarray, d: int, fmt: str = "q8_0") -> tuple[np.ndarray, np.ndarray]:
@@ -368,7 +390,7 @@ def group_query_attention_packed(query, key, value, past_key, past_value, seqlen
     (its padding rows output zeros), otherwise the S new tokens take positions total - S .. total - 1. The new
     rows are packed into present (past copied when present is a new buffer). q_norm / k_norm use q_norm_epsilon /
     k_norm_epsilon where given, else qk_norm_epsilon (GroupQueryAttention's rule). cache_layout: "rows", "pair"
-    (q4_0 / q6_0 V only) or "tight" (rows without padding; dot4attn.formats)."""
+    (q4_0 / q6_0 V only) or "tight" (no padding, the parts in runs: tight_tensor; dot4attn.formats)."""
     formats.check_cache_layout(cache_layout, v_format)
     B, S = query.shape[:2]
     hq, hkv = num_heads, kv_num_heads
@@ -384,6 +406,8 @@ def group_query_attention_packed(query, key, value, past_key, past_value, seqlen
     first = S == total_len
     total = np.asarray(seqlens_k).astype(np.int64) + 1
     past = np.zeros(B, np.int64) if first else total - S
+    if cache_layout == "tight":  # the op's tensors hold the parts in runs; the rows are what the steps below move
+        past_key, past_value = tight_rows(past_key, d, "q8_0"), tight_rows(past_value, d, v_format)
     rows = max(past_key.shape[2], total_len)
     present_k = np.zeros((B, hkv, rows, past_key.shape[3]), np.uint8)
     present_v = np.zeros((B, hkv, rows, past_value.shape[3]), np.uint8)
@@ -422,4 +446,6 @@ def group_query_attention_packed(query, key, value, past_key, past_value, seqlen
         qb = qf[b:b + 1, :sq].transpose(0, 2, 1, 3).astype(dtype)
         o = attention(qb, kp, ks, vp, vs, scale=sc, causal=1, v_format=v_format)
         out[b, :sq] = o[0].transpose(1, 0, 2)
+    if cache_layout == "tight":
+        present_k, present_v = tight_tensor(present_k, d, "q8_0"), tight_tensor(present_v, d, v_format)
     return out.reshape(B, S, hq * d), present_k, present_v

@@ -422,8 +422,8 @@ def test_tight_q8_0_folder_runs_under_og_generator_as_the_rows_folder(rewritten,
     """--cache-layout tight (head size 64, where the rows layout pads 68 bytes to 80): K and q8_0 V rows of 68 bytes,
     one width, so og.Generator runs the folder on the CPU EP; the same packed values as the rows folder, so the same
     logits to the last bit (a prompt and decode steps) and the same greedy tokens; 136 cache bytes per token and KV
-    head (rows: 160, ORT's int8 cache: 128). Asked to run on CUDA, the runners refuse it with the reason before a
-    session is made (the op's own refusal: tests/gpu/test_ort_cuda.py)."""
+    head (rows: 160, ORT's int8 cache: 128). Asked to share no buffer (genai's past_present_share_buffer off), the
+    op refuses with the reason: the tight layout keeps a token's bytes in two runs of the tensor."""
     from dot4attn import formats
     from dot4attn.runtime import open_decoder
     from dot4attn.runtime.og import generate as og_generate
@@ -456,14 +456,9 @@ def test_tight_q8_0_folder_runs_under_og_generator_as_the_rows_folder(rewritten,
     dec = open_decoder(tight)
     assert type(dec).__name__ == "OgDecoder" and dec.cache_bytes_per_token() == L * h * 136
     dec.close()
-    for runner in ("og", "inplace"):
-        with pytest.raises(ValueError, match=r"its cache is in the tight layout \(dot4attn.json: cache_layout "
-                                             r"'tight', rows without padding\), which runs on the CPU execution "
-                                             r"provider only, not on cuda"):
-            open_decoder(tight, device="cuda", runner=runner)
-    assert cli(["generate", str(tight), "--device", "cuda", "--token-ids", "5,6,7"]) == 2
-    assert "which runs on the CPU execution provider only, not on cuda: run it on the CPU (--device cpu)" in \
-        capsys.readouterr().err
+    with pytest.raises(Exception, match="cache_layout 'tight' needs outputs 'present_key' / 'present_value' that "
+                                        "share their past input's buffer"):
+        og_generate(tight, prompts, 4, share_buffer=False)
 
 
 @pytest.mark.parametrize("v_format", ["q4_0", "q6_0"])
@@ -512,13 +507,21 @@ def test_cache_layouts_the_runners_cannot_run_are_refused(tmp_path, capsys, args
     _rewrite_fails(genai_model("qwen3-d128", "fp32"), tmp_path / "out", capsys, match, args=args)
 
 
-def test_tight_is_refused_for_a_folder_genai_runs_on_cuda(tmp_path, capsys):
-    """The CUDA build's genai_config.json runs the decoder on the CUDA EP, which refuses the tight layout when the
-    session is created: the rewrite refuses first, saying why and what to do."""
-    _rewrite_fails(genai_model("qwen3-d128", "fp16", "cuda"), tmp_path / "out", capsys,
-                   "--cache-layout tight runs on the CPU execution provider only (the GPU kernels read rows of "
-                   "16-byte multiples), and model.decoder.session_options.provider_options runs the decoder on cuda",
-                   args=["--cache-layout", "tight"])
+def test_tight_rewrites_a_cuda_folder_and_refuses_one_without_a_shared_buffer(tmp_path, capsys):
+    """The tight layout runs on every execution provider, so a folder genai runs on CUDA rewrites to it; a folder
+    whose genai_config.json turns past_present_share_buffer off is refused with why and what to do (the layout's
+    token bytes are not in their rows, which genai copies in an unshared cache)."""
+    src = genai_model("qwen3-d128", "fp16", "cuda")
+    out = tmp_path / "out"
+    assert cli(["rewrite", str(src), str(out), "--cache-layout", "tight"]) == 0
+    assert json.loads((out / "dot4attn.json").read_text())["cache_layout"] == "tight"
+    unshared = tmp_path / "unshared"
+    shutil.copytree(src, unshared)
+    cfg = json.loads((unshared / "genai_config.json").read_text())
+    cfg["search"]["past_present_share_buffer"] = False
+    (unshared / "genai_config.json").write_text(json.dumps(cfg))
+    _rewrite_fails(unshared, tmp_path / "out2", capsys, "--cache-layout tight needs search.past_present_share_buffer "
+                   "(the builder's default), which this folder turns off", args=["--cache-layout", "tight"])
 
 
 def test_for_inplace_runner_is_for_q4_0_and_q6_0(tmp_path, capsys):

@@ -10,8 +10,9 @@ import re
 import numpy as np
 import pytest
 
-from cache_cases import (CPU_ONLY_CASES, GPU_CASES, assert_only_new_rows_changed, bound_run, cache_with_garbage,
-                         case_id, expect, make_inputs, run)
+from cache_cases import (CPU_ONLY_CASES, GPU_CASES, GPU_TIGHT_CASES, assert_only_new_rows_changed, bound_run,
+                         cache_with_garbage, case_id, expect, make_inputs, run)
+from dot4attn import formats, reference as ref
 from dot4attn.formats import pair_v_row_parts
 from dot4attn.onnx_builders import cache_attention_model, session
 from gpu_support import q6_d_message
@@ -158,3 +159,84 @@ def test_unimplemented_group_query_attention_features_are_refused_on_cuda(attrs,
     m = gqa_model(np.float16, 8, 2, 128, ours=True, rotary=True, attrs=attrs, inputs=inputs)
     with pytest.raises(Exception, match=re.escape(f"Dot4GroupQueryAttention: {match}")):
         _session_uncached(m)
+
+
+def _rows_and_tight(hq, hkv, d, dtype, feeds_of, steps, L, device_rows=None, **model_kw):
+    """Each step's (output, present K, present V) of the rows and the tight layout on CUDA, each on its own shared
+    device buffer of L rows (device_rows: the rows layout's and tight layout's starting tensors, else zeros)."""
+    vf = model_kw.get("v_format", "q8_0")
+    outs = {}
+    for layout in ("rows", "tight"):
+        sess = _session_uncached(cache_attention_model(dtype, num_heads=hq, kv_num_heads=hkv, cache_layout=layout,
+                                                       **model_kw))
+        if device_rows is not None:
+            bk, bv = device_rows[layout]
+        else:
+            bk, bv = (np.zeros((feeds_of(0)[0]["query"].shape[0], hkv, L, w), np.uint8)
+                      for w in formats.cache_row_widths(d, vf, layout))
+        outs[layout] = []
+        for step in range(steps):
+            f, seqlens, total = feeds_of(step)
+            out, nk, nv = bound_run(sess, dict(f, past_key=bk, past_value=bv), seqlens, total, bk, bv, "cuda")
+            outs[layout].append((out, nk.copy(), nv.copy()))  # copies: the next step's buffers change in place
+            bk, bv = nk.copy(), nv.copy()
+    return outs
+
+
+@pytest.mark.parametrize("case", GPU_TIGHT_CASES, ids=case_id)
+def test_tight_layout_holds_the_rows_layouts_values_on_cuda(case):
+    """The tight layout on CUDA (no row padding; every token's payload in one run of the tensor, its scales in the
+    next, which the GPU kernels read as dense K / V with L rows per head), each layout on a shared device buffer: a
+    right-padded prompt, then decode steps. The outputs are the rows layout's to the last bit, every token's parts
+    are the rows layout's row without its padding, and the outputs match the reference."""
+    B, hq, hkv, d, dtype, packed, rotary, inter, norm, vf, _ = case
+    kw = dict(dtype=dtype, packed=packed, rotary=rotary, qk_norm=norm, v_format=vf)
+    S, L = 9, 16
+    lens = [S - 3 * b for b in range(B)]
+    first = make_inputs(B, S, hq, hkv, d, **kw)
+
+    def feeds_of(step):
+        f = first if step == 0 else make_inputs(B, 1, hq, hkv, d, seed=step, **kw)
+        f = dict(f, **{n: first[n] for n in ("cos_cache", "sin_cache", "q_norm_weight", "k_norm_weight") if n in first})
+        seqlens = [n - 1 for n in lens] if step == 0 else [n - 1 + step for n in lens]
+        return f, seqlens, S if step == 0 else max(lens) + step
+
+    outs = _rows_and_tight(hq, hkv, d, dtype, feeds_of, 4, L, packed_qkv=packed, rotary=rotary, interleaved=inter,
+                           qk_norm=norm, v_format=vf)
+    k_row, v_row = formats.cache_row_widths(d, vf, "tight")
+    attrs = dict(num_heads=hq, kv_num_heads=hkv, do_rotary=int(rotary), rotary_interleaved=int(inter), v_format=vf,
+                 cache_layout="tight")
+    past = tuple(np.zeros((B, hkv, L, w), np.uint8) for w in (k_row, v_row))
+    for step in range(4):
+        (o_r, k_r, v_r), (o_t, k_t, v_t) = outs["rows"][step], outs["tight"][step]
+        assert np.array_equal(o_t, o_r), f"step {step}: tight output != rows output"
+        assert np.array_equal(ref.tight_rows(k_t, d, "q8_0"), k_r[..., :k_row]), f"step {step}: K"
+        assert np.array_equal(ref.tight_rows(v_t, d, vf), v_r[..., :v_row]), f"step {step}: V"
+        f, seqlens, total = feeds_of(step)
+        f = dict(f, past_key=past[0], past_value=past[1], seqlens_k=np.asarray(seqlens, np.int32),
+                 total_sequence_length=np.asarray(total, np.int32))
+        expect(f, attrs, (o_t, k_t, v_t), _atol(dtype))
+        past = (k_t, v_t)
+
+
+@pytest.mark.parametrize("S, past", [(1, 4999), (512, 8000)], ids=["split_k-5000-keys", "prefill-512-over-8000"])
+def test_tight_layout_over_long_caches_on_cuda(S, past):
+    """A long cache in the tight layout on CUDA: a decode step over 5000 keys (split_k) and a 512-token chunk over
+    8000 keys (the prefill at D = 128 from 8192 keys: its K / V float16 copies read from the tight runs), each on a
+    shared device buffer of 8704 rows: the rows layout's output and rows to the last bit."""
+    B, hq, hkv, d, L = 2, 8, 2, 128, 8704
+    rng = np.random.default_rng(7)
+    k, v = (rng.standard_normal((B, hkv, L, d)).astype(np.float32) for _ in range(2))
+    k[:, :, past:] = v[:, :, past:] = 0
+    start = {"rows": (ref.pack_cache_rows(k, "q8_0"), ref.pack_cache_rows(v, "q8_0"))}
+    start["tight"] = tuple(ref.tight_tensor(ref.pack_cache_rows(x, "q8_0", "tight"), d) for x in (k, v))
+    feeds = make_inputs(B, S, hq, hkv, d, dtype=np.float16, rotary=True, seed=8, max_pos=L)
+
+    def feeds_of(step):
+        return feeds, [past + S - 1] * B, past + S
+
+    outs = _rows_and_tight(hq, hkv, d, np.float16, feeds_of, 1, L, device_rows=start, rotary=True)
+    (o_r, k_r, v_r), (o_t, k_t, v_t) = outs["rows"][0], outs["tight"][0]
+    assert np.isfinite(o_t).all() and np.array_equal(o_t, o_r)
+    assert np.array_equal(ref.tight_rows(k_t, d, "q8_0"), k_r[..., :136])
+    assert np.array_equal(ref.tight_rows(v_t, d, "q8_0"), v_r[..., :136])

@@ -315,20 +315,6 @@ def test_q6_0_sessions_run_on_cuda(model):
     assert sess.get_providers()[0] == CUDA
 
 
-@pytest.mark.parametrize("v_format", ["q8_0", "q4_0", "q6_0"])
-@pytest.mark.parametrize("dtype", [np.float16, np.float32])
-def test_the_tight_cache_layout_is_refused_on_cuda(dtype, v_format):
-    """cache_layout 'tight' (the rows layout without its padding) runs on the CPU execution provider only: on the
-    CUDA EP Dot4GroupQueryAttention refuses it when the session is created, for every V format, naming the
-    attribute, the layouts the GPU kernels read and the EP."""
-    model = ob.cache_attention_model(dtype, num_heads=4, kv_num_heads=2, v_format=v_format, cache_layout="tight")
-    with pytest.raises(Exception, match=re.escape(
-            "Dot4GroupQueryAttention: attribute 'cache_layout' = 'tight' runs on the CPU execution provider only (the "
-            "GPU kernels read rows of 16-byte multiples: 'rows' or 'pair'), got a node assigned to "
-            "CUDAExecutionProvider")):
-        _session_uncached(model)
-
-
 @pytest.mark.parametrize("name", [c.name for c in AC.CPU_ONLY_CASES])
 def test_q6_0_at_other_head_sizes_fails_at_run(name):
     """q6_0 V at a head size that is not a multiple of 64 (D = 32, 96, 160, 224): the session is created, and the

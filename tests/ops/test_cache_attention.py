@@ -44,11 +44,12 @@ def test_prompt_then_decode_matches_reference(case):
 
 
 @pytest.mark.parametrize("case", TIGHT_CASES, ids=case_id)
-def test_tight_layout_is_the_rows_layout_without_its_padding(case):
-    """cache_layout 'tight' against 'rows' on the same inputs (a right-padded prompt, then decode steps with past !=
-    present, each layout fed its own previous caches): the outputs are equal to the last bit, and every present row
-    is the rows layout's row without its zero padding (payload, then scales, nothing after). The tight rows are the
-    reference's byte for byte: V always, K where no rotation or norm (float math in another order) comes first."""
+def test_tight_layout_holds_the_rows_layouts_values(case):
+    """cache_layout 'tight' against 'rows' on the same inputs, each on a shared buffer of L rows (the tight layout's
+    only use): a right-padded prompt, then decode steps. The outputs are equal to the last bit; the tight tensors
+    hold every token's payload in one run and its scales in the next, and each token's parts are the rows layout's
+    row without its zero padding; they are the reference's byte for byte (V always, K where no rotation or norm,
+    float math in another order, comes first)."""
     B, hq, hkv, d, dtype, packed, rotary, inter, norm, vf, _ = case
     kw = dict(dtype=dtype, packed=packed, rotary=rotary, qk_norm=norm, v_format=vf)
     k_row, v_row = formats.cache_row_widths(d, vf, "tight")
@@ -58,39 +59,57 @@ def test_tight_layout_is_the_rows_layout_without_its_padding(case):
                                                   cache_layout=layout)) for layout in ("rows", "tight")}
     attrs = dict(num_heads=hq, kv_num_heads=hkv, do_rotary=int(rotary), rotary_interleaved=int(inter), v_format=vf,
                  cache_layout="tight")
-    S = 9
+    S, L = 9, 16
     lens = [S - 3 * b for b in range(B)]
     first = _inputs(B, S, hq, hkv, d, **kw)
-    past = {layout: (None, None) for layout in sess}
+    bufs = {layout: tuple(np.zeros((B, hkv, L, w), np.uint8) for w in formats.cache_row_widths(d, vf, layout))
+            for layout in sess}
+    atol = 2e-3 if dtype == np.float16 else 1e-4
     for step in range(4):
         seqlens = [n - 1 for n in lens] if step == 0 else [n - 1 + step for n in lens]
         total = S if step == 0 else max(lens) + step
+        feeds = first if step == 0 else _inputs(B, 1, hq, hkv, d, seed=step, **kw)
+        feeds = dict(feeds, **{n: first[n] for n in ("cos_cache", "sin_cache", "q_norm_weight", "k_norm_weight")
+                               if n in first})
+        before = {layout: (bk.copy(), bv.copy()) for layout, (bk, bv) in bufs.items()}
         outs = {}
-        for layout in sess:
-            feeds = first if step == 0 else _inputs(B, 1, hq, hkv, d, seed=step, **kw)
-            feeds = dict(feeds, **{n: first[n] for n in ("cos_cache", "sin_cache", "q_norm_weight", "k_norm_weight")
-                                   if n in first})
-            widths = formats.cache_row_widths(d, vf, layout)
-            pk, pv = past[layout]
-            feeds["past_key"] = pk if pk is not None else np.zeros((B, hkv, 0, widths[0]), np.uint8)
-            feeds["past_value"] = pv if pv is not None else np.zeros((B, hkv, 0, widths[1]), np.uint8)
-            outs[layout], f = _run(sess[layout], feeds, seqlens, total)
-            past[layout] = (outs[layout][1], outs[layout][2])
-            if layout == "tight":
-                want = ref.group_query_attention_packed(
-                    f["query"], f.get("key"), f.get("value"), f["past_key"], f["past_value"], f["seqlens_k"],
-                    f["total_sequence_length"], f.get("cos_cache"), f.get("sin_cache"), f.get("q_norm_weight"),
-                    f.get("k_norm_weight"), **attrs)
+        for layout, (bk, bv) in bufs.items():
+            out, nk, nv = _bound_run(sess[layout], dict(feeds, past_key=bk, past_value=bv), seqlens, total, bk, bv)
+            nk, nv = nk.copy(), nv.copy()  # on the CPU they may view bk / bv, which the next step replaces
+            outs[layout] = (out, nk, nv)
+            bufs[layout] = (nk, nv)
+        f = dict(feeds, past_key=before["tight"][0], past_value=before["tight"][1],
+                 seqlens_k=np.asarray(seqlens, np.int32), total_sequence_length=np.asarray(total, np.int32))
+        want = ref.group_query_attention_packed(
+            f["query"], f.get("key"), f.get("value"), f["past_key"], f["past_value"], f["seqlens_k"],
+            f["total_sequence_length"], f.get("cos_cache"), f.get("sin_cache"), f.get("q_norm_weight"),
+            f.get("k_norm_weight"), **attrs)
         (o_r, k_r, v_r), (o_t, k_t, v_t) = outs["rows"], outs["tight"]
-        assert k_t.shape[-1] == k_row and v_t.shape[-1] == v_row
+        assert k_t.shape == (B, hkv, L, k_row) and v_t.shape == (B, hkv, L, v_row)
         assert np.array_equal(o_t, o_r), f"step {step}: tight output != rows output"
-        assert np.array_equal(k_t, k_r[..., :k_row]) and not k_r[..., k_row:].any(), f"step {step}: K rows"
-        assert np.array_equal(v_t, v_r[..., :v_row]) and not v_r[..., v_row:].any(), f"step {step}: V rows"
-        assert np.array_equal(v_t, want[2]), f"step {step}: tight V rows != the reference's"
+        tk, tv = ref.tight_rows(k_t, d, "q8_0"), ref.tight_rows(v_t, d, vf)
+        assert np.array_equal(tk, k_r[..., :k_row]) and not k_r[..., k_row:].any(), f"step {step}: K"
+        assert np.array_equal(tv, v_r[..., :v_row]) and not v_r[..., v_row:].any(), f"step {step}: V"
+        assert np.array_equal(ref.tight_tensor(tk, d, "q8_0"), k_t)  # the two runs, and nothing else
+        assert np.array_equal(v_t, want[2]), f"step {step}: tight V tensor != the reference's"
         if not rotary and not norm:
-            assert np.array_equal(k_t, want[1]), f"step {step}: tight K rows != the reference's"
-        atol = 2e-3 if dtype == np.float16 else 1e-4
+            assert np.array_equal(k_t, want[1]), f"step {step}: tight K tensor != the reference's"
         np.testing.assert_allclose(o_t.astype(np.float32), want[0].astype(np.float32), atol=atol, rtol=0)
+
+
+def test_tight_layout_refuses_an_unshared_cache():
+    """present buffers of their own (a runtime that copies the past, as genai's beam search or an unshared cache):
+    the tight layout keeps a token's bytes in two runs of the tensor, which such copies would mix, so the op refuses
+    with the reason and leaves the inputs as they were."""
+    B, hq, hkv, d = 1, 4, 2, 64
+    sess = session(cache_attention_model(np.float32, num_heads=hq, kv_num_heads=hkv, cache_layout="tight"))
+    feeds = _inputs(B, 1, hq, hkv, d, past_rows=16, cache_layout="tight")
+    k0 = feeds["past_key"].copy()
+    with pytest.raises(Exception, match=_re(
+            "Dot4GroupQueryAttention: cache_layout 'tight' needs outputs 'present_key' / 'present_value' that share "
+            "their past input's buffer (onnxruntime-genai's past_present_share_buffer)")):
+        _run(sess, feeds, [8], 9)
+    assert np.array_equal(feeds["past_key"], k0)
 
 
 @pytest.mark.parametrize("valid", [[4999, 3000], [4999, 4999]], ids=["own-lengths", "one-length"])
@@ -106,7 +125,13 @@ def test_split_k_route_over_a_long_cache(valid):
         sess = session(cache_attention_model(np.float32, num_heads=hq, kv_num_heads=hkv, rotary=True,
                                              cache_layout=layout))
         f = dict(feeds, **{name: ref.pack_cache_rows(v, "q8_0", layout) for name, v in x.items()})
-        out, f = _run(sess, f, valid, 5000)
+        if layout == "rows":
+            out, f = _run(sess, f, valid, 5000)
+        else:  # the tight layout runs on a shared buffer only
+            f = dict(f, **{name: ref.tight_tensor(f[name], d, "q8_0") for name in ("past_key", "past_value")})
+            pk, pv = f["past_key"].copy(), f["past_value"].copy()  # the buffer the op appends to
+            out = _bound_run(sess, f, valid, 5000, pk, pv)
+            f = dict(f, seqlens_k=np.asarray(valid, np.int32), total_sequence_length=np.asarray(5000, np.int32))
         _expect(f, dict(num_heads=hq, kv_num_heads=hkv, do_rotary=1, cache_layout=layout), out, 1e-4)
         outs[layout] = out[0]
     assert np.array_equal(outs["tight"], outs["rows"])
@@ -228,8 +253,8 @@ def test_tight_layout_appends_in_place_and_holds_the_rows_layouts_values(vf, d, 
               for layout in ("rows", "tight")}
     k_row, v_row = formats.cache_row_widths(d, vf, "tight")
     assert caches["tight"][0].shape[-1] == k_row and caches["tight"][1].shape[-1] == v_row
-    assert np.array_equal(caches["tight"][0], caches["rows"][0][..., :k_row])
-    assert np.array_equal(caches["tight"][1], caches["rows"][1][..., :v_row])
+    assert np.array_equal(ref.tight_rows(caches["tight"][0], d, "q8_0"), caches["rows"][0][..., :k_row])
+    assert np.array_equal(ref.tight_rows(caches["tight"][1], d, vf), caches["rows"][1][..., :v_row])
     feeds = _inputs(B, 1, hq, hkv, d, seed=12, v_format=vf)  # no rotation: K packs exactly as the reference's
     outs, rows = {}, {}
     for layout, (ck, cv) in caches.items():
@@ -238,7 +263,7 @@ def test_tight_layout_appends_in_place_and_holds_the_rows_layouts_values(vf, d, 
         f = dict(feeds, past_key=ck, past_value=cv)
         before_k, before_v = ck.copy(), cv.copy()
         out, nk, nv = _bound_run(sess, f, valid, max(valid) + 1, ck, cv)
-        assert_only_new_rows_changed(before_k, before_v, nk, nv, valid)
+        assert_only_new_rows_changed(before_k, before_v, nk, nv, valid, (d, vf) if layout == "tight" else None)
         outs[layout], rows[layout] = out, (nk, nv)
         if layout == "tight":
             ff = dict(f, past_key=before_k, past_value=before_v, seqlens_k=np.asarray(valid, np.int32),
@@ -247,8 +272,8 @@ def test_tight_layout_appends_in_place_and_holds_the_rows_layouts_values(vf, d, 
                            (out, nk, nv), 1e-4)
             assert np.array_equal(nk, want[1]) and np.array_equal(nv, want[2]), "tight rows != the reference's"
     assert np.array_equal(outs["tight"], outs["rows"])
-    assert np.array_equal(rows["tight"][0], rows["rows"][0][..., :k_row])
-    assert np.array_equal(rows["tight"][1], rows["rows"][1][..., :v_row])
+    assert np.array_equal(ref.tight_rows(rows["tight"][0], d, "q8_0"), rows["rows"][0][..., :k_row])
+    assert np.array_equal(ref.tight_rows(rows["tight"][1], d, vf), rows["rows"][1][..., :v_row])
 
 
 @pytest.mark.parametrize("vf, d", [("q4_0", 128), ("q6_0", 128), ("q6_0", 64)])
@@ -328,7 +353,13 @@ def test_nonfinite_tokens_follow_the_policy(vf, layout):
     key[0, 3, 0, 5] = np.nan     # kv head 0 from token 3 on
     value[0, 6, 1, 40] = np.inf  # kv head 1 from token 6 on
     key[0, 1, 1, :32] = 3e9      # saturates: scale 65504
-    out, f = _run(sess, feeds, [S - 1], S)
+    if layout == "tight":  # its only use: a shared buffer
+        pk, pv = (np.zeros((B, hkv, S, w), np.uint8) for w in formats.cache_row_widths(d, vf, layout))
+        out = _bound_run(sess, dict(feeds, past_key=pk, past_value=pv), [S - 1], S, pk, pv)
+        f = dict(feeds, past_key=np.zeros_like(pk), past_value=np.zeros_like(pv),
+                 seqlens_k=np.asarray([S - 1], np.int32), total_sequence_length=np.asarray(S, np.int32))
+    else:
+        out, f = _run(sess, feeds, [S - 1], S)
     _expect(f, attrs, out, 1e-4)
     o = out[0].reshape(B, S, hq, d)
     nan_rows = np.isnan(o).all(axis=-1)
@@ -339,6 +370,9 @@ def test_nonfinite_tokens_follow_the_policy(vf, layout):
     assert np.array_equal(nan_rows[0], want)
     if layout == "pair":
         _, ks, _, vs = ref.unpack_cache_pair(out[1], out[2], d, vf)
+    elif layout == "tight":
+        _, ks = ref.unpack_cache_rows(ref.tight_rows(out[1], d, "q8_0"), d, "q8_0")
+        _, vs = ref.unpack_cache_rows(ref.tight_rows(out[2], d, vf), d, vf)
     else:
         _, ks = ref.unpack_cache_rows(out[1], d, "q8_0")
         _, vs = ref.unpack_cache_rows(out[2], d, vf)

@@ -8,8 +8,8 @@ import re
 import numpy as np
 import pytest
 
-from cache_cases import make_inputs, run
-from dot4attn import formats
+from cache_cases import bound_run, make_inputs, run
+from dot4attn import formats, reference as ref
 from dot4attn.onnx_builders import cache_attention_model, session
 
 
@@ -22,7 +22,11 @@ def test_the_op_asks_for_the_row_widths_formats_defines(d, v_format, layout):
     sess = session(cache_attention_model(np.float32, num_heads=2, kv_num_heads=1, v_format=v_format,
                                          cache_layout=layout))
     feeds = make_inputs(1, 1, 2, 1, d, v_format=v_format, cache_layout=layout)
-    run(sess, feeds, [0], 1)  # the widths of formats.row_bytes / tight_row_bytes run
+    if layout == "tight":  # the widths of formats.tight_row_bytes run (on a shared buffer, the layout's only use)
+        k, v = (np.zeros((1, 1, 1, width(d, f)), np.uint8) for f in ("q8_0", v_format))
+        bound_run(sess, feeds, [0], 1, k, v)
+    else:
+        run(sess, feeds, [0], 1)  # the widths of formats.row_bytes run
     for name, fmt in (("past_key", "q8_0"), ("past_value", v_format)):
         bad = dict(feeds, **{name: np.zeros((1, 1, 0, width(d, fmt) + 16), np.uint8)})
         with pytest.raises(Exception) as e:
@@ -62,8 +66,8 @@ def test_q6_0_widths_and_the_pair_layouts_bytes():
 
 
 def test_the_tight_layouts_widths_and_bytes():
-    """tight: the rows layout without its padding, payload + D/16 bytes (D = 64: K 68, V q8_0 68, q4_0 36, q6_0 52;
-    D = 128: 136, 136, 72, 104), for every packed V format, the CPU EP only. SmolLM2-135M (30 layers, 3 KV heads,
+    """tight: no padding, tensors of payload + D/16-byte rows (D = 64: K 68, V q8_0 68, q4_0 36, q6_0 52; D = 128:
+    136, 136, 72, 104), for every packed V format, on every EP. SmolLM2-135M (30 layers, 3 KV heads,
     D = 64): K + q8_0 V 12,240 bytes per token, ORT's int8 cache 11,520 (+6.25 %), the rows layout 14,400."""
     for d, want in ((64, {"q8_0": 68, "q4_0": 36, "q6_0": 52}), (128, {"q8_0": 136, "q4_0": 72, "q6_0": 104})):
         for vf, v_row in want.items():
@@ -77,8 +81,29 @@ def test_the_tight_layouts_widths_and_bytes():
     assert formats.bytes_per_token(30, 3, 64, v="q8_0") == 14400
     assert 12240 / (30 * 3 * 2 * 64) == 1.0625  # ORT's int8 cache: 2 D bytes per token and KV head
     assert formats.bytes_per_token(28, 4, 128, v="q8_0", layout="tight") == 28 * 4 * 272
-    assert [formats.gpu_takes_layout(x) for x in formats.CACHE_LAYOUTS] == [True, True, False]
+    assert [formats.gpu_takes_layout(x) for x in formats.CACHE_LAYOUTS] == [True, True, True]
     with pytest.raises(ValueError, match="cache_layout: expected one of rows, pair, tight, got 'columns'"):
         formats.check_cache_layout("columns", "q8_0")
     with pytest.raises(ValueError, match="layout: expected rows, split, pair or tight, got 'columns'"):
         formats.head_token_bytes(64, "q8_0", "columns")
+
+
+@pytest.mark.parametrize("fmt", formats.PACKED_FORMATS)
+def test_the_tight_tensor_holds_every_payload_then_every_scale(fmt):
+    """A tight-layout cache tensor [B, Hkv, L, payload + D/16] is every token row's payload in one run, then every
+    token row's float16 scales in the next (token row (b Hkv + h) L + position): the dense tensors' layout, which
+    the GPU kernels read with aligned loads; tight_rows gives each token's row (payload, then scales) back."""
+    d, shape = 64, (2, 3, 5)
+    x = np.random.default_rng(0).standard_normal((*shape, d)).astype(np.float32)
+    rows = ref.pack_cache_rows(x, fmt, "tight")
+    t = ref.tight_tensor(rows, d, fmt)
+    assert t.shape == rows.shape == (*shape, formats.tight_row_bytes(d, fmt))
+    payload, scales = ref.unpack_cache_rows(rows, d, fmt)
+    n, pb = int(np.prod(shape)), formats.payload_bytes(d, fmt)
+    flat = t.reshape(-1)
+    assert np.array_equal(flat[:n * pb], payload.view(np.uint8).reshape(-1))
+    assert np.array_equal(flat[n * pb:], scales.view(np.uint8).reshape(-1))
+    assert n * pb % 16 == 0 and pb % 16 == 0  # both runs start, and every payload row starts, 16-byte aligned
+    assert np.array_equal(ref.tight_rows(t, d, fmt), rows)
+    with pytest.raises(ValueError, match=f"tight_tensor: expected rows of {formats.tight_row_bytes(d, fmt)} bytes"):
+        ref.tight_tensor(rows[..., :-2], d, fmt)

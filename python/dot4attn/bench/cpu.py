@@ -25,7 +25,7 @@ GroupQueryAttention (share-buffer KV cache) vs numpy, in one process.
 
   cache_q4_0_pair is cache_q4_0 in the pair layout (K and V rows of D bytes), as q4_0 V folders hold it under
   og.Generator; cache_q6_0_pair the same with V q6_0 (ORT int8's bytes per token); cache_q8_0_tight is cache_q8_0
-  in the tight layout (the rows without their 16-byte padding, the CPU EP only: 136 instead of 160 bytes per token
+  in the tight layout (no 16-byte row padding: 136 instead of 160 bytes per token
   and KV head at D = 64).
 
   The op contract ties V's float dtype to the query dtype (``value: T``), so the "float16 V" line is T=float16.
@@ -75,7 +75,7 @@ CANDIDATES = {
     "cache_q4_0": "Dot4GroupQueryAttention in-place packed cache, V q4_0",
     "cache_q4_0_pair": "Dot4GroupQueryAttention in-place packed cache, V q4_0, pair layout (og.Generator's)",
     "cache_q6_0_pair": "Dot4GroupQueryAttention in-place packed cache, V q6_0, pair layout (og.Generator's)",
-    "cache_q8_0_tight": "Dot4GroupQueryAttention in-place packed cache, V q8_0, tight layout (rows without padding)",
+    "cache_q8_0_tight": "Dot4GroupQueryAttention in-place packed cache, V q8_0, tight layout (no row padding)",
 }
 DOT4_CANDIDATES = [c for c in CANDIDATES if c.startswith("d4a_")]
 CACHE_CANDIDATES = [c for c in CANDIDATES if c.startswith("cache_")]
@@ -303,6 +303,8 @@ class CacheRunner:
         else:
             ck[:, :, :Sk - Sq] = ref.pack_cache_rows(k[:, :, :Sk - Sq], "q8_0", cache_layout)
             cv[:, :, :Sk - Sq] = ref.pack_cache_rows(v[:, :, :Sk - Sq], v_format, cache_layout)
+            if cache_layout == "tight":  # the op's tensor holds the rows' parts in two runs
+                ck, cv = ref.tight_tensor(ck, D, "q8_0"), ref.tight_tensor(cv, D, v_format)
         self.cache_k, self.cache_v = _ov(ck), _ov(cv)
         del ck, cv
         bsh = lambda x: x.transpose(0, 2, 1, 3).reshape(x.shape[0], x.shape[2], -1).astype(np.float32)  # noqa: E731

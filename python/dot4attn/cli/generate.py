@@ -116,7 +116,7 @@ def _written_for_inplace_runner(folder) -> bool:
 
 def _run_inplace(args) -> int:
     """A genai folder through dot4attn.runtime.inplace (the caches live on --device, appended in place)."""
-    from ..runtime.decoder import check_folder_device, greedy
+    from ..runtime.decoder import greedy
     from ..runtime.inplace import InPlaceDecoder
 
     if args.prompt is not None:
@@ -125,11 +125,6 @@ def _run_inplace(args) -> int:
         return EXIT_COULD_NOT_RUN
     if args.batch < 1:
         print(f"dot4attn generate: --batch must be >= 1, got {args.batch}", file=sys.stderr)
-        return EXIT_COULD_NOT_RUN
-    try:
-        check_folder_device(args.model, args.device)  # a tight cache: the CPU EP only, said before ORT says it
-    except ValueError as e:
-        print(f"dot4attn generate: {e}", file=sys.stderr)
         return EXIT_COULD_NOT_RUN
     try:
         dec = InPlaceDecoder(args.model, device=args.device, threads=args.threads or None,

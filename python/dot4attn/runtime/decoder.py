@@ -72,21 +72,6 @@ def providers_for(device: str) -> list[str]:
     return ["CPUExecutionProvider"]
 
 
-def check_folder_device(folder, device: str) -> None:
-    """Raises ValueError when the cache layout of a rewritten genai folder (dot4attn.json's cache_layout) does not
-    run on `device`: "tight" (the rows without their padding) runs on the CPU execution provider only, and a session
-    on a GPU would fail with the op's own refusal when it is created."""
-    from ..formats import CACHE_LAYOUTS, gpu_takes_layout
-    from ..model_io import folder_facts
-
-    layout = folder_facts(folder).get("cache_layout")
-    if device != "cpu" and layout in CACHE_LAYOUTS and not gpu_takes_layout(layout):
-        raise ValueError(f"{folder}: its cache is in the tight layout (dot4attn.json: cache_layout '{layout}', rows "
-                         f"without padding), which runs on the CPU execution provider only, not on {device}: run it "
-                         "on the CPU (--device cpu), or rewrite the source folder without --cache-layout tight (the "
-                         "rows and pair layouts run on the GPU)")
-
-
 def greedy(dec: Decoder, prompts: list[list[int]], new_tokens: int, pad: int = 0) -> list[list[int]]:
     """Greedy generation of `new_tokens` for a batch of prompts (left-padded with `pad`, masked out) on any
     Decoder: one prefill, then greedy steps (only the next ids come back where the decoder can keep the logits)."""

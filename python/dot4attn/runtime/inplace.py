@@ -45,7 +45,7 @@ import numpy as np
 
 from ..formats import cache_input_bytes
 from ..model_io import PAST_RE, context_length
-from .decoder import check_folder_device, prefill_in_chunks
+from .decoder import prefill_in_chunks
 
 _NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(uint8)": np.uint8,
        "tensor(int8)": np.int8}
@@ -64,7 +64,6 @@ class InPlaceDecoder:
         if cuda_graph and device != "cuda":
             raise ValueError(f"cuda_graph needs device='cuda', got device={device!r}")
         self.cuda_graph = device == "cuda" if cuda_graph is None else bool(cuda_graph)
-        check_folder_device(folder, device)  # a tight cache runs on the CPU EP only
         cfg = json.loads((folder / "genai_config.json").read_text())
         dec = cfg["model"]["decoder"]
         self.head_size = int(dec["head_size"])

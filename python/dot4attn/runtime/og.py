@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..model_io import GenaiError, context_length, read_config
-from .decoder import check_folder_device, prefill_in_chunks
+from .decoder import prefill_in_chunks
 
 
 def generate(folder: str | os.PathLike, prompts: list[list[int]], max_new_tokens: int,
@@ -78,7 +78,6 @@ class OgDecoder:
             raise ValueError(f"host_logits: expected 'float32' or 'model', got {host_logits!r}")
         self.og = import_og()
         self.folder = Path(folder)
-        check_folder_device(self.folder, device)  # a tight cache runs on the CPU EP only
         config = self.og.Config(str(folder))
         if threads:
             config.overlay(json.dumps({"model": {"decoder": {"session_options": {
