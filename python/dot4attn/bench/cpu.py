@@ -319,8 +319,10 @@ class CacheRunner:
         self.sess.run_with_iobinding(self.binding)
 
     def output(self) -> np.ndarray:
+        # a copy: OrtValue.numpy() of a CPU value made from a numpy array views that array's memory without holding
+        # it, so a view outlives this runner only as garbage
         B, Hq, Sq, D = self.shape
-        return self.out.numpy().reshape(B, Sq, Hq, D).transpose(0, 2, 1, 3)
+        return self.out.numpy().reshape(B, Sq, Hq, D).transpose(0, 2, 1, 3).astype(np.float32)
 
 
 class NumpyRunner:
