@@ -146,15 +146,11 @@ __global__ void __launch_bounds__(kThreads) prologue_kernel(Prologue a) {
   const CacheRowMap& m = a.map;
   const int64_t row_bytes = kind == 1 ? m.k_row : m.v_row;
   const int64_t token_row = (b * a.Hkv + h) * a.L + pos;
-  uint8_t* row = (kind == 1 ? a.k_cache : a.v_cache) + token_row * row_bytes;
-  // this part's scales: after V's payload in the V row; K's after its payload (rows) or in the V row (pair)
-  uint8_t* scales = kind == 2        ? row + m.v_scales_off
-                    : m.k_scales_in_v ? a.v_cache + token_row * m.v_row + m.k_scales_off
-                                      : row + m.k_scales_off;
-  if (m.split) {  // tight: the payload and the scales in their runs of the tensor (cache_layout.h); no zeros
-    row = kind == 1 ? a.k_cache + m.k_pay_at(token_row) : a.v_cache + m.v_pay_at(token_row);
-    scales = kind == 1 ? a.k_cache + m.k_sc_at(token_row, a.n_rows) : a.v_cache + m.v_sc_at(token_row, a.n_rows);
-  }
+  // this part's payload (rows / pair: its row's start) and scales where the layout puts them (cache_layout.h): V's
+  // after V's payload, K's after K's (rows) or in the V row (pair), each in a run of its own (tight)
+  uint8_t* row = kind == 1 ? a.k_cache + m.k_pay_at(token_row) : a.v_cache + m.v_pay_at(token_row);
+  uint8_t* scales = kind == 2 ? a.v_cache + m.v_sc_at(token_row, a.n_rows)
+                              : (m.k_scales_in_v ? a.v_cache : a.k_cache) + m.k_sc_at(token_row, a.n_rows);
   for (int j = 0; j < nb; ++j) {
     const float amax = gpu::group32_max(gpu::abs_or_inf(x[j]));  // the non-finite policy, as PackK / PackV
     float sc;
@@ -175,7 +171,8 @@ __global__ void __launch_bounds__(kThreads) prologue_kernel(Prologue a) {
       scales[2 * j + 1] = uint8_t(sh >> 8);
     }
   }
-  // zeros past this row's parts (in the pair layout the V row's tail, after K's scales, which the K group writes)
+  // zeros past this row's parts (in the pair layout the V row's tail, after K's scales, which the K group writes;
+  // the tight layout has none)
   if (!m.split)
     for (int64_t i = (kind == 1 ? m.k_zero_from : m.v_zero_from) + lane; i < row_bytes; i += 32) row[i] = 0;
 }
