@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from dot4attn import native
+from dot4attn import formats, native
 
 from gpu_support import AMD_DEVICES, AMD_LDS, packed_layout, q6_d_message
 
@@ -464,6 +464,21 @@ def test_packed_cache_plans_like_dense(B, Hq, Hkv, Sq, Sk, D, v_format, device, 
         assert without_strided(packed) == without_strided(dense)
     rows = plan(B, Hq, Hkv, Sq, Sk, D, device=device, v_format=v_format, half=half, kv_layout={"kv_rows": Sk + 7})
     assert rows["strided"] is True and without_strided(rows) == without_strided(dense)
+
+
+@pytest.mark.parametrize("B,Hq,Hkv,Sq,Sk,D,v_format,device", [c for c in STRIDED_SHAPES if c[6] != "float"])
+def test_the_tight_cache_layout_plans_as_preallocated_dense_rows(B, Hq, Hkv, Sq, Sk, D, v_format, device):
+    """Dot4GroupQueryAttention's tight layout (docs/ops.md) hands the kernels its payload run with rows of exactly the
+    payload's bytes and its scale run with rows of D/32 scales, L rows per (batch, KV head): the strides of dense K / V
+    with preallocated rows, so the planner gives it the same plan as dense rows of that length (every kernel, instance
+    and staging; tests/gpu/test_kernels.py's preallocated-rows cases run those plans on the GPU)."""
+    L = Sk + 4096
+    tight = {"kv_rows": L, "k_stride": formats.payload_bytes(D, "q8_0"), "ks_stride": D // 32,
+             "v_stride": formats.payload_bytes(D, v_format), "vs_stride": D // 32}
+    p = plan(B, Hq, Hkv, Sq, Sk, D, device=device, v_format=v_format, kv_layout=tight)
+    assert p == plan(B, Hq, Hkv, Sq, Sk, D, device=device, v_format=v_format, kv_layout={"kv_rows": L})
+    assert p["strided"] is True and p["fallback"] == plan(B, Hq, Hkv, Sq, Sk, D, device=device,
+                                                           v_format=v_format)["fallback"]
 
 
 def test_packed_cache_h200_decode_plan():
