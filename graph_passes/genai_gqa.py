@@ -172,8 +172,8 @@ def _take_over(graph: ir.Graph, old: ir.Value, new: ir.Value) -> None:
 def rewrite_gqa(model: ir.Model, v_format: str = "q8_0", head_size: int | None = None,
                 cache_layout: str = "rows") -> list[GqaLayer]:
     """Rewrites every GroupQueryAttention in place; returns the layers. cache_layout: the op's "rows", "pair" (q4_0
-    / q6_0 V only) or "tight" (no padding; shared buffers). Raises GenaiRewriteError, leaving the model in an undefined state
-    (discard it)."""
+    / q6_0 V only) or "tight" (no padding; shared buffers). Raises GenaiRewriteError, leaving the model in an
+    undefined state (discard it)."""
     if v_format not in PACKED_FORMATS:
         raise GenaiRewriteError(f"v_format must be {', '.join(PACKED_FORMATS)} for a genai model, got {v_format!r}")
     try:

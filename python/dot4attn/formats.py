@@ -33,7 +33,6 @@ PACKED_FORMATS = ("q8_0", "q4_0", "q6_0")
 # q6_0 V on the GPU: D a multiple of 64 (rows of 3D/4 bytes move in 16-byte pieces); the CPU EP takes every D
 GPU_Q6_D_MULTIPLE = 64
 CACHE_LAYOUTS = ("rows", "pair", "tight")  # Dot4GroupQueryAttention's attribute cache_layout
-GPU_CACHE_LAYOUTS = CACHE_LAYOUTS  # the layouts the GPU EPs take: all of them
 PAIR_V_FORMATS = ("q4_0", "q6_0")  # the V formats the pair layout holds (payload and both scale runs fit D bytes)
 Q6_BLOCK_BYTES = 24  # a q6_0 block: 16 bytes of low nibbles (as q4_0's payload), 8 bytes of high 2-bit pairs
 FLOAT_BYTES = {"float32": 4, "float16": 2}
@@ -92,14 +91,6 @@ def check_cache_layout(cache_layout: str, v_format: str) -> str:
     if cache_layout == "pair" and v_format not in PAIR_V_FORMATS:
         raise ValueError(f"cache_layout 'pair' needs v_format {' or '.join(PAIR_V_FORMATS)}, got {v_format!r}")
     return cache_layout
-
-
-def gpu_takes_layout(cache_layout: str) -> bool:
-    """Whether the GPU execution providers take this cache_layout: every one (the tight layout's runs are laid out
-    as dense K / V, which the GPU kernels read with aligned loads)."""
-    if cache_layout not in CACHE_LAYOUTS:
-        raise ValueError(f"cache_layout: expected one of {', '.join(CACHE_LAYOUTS)}, got {cache_layout!r}")
-    return cache_layout in GPU_CACHE_LAYOUTS
 
 
 def pair_v_row_parts(d: int, v_format: str = "q4_0") -> tuple[slice, slice, slice]:

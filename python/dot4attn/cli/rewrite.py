@@ -21,7 +21,7 @@ all. docs/passes.md, docs/genai.md.
 
   dot4attn rewrite model.onnx rewritten.onnx --v-format q8_0
   dot4attn rewrite qwen-genai/ qwen-genai-d4a/
-  dot4attn rewrite qwen-genai/ qwen-genai-d4a-cpu/ --cache-layout tight   # no row padding"""
+  dot4attn rewrite qwen-genai/ qwen-genai-d4a-tight/ --cache-layout tight   # no row padding"""
 
 
 def add_arguments(p) -> None:
@@ -54,8 +54,8 @@ def add_arguments(p) -> None:
                         "head-size bytes (the op's 'pair' cache layout), which og.Generator runs")
     p.add_argument("--cache-layout", choices=CACHE_LAYOUTS, default=None,
                    help="genai folders: Dot4GroupQueryAttention's cache layout (default: pair for --v-format q4_0 / "
-                        "q6_0, rows otherwise and with --for-inplace-runner). tight: no 16-byte row padding, on the CPU and "
-                        "the GPU: K + q8_0 V 136 instead of 160 bytes per token and KV head at head size 64 (15 %% "
+                        "q6_0, rows otherwise and with --for-inplace-runner). tight: no 16-byte row padding, on the "
+                        "CPU and the GPU: K + q8_0 V 136 instead of 160 bytes per token and KV head at head size 64 (15 %% "
                         "less; 272 instead of 288 at 128); q8_0 V runs under og.Generator, q4_0 / q6_0 V (narrower "
                         "than K) need --for-inplace-runner; the cache must share its past and present buffer "
                         "(genai's past_present_share_buffer, the builder's default)")
