@@ -151,6 +151,34 @@ def test_bench_pair_buffers_are_the_pair_layout(v_format):
                       "vs_stride": D // 2}
 
 
+@pytest.mark.parametrize("v_format", ["q8_0", "q4_0", "q6_0"])
+def test_bench_tight_buffers_are_the_tight_layout(v_format):
+    """The CUDA bench's tight-layout candidates (d4a_tight_*, ort_cache_*_tight_session) read the cache tensors of
+    cache_layout "tight": its buffers hold reference.tight_tensor of the tight rows (rows past Sk aside), and its
+    views give the op dense strides over the two runs."""
+    torch = pytest.importorskip("torch")
+    from dot4attn import native, reference as R
+    from dot4attn.bench.cuda import _tight_buffers
+
+    rng = np.random.default_rng(4)
+    B, H, S, D, extra = 2, 3, 40, 128, 8
+    k, v = rng.standard_normal((2, B, H, S, D)).astype(np.float32)
+    kp, ks = R.pack_k(k)
+    vp, vs = R.pack_v(v, v_format)
+    t = [torch.from_numpy(np.ascontiguousarray(a)) for a in (kp, ks, vp, vs)]
+    bk, kpv, ksv, bv, vpv, vsv = _tight_buffers(torch, *t, extra_rows=extra, device="cpu", fmt=v_format)
+    for buf, x, f in ((bk, k, "q8_0"), (bv, v, v_format)):
+        rows = np.zeros((B, H, S + extra, buf.shape[-1]), np.uint8)
+        rows[:, :, :S] = R.pack_cache_rows(x, f, "tight")
+        got = R.tight_rows(buf.numpy(), D, f)[:, :, :S]
+        assert np.array_equal(got, rows[:, :, :S]), f"{f}: the tight tensor's rows differ from pack_cache_rows'"
+    for view, want in ((kpv, kp), (ksv, ks), (vpv, vp), (vsv, vs)):
+        assert np.array_equal(view.numpy().view(np.uint8), np.ascontiguousarray(want).view(np.uint8))
+    layout = native.kv_layout_of(kpv, ksv, vpv, vsv)
+    assert layout == {**layout, "kv_rows": S + extra, "k_stride": D, "ks_stride": D // 32,
+                      "v_stride": vp.shape[-1], "vs_stride": D // 32}
+
+
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q6_0"])
 @pytest.mark.parametrize("D", [64, 128, 256])
 def test_bench_pack_is_packv(fmt, D):

@@ -14,11 +14,14 @@ GroupQueryAttention on the CUDA execution provider, in one process.
   planner takes them (sm_90a, D 64 / 128), d4a_<V>_qk16o, the f16 Q.K with 2 blocks per SM and each tile's softmax
   overlapped with the next tile's Q.K (k_dequant=1,v_dequant=1,min_blocks=2), d4a_<V>_ws, the f16 Q.K
   warp-specialized (k_dequant=1,v_dequant=1,ws=1; d4a_<V>_ws64 with 64-key tiles at D 64 / 128), and d4a_<V>_s8w, the int8 Q.K on wgmma (qk_wgmma=1,
-  2 blocks per SM);
+  2 blocks per SM); d4a_cache_<V> / d4a_tight_<V> / d4a_pair_<V>, decode only: the same call over the strided views
+  of Dot4GroupQueryAttention's cache tensors in the rows / tight / pair layout (docs/ops.md);
   sdpa_flash, sdpa_cudnn (torch.nn.functional.scaled_dot_product_attention, f16, GQA through enable_gqa);
   ort_gqa_f16 / ort_gqa_int8 (com.microsoft.GroupQueryAttention on the CUDA EP, f16 or ORT's own int8 (per-tensor
   scale) share-buffer cache, run on torch's stream
-  through the EP's user_compute_stream, decode only); ort_d4a_q4_0_session (wall clock per session run).
+  through the EP's user_compute_stream, decode only); ort_d4a_q4_0_session (wall clock per session run);
+  ort_cache_q4_0_session / ort_cache_q4_0_tight_session (Dot4GroupQueryAttention appending its token in place,
+  rows / tight layout, wall clock).
 * Decode: B=1, Sq=1 at Sk in {512, 4k, 16k, 64k, 128k}; prefill: causal Sq = Sk in {2k, 8k, 32k}; head shapes
   (32, 8, 128) and (24, 4, 256). Achieved GB/s (KV bytes / time) and % of the measured HBM read bandwidth.
 * Writes bench_cuda.json (and bench_cuda.png when matplotlib is present) into --out (dot4attn.bench.report).
@@ -37,6 +40,7 @@ import numpy as np
 
 from .. import native
 from .. import reference as ref
+from .. import formats
 from ..formats import PAIR_V_FORMATS, V_FORMATS, gpu_takes, pair_v_row_parts
 from ..argtypes import positive_int
 from . import report
@@ -338,12 +342,16 @@ def _decode_case(run, hq, hkv, d, sk):
         caches = None if fmt == "float" else _cache_buffers(run.torch, kp, ks, vp, vs, fmt)
         if caches is not None:
             _time_d4a_cache(run, case, q, caches, fmt, r)
+            _time_d4a_cache(run, case, q, _tight_buffers(run.torch, kp, ks, vp, vs, fmt), fmt, r,
+                            name=f"d4a_tight_{fmt}")
         if fmt in PAIR_V_FORMATS:  # the pair layout q4_0 / q6_0 V folders use under og.Generator
             _time_d4a_cache(run, case, q, _pair_buffers(run.torch, kp, ks, vp, vs, fmt=fmt), fmt, r,
                             name=f"d4a_pair_{fmt}")
         if fmt == "q4_0" and run.ort is not None and sk in (512, 16384, 131072):
             _time_ort_d4a_session(run, case, q, kp, ks, vp, vs, fmt, r)
             _time_ort_cache_session(run, case, q, k, v, caches, fmt)
+            _time_ort_cache_session(run, case, q, k, v, _tight_buffers(run.torch, kp, ks, vp, vs, fmt), fmt,
+                                    layout="tight")
         del caches
     del q, k, v, kp, ks, ref
     run.torch.cuda.empty_cache()
@@ -465,6 +473,26 @@ def _cache_buffers(torch, kp, ks, vp, vs, fmt, extra_rows: int = 128):
     return out
 
 
+def _tight_buffers(torch, kp, ks, vp, vs, fmt, extra_rows: int = 128, device: str = "cuda"):
+    """The tight-layout cache (docs/ops.md: cache_layout "tight", no row padding) holding the same K / V: uint8
+    [B, Hkv, Sk + extra, payload + D/16] per K and V whose memory holds every row's payload in one run, then every
+    row's scales (rows past Sk are garbage), and the strided views of the valid rows, in _cache_buffers' order."""
+    B, H, S, D = kp.shape
+    L = S + extra_rows
+    out = []
+    for pay, sc, f in ((kp, ks, "q8_0"), (vp, vs, fmt)):
+        pb = ref.cache_payload_bytes(D, f)
+        buf = torch.full((B, H, L, pb + D // 16), 0x7F, dtype=torch.uint8, device=device)
+        runs = buf.view(-1)
+        p_run = runs[:B * H * L * pb].view(B, H, L, pb)
+        s_run = runs[B * H * L * pb:].view(B, H, L, D // 16)
+        p_run[:, :, :S] = pay.view(torch.uint8)
+        s_run[:, :, :S] = sc.view(torch.uint8)
+        p_view = p_run[:, :, :S]
+        out += [buf, p_view.view(torch.int8) if f == "q8_0" else p_view, s_run[:, :, :S].view(torch.float16)]
+    return out
+
+
 def _pair_buffers(torch, kp, ks, vp, vs, extra_rows: int = 128, device: str = "cuda", fmt: str = "q4_0"):
     """The pair-layout cache (docs/ops.md: q4_0 or q6_0 V, K and V tensors both D bytes wide) holding the same K / V:
     uint8 [B, Hkv, Sk + extra, D] per K and V (rows past Sk are garbage) and the strided views of its valid rows, in
@@ -494,10 +522,11 @@ def _time_d4a_cache(run, case, q, caches, fmt, dense, name=None):
                extra={"equal_to_dense": same, "plan": r.plan, "n_splits": r.plan["n_splits"]})
 
 
-def _time_ort_cache_session(run, case, q, k, v, caches, fmt):
+def _time_ort_cache_session(run, case, q, k, v, caches, fmt, layout: str = "rows"):
     """Dot4GroupQueryAttention through an ORT session on the CUDA EP, past/present bound to the device buffers of
-    `caches` (Sk + 128 rows, genai's shared buffer): the call packs its token from k / v into row Sk - 1 and attends
-    over Sk rows (wall clock per run, like ort_d4a_q4_0_session)."""
+    `caches` (Sk + 128 rows, genai's shared buffer; `layout`: the op's cache_layout, rows or tight): the call packs
+    its token from k / v into row Sk - 1 and attends over Sk rows (wall clock per run, like
+    ort_d4a_q4_0_session)."""
     import onnxruntime as ort
 
     import dot4attn
@@ -507,12 +536,14 @@ def _time_ort_cache_session(run, case, q, k, v, caches, fmt):
     torch = run.torch
     B, Hq, _, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
+    name = f"ort_cache_{fmt}_session" if layout == "rows" else f"ort_cache_{fmt}_{layout}_session"
     try:
         bk, bv = caches[0], caches[3]
         so = ort.SessionOptions()
         dot4attn.register(so)
         so.log_severity_level = 3
-        model = cache_attention_model(np.float16, num_heads=Hq, kv_num_heads=Hkv, v_format=fmt)
+        model = cache_attention_model(np.float16, num_heads=Hq, kv_num_heads=Hkv, v_format=fmt,
+                                      cache_layout=None if layout == "rows" else layout)
         sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CUDAExecutionProvider"])
         bsh = lambda x: x.transpose(1, 2).reshape(B, x.shape[2], -1).contiguous()  # noqa: E731
         vals = {"query": bsh(q), "key": bsh(k[:, :, Sk - 1:]), "value": bsh(v[:, :, Sk - 1:])}
@@ -527,10 +558,10 @@ def _time_ort_cache_session(run, case, q, k, v, caches, fmt):
         bind.bind_output("output", "cuda", 0, np.float16, list(out.shape), out.data_ptr())
         for n, t in (("present_key", bk), ("present_value", bv)):
             bind.bind_output(n, "cuda", 0, np.uint8, list(t.shape), t.data_ptr())
-        run.record(case, f"ort_cache_{fmt}_session", _wall_us(torch, lambda: sess.run_with_iobinding(bind)),
-                   Hkv * Sk * B * (ref.cache_row_bytes(D) + ref.cache_row_bytes(D, fmt)), extra={"wall_clock": True})
+        run.record(case, name, _wall_us(torch, lambda: sess.run_with_iobinding(bind)),
+                   Hkv * Sk * B * sum(formats.cache_row_widths(D, fmt, layout)), extra={"wall_clock": True})
     except Exception as e:  # noqa: BLE001
-        run.record(case, f"ort_cache_{fmt}_session", None, extra={"error": str(e)[:300]})
+        run.record(case, name, None, extra={"error": str(e)[:300]})
 
 
 def _time_ort_d4a_session(run, case, q, kp, ks, vp, vs, fmt, r):
