@@ -630,11 +630,13 @@ WsInst ws_inst() {
 // walking the items; ws_persist=0: a block per item), V scanned once per call (the kernel has no V check: the flagged
 // heads run on prefill_wg.cuh's checked instance, a block per item, whose shared memory must fit too).
 void plan_ws(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
-  // default: D = 128 over kWsMinKeys+ keys, where it measured faster than the QK16 instance with 3 blocks per SM
-  // (H100: 1.04x at 8k, 1.24x at 32k, 1.34x for a 16k chunk over 128k keys; 0.88x at 2k; at D = 64 and 256 it is
-  // slower below 32k, docs/performance.md), unless an override asks for another instance or no V scan
+  // default: D = 128 over kWsMinKeys+ keys and D = 64 over kWsMinKeysD64+ keys, where it measured faster than the
+  // QK16 instance with 3 blocks per SM (D = 128, H100: 1.04x at 8k, 1.24x at 32k, 1.34x for a 16k chunk over 128k
+  // keys, 0.88x at 2k; D = 64: 1.08x (H100) and 1.06-1.09x (H200) at 32k, 0.89x / 0.88x at 8k; D = 256: slower at
+  // every length, docs/performance.md), unless an override asks for another instance or no V scan
   const bool other = ov.min_blocks != 0 || ov.m_tiles != 0 || ov.warps != 0 || ov.stages != 0 || ov.v_scan == 0;
-  const bool wanted = ov.ws == 1 || (ov.ws == -1 && !other && p.D == 128 && p.Sk >= kWsMinKeys);
+  const int64_t from = p.D == 128 ? kWsMinKeys : p.D == 64 ? kWsMinKeysD64 : -1;
+  const bool wanted = ov.ws == 1 || (ov.ws == -1 && !other && from > 0 && p.Sk >= from);
   if (!wanted || !pl.k_dequant || pl.vk != kVF16 || !dev.wgmma || !f16_v_maps_ok(pl, p)) return;
   const bool narrow = ov.ws_keys == 64;  // D 64 / 128: the 64-key tiles (D = 256 has only those)
   const WsInst in = p.D == 64    ? (narrow ? ws_inst<64, 64>() : ws_inst<64, 128>())

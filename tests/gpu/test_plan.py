@@ -830,8 +830,8 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     the swizzle slack. Key tiles of 128 with 3 + 3 slots at D = 128 (ws_keys=64: 64 with 4 + 4), 128 with 4 + 4 at
     D = 64, 64 with 2 + 3 at D = 256. V is always scanned (the kernel has no V check: the flagged heads run on
     prefill_wg.cuh's checked instance), so the scratch ends with the V flags. The default at D = 128 from 8192 keys
-    on (kWsMinKeys); elsewhere only when asked; never where k_dequant is not, off sm_90a, or where the block does not
-    fit."""
+    on (kWsMinKeys) and at D = 64 from 32768 (kWsMinKeysD64); elsewhere only when asked; never where k_dequant is
+    not, off sm_90a, or where the block does not fit."""
     base = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=0")
     p = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=1")
     assert (p["ws"], p["k_dequant"], p["wgmma"], p["tma"], p["min_blocks"], p["v_scan"]) == \
@@ -872,9 +872,16 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     # the default: D = 128 from 8192 keys on, where no override asks for another instance or no V scan
     assert plan(2, 32, 8, 8192, 8192, 128, v_format="float")["ws"]
     assert plan(1, 28, 4, 16384, 131072, 128, v_format="q8_0")["ws"]  # a prompt chunk over a long past
+    # D = 64 from 32768 keys on (dense causal and a chunk over a long packed past)
+    assert plan(1, 32, 8, 32768, 32768, 64, v_format="float")["ws"]
+    d64_chunk = plan(1, 14, 2, 16384, 131072, 64, v_format="q8_0", kv_layout=packed_layout(64, "q8_0", 140000))
+    assert (d64_chunk["ws"], d64_chunk["key_tile"], d64_chunk["stages"]) == (True, 128, 4), d64_chunk
     for off in (plan(2, 32, 8, 4096, 4096, 128, v_format="float"),  # under 8192 keys
-                plan(1, 32, 8, 8192, 8192, 64, v_format="float"),  # D 64 / 256: only when asked
-                plan(1, 24, 4, 8192, 8192, 256, v_format="float"),
+                plan(1, 32, 8, 8192, 8192, 64, v_format="float"),  # D = 64 under 32768 keys
+                plan(1, 32, 8, 32767, 32767, 64, v_format="float"),
+                plan(1, 32, 8, 32768, 32768, 64, v_format="float", overrides="ws=0"),
+                plan(1, 24, 4, 8192, 8192, 256, v_format="float"),  # D = 256: only when asked
+                plan(1, 24, 4, 32768, 32768, 256, v_format="float"),
                 plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="v_scan=0"),
                 plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,min_blocks=2"),
                 plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="ws=0"),
