@@ -632,8 +632,9 @@ WsInst ws_inst() {
 void plan_ws(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
   // default: D = 128 over kWsMinKeys+ keys and D = 64 over kWsMinKeysD64+ keys, where it measured faster than the
   // QK16 instance with 3 blocks per SM (D = 128, H100: 1.04x at 8k, 1.24x at 32k, 1.34x for a 16k chunk over 128k
-  // keys, 0.88x at 2k; D = 64: 1.08x (H100) and 1.06-1.09x (H200) at 32k, 0.89x / 0.88x at 8k; D = 256: slower at
-  // every length, docs/performance.md), unless an override asks for another instance or no V scan
+  // keys, 0.88x at 2k; D = 64: 1.06-1.09x at 32k (H100, H200), 1.13-1.25x for a 16k chunk over 128k keys (H100),
+  // 0.88x at 8k; D = 256: slower at every length, docs/performance.md), unless an override asks for another
+  // instance or no V scan
   const bool other = ov.min_blocks != 0 || ov.m_tiles != 0 || ov.warps != 0 || ov.stages != 0 || ov.v_scan == 0;
   const int64_t from = p.D == 128 ? kWsMinKeys : p.D == 64 ? kWsMinKeysD64 : -1;
   const bool wanted = ov.ws == 1 || (ov.ws == -1 && !other && from > 0 && p.Sk >= from);
