@@ -40,8 +40,7 @@ import numpy as np
 
 from .. import native
 from .. import reference as ref
-from .. import formats
-from ..formats import PAIR_V_FORMATS, V_FORMATS, gpu_takes, pair_v_row_parts
+from ..formats import PAIR_V_FORMATS, V_FORMATS, cache_row_widths, gpu_takes, pair_v_row_parts
 from ..argtypes import positive_int
 from . import report
 
@@ -339,20 +338,20 @@ def _decode_case(run, hq, hkv, d, sk):
     for fmt in _v_formats(case):
         vp, vs = (v, None) if fmt == "float" else _pack(run.torch, v, fmt)
         r = _time_d4a(run, case, q, kp, ks, vp, vs, fmt, ref)
-        caches = None if fmt == "float" else _cache_buffers(run.torch, kp, ks, vp, vs, fmt)
-        if caches is not None:
+        caches = tight = None
+        if fmt != "float":
+            caches = _cache_buffers(run.torch, kp, ks, vp, vs, fmt)
+            tight = _tight_buffers(run.torch, kp, ks, vp, vs, fmt)
             _time_d4a_cache(run, case, q, caches, fmt, r)
-            _time_d4a_cache(run, case, q, _tight_buffers(run.torch, kp, ks, vp, vs, fmt), fmt, r,
-                            name=f"d4a_tight_{fmt}")
+            _time_d4a_cache(run, case, q, tight, fmt, r, name=f"d4a_tight_{fmt}")
         if fmt in PAIR_V_FORMATS:  # the pair layout q4_0 / q6_0 V folders use under og.Generator
             _time_d4a_cache(run, case, q, _pair_buffers(run.torch, kp, ks, vp, vs, fmt=fmt), fmt, r,
                             name=f"d4a_pair_{fmt}")
         if fmt == "q4_0" and run.ort is not None and sk in (512, 16384, 131072):
             _time_ort_d4a_session(run, case, q, kp, ks, vp, vs, fmt, r)
             _time_ort_cache_session(run, case, q, k, v, caches, fmt)
-            _time_ort_cache_session(run, case, q, k, v, _tight_buffers(run.torch, kp, ks, vp, vs, fmt), fmt,
-                                    layout="tight")
-        del caches
+            _time_ort_cache_session(run, case, q, k, v, tight, fmt, layout="tight")
+        del caches, tight
     del q, k, v, kp, ks, ref
     run.torch.cuda.empty_cache()
 
@@ -559,7 +558,7 @@ def _time_ort_cache_session(run, case, q, k, v, caches, fmt, layout: str = "rows
         for n, t in (("present_key", bk), ("present_value", bv)):
             bind.bind_output(n, "cuda", 0, np.uint8, list(t.shape), t.data_ptr())
         run.record(case, name, _wall_us(torch, lambda: sess.run_with_iobinding(bind)),
-                   Hkv * Sk * B * sum(formats.cache_row_widths(D, fmt, layout)), extra={"wall_clock": True})
+                   Hkv * Sk * B * sum(cache_row_widths(D, fmt, layout)), extra={"wall_clock": True})
     except Exception as e:  # noqa: BLE001
         run.record(case, name, None, extra={"error": str(e)[:300]})
 
