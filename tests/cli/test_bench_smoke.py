@@ -199,3 +199,39 @@ def test_bench_pack_is_packv(fmt, D):
     assert pay.numpy().dtype == want_pay.dtype and pay.shape == want_pay.shape, (pay.dtype, pay.shape)
     assert np.array_equal(pay.numpy(), want_pay), f"{fmt}: {np.count_nonzero(pay.numpy() != want_pay)} bytes differ"
     assert np.array_equal(sc.numpy().view(np.uint16), want_sc.view(np.uint16)), f"{fmt}: scales differ"
+
+
+def test_bench_chunk_cases_parse_and_count_their_flops():
+    """`python -m dot4attn.bench.cuda --chunk SQ:SK,...`: prompt chunks of SQ rows over SK keys (1 <= SQ <= SK,
+    bottom-right causal); bad pairs are refused by argparse with the reason. Their FLOPs: the rows' full band of
+    SK - SQ keys plus the half square of the diagonal block, which for SQ = SK is the prefill rows' half square."""
+    import argparse
+
+    from dot4attn.bench.cuda import add_arguments, causal_flops, chunk_cases
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert p.parse_args([]).chunk == []
+    assert p.parse_args(["--chunk", "16384:131072,512:8192"]).chunk == [(16384, 131072), (512, 8192)]
+    assert chunk_cases("") == [] and chunk_cases("8:8") == [(8, 8)]
+    for bad, why in (("8192:512", "1 <= SQ <= SK"), ("0:5", "1 <= SQ <= SK"), ("abc", "SQ:SK pairs"),
+                     ("1:2:3", "SQ:SK pairs"), ("4096", "SQ:SK pairs")):
+        with pytest.raises(argparse.ArgumentTypeError, match=why):
+            chunk_cases(bad)
+    assert causal_flops(1, 32, 128, 8192, 8192) == 4.0 * 32 * 128 * 8192 * 8192 / 2
+    assert causal_flops(2, 3, 4, 2, 10) == 4.0 * 2 * 3 * 4 * (2 * 8 + 2 * 2 / 2)
+
+
+def test_bench_sdpa_chunk_baseline_is_aligned_bottom_right():
+    """The chunk cases' SDPA baselines (here torch's flash backend on CPU tensors) attend as Dot4Attention's causal
+    chunk: query row i of Sq sees keys 0 .. Sk - Sq + i, with grouped K / V heads."""
+    torch = pytest.importorskip("torch")
+    from dot4attn.bench.cuda import _sdpa
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, s, 16, generator=g) for h, s in ((4, 3), (2, 7), (2, 7)))
+    got = _sdpa(torch, "flash", q, k, v, True)()
+    kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    s = (q @ kk.transpose(-1, -2)) / 4.0
+    s = s.masked_fill(torch.arange(7)[None, :] > torch.arange(3)[:, None] + 7 - 3, float("-inf"))
+    assert torch.allclose(got, torch.softmax(s, -1) @ vv, atol=1e-5)

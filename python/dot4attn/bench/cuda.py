@@ -22,8 +22,9 @@ GroupQueryAttention on the CUDA execution provider, in one process.
   through the EP's user_compute_stream, decode only); ort_d4a_q4_0_session (wall clock per session run);
   ort_cache_q4_0_session / ort_cache_q4_0_tight_session (Dot4GroupQueryAttention appending its token in place,
   rows / tight layout, wall clock).
-* Decode: B=1, Sq=1 at Sk in {512, 4k, 16k, 64k, 128k}; prefill: causal Sq = Sk in {2k, 8k, 32k}; head shapes
-  (32, 8, 128) and (24, 4, 256). Achieved GB/s (KV bytes / time) and % of the measured HBM read bandwidth.
+* Decode: B=1, Sq=1 at Sk in {512, 4k, 16k, 64k, 128k}; prefill: causal Sq = Sk in {2k, 8k, 32k}; with --chunk
+  SQ:SK, prompt chunks (kind "chunk": SQ rows over SK keys, causal aligned to the bottom right, SDPA through torch's
+  causal_lower_right mask); head shapes (32, 8, 128) and (24, 4, 256). Achieved GB/s (KV bytes / time) and % of the measured HBM read bandwidth.
 * Writes bench_cuda.json (and bench_cuda.png when matplotlib is present) into --out (dot4attn.bench.report).
 
 `dot4attn bench --device cuda` runs it; so does `python -m dot4attn.bench.cuda`, which adds --cuda-repeats and
@@ -55,11 +56,36 @@ L2_FLUSHES = ("write", "read")  # how _Timer empties L2 before a timed call (the
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """CUDA-only options (the shared ones come from dot4attn.bench.add_arguments)."""
     parser.add_argument("--cuda-repeats", type=positive_int, default=20, help="timed calls per candidate (CUDA bench)")
+    parser.add_argument("--chunk", type=chunk_cases, default=[], metavar="SQ:SK[,SQ:SK...]",
+                        help="chunked prefill cases (CUDA bench): SQ new query rows over SK keys, causal aligned to "
+                             "the bottom right as a prompt chunk over its cache, e.g. 16384:131072 (default: none)")
     parser.add_argument("--l2-flush", choices=L2_FLUSHES, default=L2_FLUSHES[0],
                         help="how L2 is flushed before each timed call: write 256 MiB (default; the dirty lines' "
                              "write-back lands in the call, as in Triton's do_bench) or read 256 MiB (clean lines, "
                              "as a model's decode finds L2 after streaming its weights; it ranks staging modes as "
                              "the model does, docs/performance.md)")
+
+
+def chunk_cases(text: str) -> list[tuple[int, int]]:
+    """--chunk: comma-separated SQ:SK pairs, 1 <= SQ <= SK ('' for none)."""
+    out = []
+    for item in text.replace(" ", ",").split(","):
+        if not item:
+            continue
+        try:
+            sq, sk = (int(x) for x in item.split(":"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected SQ:SK pairs such as 16384:131072, got {item!r}") from None
+        if not 1 <= sq <= sk:
+            raise argparse.ArgumentTypeError(f"expected 1 <= SQ <= SK, got {item!r}")
+        out.append((sq, sk))
+    return out
+
+
+def causal_flops(b: int, hq: int, d: int, sq: int, sk: int) -> float:
+    """FLOPs of causal attention of sq query rows over sk keys, aligned to the bottom right (row i sees sk - sq + i
+    + 1 keys), two matmuls of 2 FLOPs per multiply-add; sq = sk gives the usual half square (4 b hq d s^2 / 2)."""
+    return 4.0 * b * hq * d * (sq * (sk - sq) + sq * sq / 2)
 
 
 class _Timer:
@@ -130,15 +156,28 @@ def _pack(torch, x, fmt):
 
 
 def _sdpa(torch, backend, q, k, v, causal):
+    """torch SDPA on one backend. causal with fewer query rows than keys: aligned to the bottom right as
+    Dot4Attention's (torch's causal_lower_right bias, K / V heads repeated to the query heads: the bias takes no
+    enable_gqa)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
 
     be = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
     gqa = q.shape[1] != k.shape[1]
+    if causal and q.shape[2] != k.shape[2]:
+        from torch.nn.attention.bias import causal_lower_right
 
-    def fn():
-        with sdpa_kernel(be):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+        g = q.shape[1] // k.shape[1]
+        kk, vv = (k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)) if gqa else (k, v)
+        bias = causal_lower_right(q.shape[2], k.shape[2])
+
+        def fn():
+            with sdpa_kernel(be):
+                return F.scaled_dot_product_attention(q, kk, vv, attn_mask=bias)
+    else:
+        def fn():
+            with sdpa_kernel(be):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
     fn()  # raises when the backend cannot take the case
     return fn
 
@@ -261,6 +300,7 @@ class _Run:
         self.decode_sk = getattr(args, "decode_sk", None) or ([4096, 131072] if quick else DECODE_SK)
         prefill_sk = getattr(args, "prefill_sk", None)
         self.prefill_sk = ([8192] if quick else PREFILL_SK) if prefill_sk is None else prefill_sk
+        self.chunks = list(getattr(args, "chunk", None) or [])
         self.B = int(getattr(args, "batch", 1) or 1)
         self.repeats = int(getattr(args, "cuda_repeats", 0) or getattr(args, "repeats", 0) or 20)
         torch.manual_seed(int(getattr(args, "seed", 0) or 0))
@@ -271,9 +311,11 @@ class _Run:
         self.results = []
 
     def record(self, case, name, us, kv_bytes=None, flops=None, extra=None):
-        """Adds and prints one row; case = (kind, Hq, Hkv, D, Sk)."""
-        kind, hq, hkv, d, sk = case
+        """Adds and prints one row; case = (kind, Hq, Hkv, D, Sk), or (kind, Hq, Hkv, D, Sk, Sq) for a chunk."""
+        kind, hq, hkv, d, sk = case[:5]
         r = {"kind": kind, "B": self.B, "Hq": hq, "Hkv": hkv, "D": d, "Sk": sk, "candidate": name, "us": us}
+        if len(case) > 5:
+            r["Sq"] = case[5]
         if kv_bytes is not None and us:
             r["kv_bytes"] = kv_bytes
             r["GBps"] = kv_bytes / (us * 1e-6) / 1e9
@@ -286,7 +328,8 @@ class _Run:
         tail = f" {r.get('GBps', 0):8.0f} GB/s {r.get('pct_hbm', 0):5.1f}%" if "GBps" in r else ""
         tail += f" {r['TFLOPs']:7.1f} TFLOP/s" if "TFLOPs" in r else ""
         err = f" nmse={extra['nmse']:.1e}" if extra and extra.get("nmse") is not None else ""
-        print(f"{kind:7s} ({hq},{hkv},{d}) Sk={sk:6d} {name:22s} {us if us else float('nan'):10.1f} us{tail}{err}",
+        sq = f" Sq={case[5]:6d}" if len(case) > 5 else ""
+        print(f"{kind:7s} ({hq},{hkv},{d}){sq} Sk={sk:6d} {name:22s} {us if us else float('nan'):10.1f} us{tail}{err}",
               flush=True)
 
 
@@ -316,6 +359,8 @@ def run_cuda_bench(args) -> dict:
             _decode_case(run, hq, hkv, d, sk)
         for s in run.prefill_sk:
             _prefill_case(run, hq, hkv, d, s)
+        for sq, sk in run.chunks:
+            _prefill_case(run, hq, hkv, d, sk, sq=sq)
     return _finish(run, out_dir)
 
 
@@ -359,7 +404,7 @@ def _decode_case(run, hq, hkv, d, sk):
 def _v_formats(case) -> list[str]:
     """The V formats measured at this case's head size: every one the GPU kernels take there (q6_0 needs D a multiple
     of 64); the others are skipped with a printed reason."""
-    kind, hq, hkv, d, sk = case
+    kind, hq, hkv, d, sk = case[:5]
     out = []
     for fmt in V_FORMATS:
         if gpu_takes(fmt, d):
@@ -370,10 +415,13 @@ def _v_formats(case) -> list[str]:
     return out
 
 
-def _prefill_case(run, hq, hkv, d, s):
-    case = ("prefill", hq, hkv, d, s)
-    q, k, v, kp, ks = _inputs(run, hq, hkv, d, s, s)
-    flops = 4.0 * run.B * hq * s * s * d / 2  # causal: half the square
+def _prefill_case(run, hq, hkv, d, s, sq=None):
+    """Causal prefill of Sq = Sk = s, or (sq < s) a prompt chunk of sq rows over s keys, aligned to the bottom right
+    (kind "chunk"; the SDPA baselines then take torch's causal_lower_right mask)."""
+    sq = s if sq is None else sq
+    case = ("prefill", hq, hkv, d, s) if sq == s else ("chunk", hq, hkv, d, s, sq)
+    q, k, v, kp, ks = _inputs(run, hq, hkv, d, sq, s)
+    flops = causal_flops(run.B, hq, d, sq, s)
     ref = _time_sdpa(run, case, q, k, v, True, flops=flops, ref_max_sk=8192)
     for fmt in _v_formats(case):
         vp, vs = (v, None) if fmt == "float" else _pack(run.torch, v, fmt)
