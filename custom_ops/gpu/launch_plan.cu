@@ -97,12 +97,6 @@ bool tma_kv_ok(const AttentionParams& p, int vrow) {
   return tma_rows_ok(p.k, p.D, p.k_row(), p.head_rows(), p.Sk, heads) &&
          tma_rows_ok(p.v, vrow, v_stride_bytes(p), p.head_rows(), p.Sk, heads);
 }
-// Whether Q (float16, [B, Hq, Sq, D]: each (batch, KV head) row space of g Sq rows contiguous) fits the tensor map
-// of the warp-specialized prefill's Q tiles (prefill_gpu.cu, ws_qk16), with row coordinates in 32 bits.
-bool tma_q_ok(const AttentionParams& p) {
-  const int64_t rows = p.group() * p.Sq;
-  return rows < (int64_t(1) << 31) && tma_rows_ok(p.q, 2 * p.D, 2 * p.D, rows, rows, p.B * p.Hkv);
-}
 // K or V rows further apart than their width (a packed cache's padded rows).
 bool padded_rows(const AttentionParams& p) { return p.k_row() != p.D || p.v_row() != p.v_dense_row(); }
 constexpr const char* kTmaRows = "K / V rows do not fit a TMA tensor map (16-byte strides, heads < 2^40 bytes apart)";
@@ -644,7 +638,7 @@ void plan_ws(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, cons
   const bool other = ov.min_blocks != 0 || ov.m_tiles != 0 || ov.warps != 0 || ov.stages != 0 || ov.v_scan == 0;
   const int64_t from = p.D == 128 ? kWsMinKeys : p.D == 64 ? kWsMinKeysD64 : -1;
   const bool wanted = ov.ws == 1 || (ov.ws == -1 && !other && from > 0 && p.Sk >= from);
-  if (!wanted || !pl.k_dequant || pl.vk != kVF16 || !dev.wgmma || !f16_v_maps_ok(pl, p) || !tma_q_ok(p)) return;
+  if (!wanted || !pl.k_dequant || pl.vk != kVF16 || !dev.wgmma || !f16_v_maps_ok(pl, p)) return;
   const bool narrow = ov.ws_keys == 64;  // D 64 / 128: the 64-key tiles (D = 256 has only those)
   const WsInst in = p.D == 64    ? (narrow ? ws_inst<64, 64>() : ws_inst<64, 128>())
                     : p.D == 128 ? (narrow ? ws_inst<128, 64>() : ws_inst<128, 128>())

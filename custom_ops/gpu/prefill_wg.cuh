@@ -198,39 +198,9 @@ __device__ __forceinline__ uint64_t kmajor_desc(unsigned base, int ks) {
   return wg_desc_k_sw128(base + unsigned((ks / 4) * (ROWS * 128) + (ks % 4) * 32));
 }
 
-// Eight float16 values of Q (a quarter of a 32-block; the four lanes lane ^ 1, lane ^ 2 hold the rest) quantized as
-// the contract says: int8 levels per 32-block, float32 block scale, stored as float16 level * scale (one rounding:
-// the QK16 mode's Q). Called by all 32 lanes (the block's amax crosses four lanes).
-__device__ __forceinline__ uint4 q_levels_f16(uint4 xv) {
-  const __half2* h = reinterpret_cast<const __half2*>(&xv);
-  float x[8];
-#pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    const float2 f = __half22float2(h[u]);
-    x[2 * u] = f.x;
-    x[2 * u + 1] = f.y;
-  }
-  float amax = 0.f;
-#pragma unroll
-  for (int u = 0; u < 8; ++u) amax = fmaxf(amax, abs_or_inf(x[u]));  // +inf for a NaN / Inf block
-  amax = fmaxf(amax, shfl_xor(amax, 1));                              // four lanes hold one 32-block
-  amax = fmaxf(amax, shfl_xor(amax, 2));
-  float dv;
-  const float sc = q_block_scale(amax, dv);  // NaN for a non-finite block (dv = 0: levels 0)
-  uint32_t w[4];
-#pragma unroll
-  for (int u = 0; u < 8; u += 2) {
-    float q0 = dv == 0.f ? 0.f : rintf(div_rn(x[u], dv));
-    float q1 = dv == 0.f ? 0.f : rintf(div_rn(x[u + 1], dv));
-    q0 = fminf(fmaxf(q0, -127.f), 127.f);
-    q1 = fminf(fmaxf(q1, -127.f), 127.f);
-    w[u / 2] = pack_h2(q0 * sc, q1 * sc);
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-// Rows [r0, r0 + 16) of this warp, quantized (q_levels_f16) into the warpgroup's Q tile `qt` at tile rows
-// wr .. wr + 15. Rows past the row space are zeros.
+// Rows [r0, r0 + 16) of this warp, quantized as the contract says (int8 levels per 32-block, float32 block scale)
+// and stored as float16 (level * scale, one rounding: the QK16 mode's Q) into the warpgroup's Q tile `qt` at tile
+// rows wr .. wr + 15. Rows past the row space are zeros.
 template <int D>
 __device__ __forceinline__ void stage_q(const TileArgs& a, int64_t b, int64_t hkv, int64_t r0, int64_t rows_here,
                                         uint8_t* qt, int wr, int lane) {
@@ -250,20 +220,32 @@ __device__ __forceinline__ void stage_q(const TileArgs& a, int64_t b, int64_t hk
     }
   }
 #pragma unroll
-  for (int it = 0; it < QIT; ++it)
-    *reinterpret_cast<uint4*>(qt + tile_byte<D>(wr + it * RPI + rsub, c8 * 16)) = q_levels_f16(xv[it]);
-}
-
-// The same quantization in place, on float16 Q rows wr .. wr + 15 a tensor copy landed in the Q tile `qt` (rows past
-// the row space arrived as zeros and stay zeros).
-template <int D>
-__device__ __forceinline__ void quantize_q_tile(uint8_t* qt, int wr, int lane) {
-  constexpr int LPR = D / 8, RPI = 32 / LPR, QIT = 16 / RPI;
-  const int c8 = lane % LPR, rsub = lane / LPR;
-#pragma unroll 2
   for (int it = 0; it < QIT; ++it) {
-    uint4* p = reinterpret_cast<uint4*>(qt + tile_byte<D>(wr + it * RPI + rsub, c8 * 16));
-    *p = q_levels_f16(*p);
+    const __half2* h = reinterpret_cast<const __half2*>(&xv[it]);
+    float x[8];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const float2 f = __half22float2(h[u]);
+      x[2 * u] = f.x;
+      x[2 * u + 1] = f.y;
+    }
+    float amax = 0.f;
+#pragma unroll
+    for (int u = 0; u < 8; ++u) amax = fmaxf(amax, abs_or_inf(x[u]));  // +inf for a NaN / Inf block
+    amax = fmaxf(amax, shfl_xor(amax, 1));                              // four lanes hold one 32-block
+    amax = fmaxf(amax, shfl_xor(amax, 2));
+    float dv;
+    const float sc = q_block_scale(amax, dv);  // NaN for a non-finite block (dv = 0: levels 0)
+    uint32_t w[4];
+#pragma unroll
+    for (int u = 0; u < 8; u += 2) {
+      float q0 = dv == 0.f ? 0.f : rintf(div_rn(x[u], dv));
+      float q1 = dv == 0.f ? 0.f : rintf(div_rn(x[u + 1], dv));
+      q0 = fminf(fmaxf(q0, -127.f), 127.f);
+      q1 = fminf(fmaxf(q1, -127.f), 127.f);
+      w[u / 2] = pack_h2(q0 * sc, q1 * sc);
+    }
+    *reinterpret_cast<uint4*>(qt + tile_byte<D>(wr + it * RPI + rsub, c8 * 16)) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
 

@@ -7,11 +7,7 @@
 // (the prefill reaches ~0.8x cuDNN at D = 128 on the H200, docs/performance.md). Here:
 //   * a producer warpgroup (its registers given back: wg_regs_dec) issues every K and V tile's tensor copies into
 //     rings of SK K slots and SV V slots, each slot with a "full" mbarrier (the copy's bytes) and an "empty" one (the
-//     8 consumer warps giving it back), so no block barrier is left in the key loop; the same thread copies each
-//     item's float16 Q rows into the consumers' Q tiles as soon as the item before has no Q.K left (a full / empty
-//     pair per Q tile; after the item's first SK K / V tiles, so those still load under the item before), so the
-//     load's latency hides under the last P.V and the O store of the item before, and the consumers only quantize
-//     Q in place (the contract's per-32-value levels);
+//     8 consumer warps giving it back), so no block barrier is left in the key loop;
 //   * two consumer warpgroups (64 rows each, the block's 128) take turns issuing their GEMMs (ping-pong: a pair of
 //     named barriers), so one warpgroup's softmax runs while the other's Q.K and P.V occupy the tensor cores;
 //   * inside a warpgroup, tile t's Q.K is issued with tile t - 1's P.V before tile t's softmax, which waits only for
@@ -55,8 +51,8 @@ struct Layout {
   static constexpr int OFF_Q = 0;                        // one Q tile per consumer warpgroup
   static constexpr int OFF_K = kConsumers * QTILE;       // SK K slots
   static constexpr int OFF_V = OFF_K + SK * TILE;        // SV V slots
-  static constexpr int OFF_BAR = OFF_V + SV * TILE;      // full / empty mbarriers of the K slots, the V slots', Q's
-  static constexpr int bytes = OFF_BAR + 16 * (SK + SV + kConsumers) + 1024;
+  static constexpr int OFF_BAR = OFF_V + SV * TILE;      // full / empty mbarriers of the K slots, then the V slots'
+  static constexpr int bytes = OFF_BAR + 16 * (SK + SV) + 1024;
 };
 
 // The instances the planner may take, per head size: keys per tile and slots, the most that fits 227 KB (the wide
@@ -129,8 +125,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto empty_k = [&](int i) { return bars + 8u * unsigned(SK + i); };
   auto full_v = [&](int i) { return bars + 8u * unsigned(2 * SK + i); };
   auto empty_v = [&](int i) { return bars + 8u * unsigned(2 * SK + SV + i); };
-  auto full_q = [&](int w) { return bars + 8u * unsigned(2 * SK + 2 * SV + w); };  // consumer warpgroup w's Q tile
-  auto empty_q = [&](int w) { return bars + 8u * unsigned(2 * SK + 2 * SV + kConsumers + w); };
   if (tid == 0) {
     for (int i = 0; i < SK; ++i) {
       mbar_init(full_k(i), 1);
@@ -140,40 +134,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(full_v(i), 1);
       mbar_init(empty_v(i), 4 * kConsumers);
     }
-    for (int w = 0; w < kConsumers; ++w) {
-      mbar_init(full_q(w), 1);
-      mbar_init(empty_q(w), 4);
-    }
     mbar_init_fence();
   }
   __syncthreads();
 
-  if (wg == kConsumers) {  // ---- the producer: one thread issues every Q, K and V tile's copies, item after item ----
+  if (wg == kConsumers) {  // ---- the producer: one thread issues every tile's copies, item after item ----
     wg_regs_dec<kProducerRegs>();
     if (tid == 128 * kConsumers) {
       int64_t g = 0;  // tiles issued so far (the slots' phases run on across items)
-      int nq = 0;     // items issued so far (the Q tiles' phases)
       for (int64_t idx = blockIdx.x; idx < n_items; idx += gridDim.x) {
         const Item it = item_at<NK>(a, ncq, idx);
         if (it.skip) continue;
         const int z = int(it.bh);
-        // the item's Q rows, once its Q tiles are free (the warpgroups' last Q.K of the item before has completed):
-        // after the item's first SK tiles, whose slots the item before gives back without this Q, so they load
-        // under its tail; the later ones wait for this item's own Q.K
-        const int q_after = it.nkt < SK ? it.nkt : SK;
-        auto issue_q = [&]() {
-#pragma unroll
-          for (int w = 0; w < kConsumers; ++w) {
-            if (nq > 0) mbar_wait(empty_q(w), unsigned(nq - 1) & 1u);
-            mbar_arrive_expect(full_q(w), L::QTILE);
-#pragma unroll
-            for (int x = 0; x < 2 * D; x += 128)  // rows past the row space arrive as zeros
-              tma_load_3d_plain(smem_u32(smem + L::OFF_Q + w * L::QTILE + (x / 128) * (kBox * 128)), &tm.q, x,
-                                int(it.row0) + 64 * w, z, full_q(w));
-          }
-          ++nq;
-        };
-        if (q_after == 0) issue_q();
         for (int t = 0; t < it.nkt; ++t, ++g) {  // keys past Sk arrive as zeros and are masked like any other
           const int sk = int(g % SK), sv = int(g % SV), y = t * kKeys;
           if (g >= SK) mbar_wait(empty_k(sk), unsigned(g / SK - 1) & 1u);  // the consumers gave tile g - SK back
@@ -192,7 +164,6 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int h = 0; h < kKeys; h += kBox)
               tma_load_3d_plain(smem_u32(smem + L::OFF_V + sv * L::TILE + (x / 128) * L::SLAB + h * 128), &tm.v, x,
                                 y + h, z, full_v(sv));
-          if (t + 1 == q_after) issue_q();
         }
       }
     }
@@ -205,8 +176,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int rl0 = 64 * wg + 16 * warp + gid;  // this thread's rows: rl0, rl0 + 8 of the item's 128
   uint8_t* qt = smem + L::OFF_Q + wg * L::QTILE;
   const unsigned q_addr = smem_u32(qt);
-  int ks = 0, vs = 0;                   // the K slot of the next tile, the V slot of the oldest tile not given back
-  unsigned kph = 0, vph = 0, qph = 0;   // their phases and the Q tile's (running on across items, as the producer's)
+  int ks = 0, vs = 0;         // the K slot of the next tile, the V slot of the oldest tile not given back
+  unsigned kph = 0, vph = 0;  // their phases (running on across items, as the producer's)
   auto give_back = [&](unsigned bar) {
     __syncwarp();
     if (lane == 0) mbar_arrive(bar);
@@ -242,11 +213,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       pmma::run_kminmax(a, w0, w0 + 16 < row_end ? w0 + 16 : row_end, lo_w, hi_w);
       kmin_w = int(lo_w < 0x7fffffffLL ? lo_w : 0x7fffffffLL);
     }
-    // this item's Q: landed by the producer's copy (issued as this warpgroup's last Q.K of the item before retired),
-    // quantized in place
-    mbar_wait(full_q(wg), qph);
-    qph ^= 1u;
-    pwg::quantize_q_tile<D>(qt, 16 * warp, lane);
+    // this item's Q (the warpgroup's last Q.K of the item before has completed)
+    pwg::stage_q<D>(a, b, hkv, w0, rows_here, qt, 16 * warp, lane);
     fence_proxy_async_smem();         // the generic stores of Q before the wgmma reads them
     named_bar_sync(kQBar + wg, 128);  // the warpgroup's Q tile is whole
     // the softmax's exponent factor: scale * log2 e, times 2^8 where this head's K copy holds K times 2^-8
@@ -302,15 +270,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         next_v();
         pwg::p_frags<kKeys>(pa, s);
       }
-      give_back(empty_q(wg));  // the last Q.K has completed: the next item's Q may land
       if (rescale) pwg::rescale_o<D>(o, alpha);
       mbar_wait(full_v(vs), vph);
       pwg::pv_issue<D, kKeys>(o, pa, smem_u32(smem + L::OFF_V + vs * L::TILE));
       pwg::wait_o<D>(o);
       give_back(empty_v(vs));
       next_v();
-    } else {
-      give_back(empty_q(wg));
     }
     for (; t < nkt; ++t) {  // no row of this warpgroup sees these keys; the V is waited for before its slot goes back
       turn();

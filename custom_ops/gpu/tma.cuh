@@ -23,7 +23,6 @@ namespace gpu {
 // The kernel parameter that carries the maps (__grid_constant__: the copies take the map's parameter address).
 struct TmaMaps {
   CUtensorMap k, v;
-  CUtensorMap q;  // float16 Q rows (the warp-specialized prefill's; zeros elsewhere)
 };
 
 // Host: the driver's cuTensorMapEncodeTiled through the runtime (null when the driver has none).

@@ -155,10 +155,7 @@ void wg_qk16(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s)
 template <int D, int NK>
 void ws_qk16(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s) {
   using I = pws::Inst<D, NK>;
-  TmaMaps tm = kv_maps(a, 2 * D, 2 * D);
-  const int64_t rows = a.g * a.Sq;  // a (batch, KV head) row space: Q rows [B, Hq, Sq, D] are contiguous in it
-  if (!tma_map_rows(&tm.q, a.q, 2 * D, 2 * D, rows, rows, a.B * a.Hkv, pws::kBox))
-    throw std::runtime_error("Dot4Attention GPU: the driver refused the Q tensor map of the warp-specialized prefill");
+  const TmaMaps tm = kv_maps(a, 2 * D, 2 * D);
   TileArgs b = a;
   b.v_flags = static_cast<const int*>(scratch);
   scan_v_nonfinite(b, static_cast<int*>(scratch), s);

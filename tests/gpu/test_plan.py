@@ -826,8 +826,8 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     """ws=1: the f16 Q.K prefill warp-specialized (prefill_ws.cuh) in place of a k_dequant plan (D 64 / 128 / 256) on
     sm_90a: work items of 128 rows, 3 warpgroups (2 consumers, 1 producer), one block per SM, persistent (as many
     blocks as SMs walk the items; ws_persist=0: a block per item); shared memory: 2 Q tiles of
-    64 rows x 2 D bytes, SK K slots and SV V slots of key_tile rows x 2 D bytes, a full and an empty mbarrier per slot
-    and per Q tile, the swizzle slack. Key tiles of 128 with 3 + 3 slots at D = 128 (ws_keys=64: 64 with 4 + 4), 128 with 4 + 4 at
+    64 rows x 2 D bytes, SK K slots and SV V slots of key_tile rows x 2 D bytes, a full and an empty mbarrier per slot,
+    the swizzle slack. Key tiles of 128 with 3 + 3 slots at D = 128 (ws_keys=64: 64 with 4 + 4), 128 with 4 + 4 at
     D = 64, 64 with 2 + 3 at D = 256. V is always scanned (the kernel has no V check: the flagged heads run on
     prefill_wg.cuh's checked instance), so the scratch ends with the V flags. The default at D = 128 from 8192 keys
     on (kWsMinKeys) and at D = 64 from 32768 (kWsMinKeysD64); elsewhere only when asked; never where k_dequant is
@@ -837,7 +837,7 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     assert (p["ws"], p["k_dequant"], p["wgmma"], p["tma"], p["min_blocks"], p["v_scan"]) == \
         (True, True, True, True, 1, True), p
     assert (p["rows_per_block"], p["threads"], p["warps"], p["key_tile"], p["stages"]) == (128, 384, 12, 128, 3), p
-    assert p["smem_bytes"] == 2 * 64 * 256 + 6 * 128 * 256 + 16 * (6 + 2) + 1024, p
+    assert p["smem_bytes"] == 2 * 64 * 256 + 6 * 128 * 256 + 16 * 6 + 1024, p
     # persistent: a block per SM walks the work items (position-major 128-row items, heaviest first)
     assert (p["n_chunks"], p["items"], p["blocks"], p["persistent"]) == (1, 2 * 8 * 4 * (8192 // 128), 132, True), p
     one_each = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=1,ws_persist=0")
@@ -848,7 +848,7 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     assert not base["ws"] and "key_tile" not in base
     narrow = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=1,ws_keys=64")
     assert (narrow["key_tile"], narrow["stages"]) == (64, 4), narrow
-    assert narrow["smem_bytes"] == 2 * 64 * 256 + 8 * 64 * 256 + 16 * (8 + 2) + 1024, narrow
+    assert narrow["smem_bytes"] == 2 * 64 * 256 + 8 * 64 * 256 + 16 * 8 + 1024, narrow
     # the default rule's k_dequant plan takes it too when asked; a chunk over a packed cache's rows
     assert plan(1, 32, 8, 8192, 8192, 128, v_format="q8_0", overrides="ws=1")["ws"]
     cache = plan(1, 28, 4, 16384, 131072, 128, v_format="q4_0", overrides="ws=1",
@@ -861,11 +861,11 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     d64 = plan(1, 32, 8, 4096, 4096, 64, v_format="q4_0", overrides="ws=1")
     assert (d64["ws"], d64["v_dequant"], d64["rows_per_block"], d64["key_tile"], d64["stages"]) == \
         (True, True, 128, 128, 4), d64
-    assert d64["smem_bytes"] == 2 * 64 * 128 + 8 * 128 * 128 + 16 * (8 + 2) + 1024, d64
+    assert d64["smem_bytes"] == 2 * 64 * 128 + 8 * 128 * 128 + 16 * 8 + 1024, d64
     d256 = plan(1, 24, 4, 8192, 8192, 256, v_format="float", overrides="ws=1")
     assert (d256["ws"], d256["rows_per_block"], d256["threads"], d256["key_tile"], d256["stages"]) == \
         (True, 128, 384, 64, 2), d256
-    assert d256["smem_bytes"] == 2 * 64 * 512 + 5 * 64 * 512 + 16 * (5 + 2) + 1024, d256
+    assert d256["smem_bytes"] == 2 * 64 * 512 + 5 * 64 * 512 + 16 * 5 + 1024, d256
     assert d256["scratch_bytes"] == 4 * 8192 * 256 * 2 + 256 + 4 * 4, d256
     small = "sm=90a,sms=132,smem=200000"  # the wide D = 128 block does not fit, the 64-key one does
     assert plan(1, 32, 8, 8192, 8192, 128, device=small, overrides="ws=1,ws_keys=64")["ws"]
