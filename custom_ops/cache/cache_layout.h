@@ -56,6 +56,7 @@ struct CacheRowMap {
   int64_t k_row = 0, v_row = 0;  // row bytes of the K and the V tensor (their last dimension)
   bool split = false;            // tight: payloads in one run, scales in the next (above); no zeros
   bool k_scales_in_v = false;    // K's scales lie in the V row (pair), else in the K row after K's payload
+  // rows / pair only (split reads none of these four: k_sc_at / v_sc_at, and it has no zeros)
   int64_t k_scales_off = 0;      // K's scales, in the row k_scales_in_v names
   int64_t v_scales_off = 0;      // V's scales in the V row (V's payload starts the V row, K's the K row)
   int64_t k_zero_from = 0;       // K row bytes from here on are zero
@@ -94,10 +95,7 @@ inline CacheRowMap cache_row_map(int64_t D, VFormat v, CacheLayout layout) {
   } else if (layout == CacheLayout::kTight) {
     m.k_row = D + scales;
     m.v_row = vp + scales;
-    m.split = true;
-    m.k_scales_off = D;  // unused when split (k_sc_at)
-    m.k_zero_from = m.k_row;
-    m.v_zero_from = m.v_row;
+    m.split = true;  // the offsets and zero starts below are the rows / pair layouts' only
   } else {
     m.k_row = cache_row_bytes(D, VFormat::kQ8_0);
     m.v_row = cache_row_bytes(D, v);
