@@ -123,6 +123,17 @@ __device__ __forceinline__ void wgmma_f16_n128(float (&d)[16][4], const uint32_t
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
 }
 
+// The same descriptors as two 32-bit words, for a kernel that issues a chain of wgmma over one tile: the low word
+// (start address >> 4 in bits 0-13, LBO >> 4 in bits 16-29) of the tile taken once, each k step's byte offset >> 4
+// added to it, and the high word (SBO >> 4, the swizzle mode) a constant. One add per wgmma operand instead of the
+// mask, shift and or of every wg_desc_* call, which ptxas computes in vector registers and moves to uniform ones
+// per wgmma (6-9 instructions each; 4-6 this way). Shared addresses of a block are below 2^18 (228 KB), so neither
+// the word nor a step into the same tile carries out of the 14-bit address field.
+__device__ __forceinline__ uint32_t wg_desc_lo(unsigned addr, unsigned lbo) { return (addr >> 4) | ((lbo >> 4) << 16); }
+__device__ __forceinline__ uint64_t wg_desc(uint32_t lo, uint32_t hi) { return (uint64_t(hi) << 32) | lo; }
+constexpr uint32_t kDescHiSw128 = (1024u >> 4) | (1u << 30);  // SBO 1024 (8-row atoms), the 128-byte swizzle
+constexpr unsigned kDescLboK = 16;  // a K-major operand's LBO (unused by the layout: 1 in the field by convention)
+
 // Shared-memory matrix descriptor of a K-major operand in the 128-byte swizzle: rows of 128 bytes (64 f16 of the K
 // dimension) as the TMA's CU_TENSOR_MAP_SWIZZLE_128B lands them, 8-row atoms of 1024 bytes (SBO) on a 1024-byte aligned
 // base; LBO is unused by this layout (1 by convention). A 16-column step along K inside a 128-byte row is the start

@@ -158,6 +158,13 @@ __device__ __forceinline__ void rescale_o(OAcc<D>& o, const float (&alpha)[2]) {
     }
 }
 
+// The first row of (batch b, KV head hkv)'s row space in the dense [B, Hq, Sq, D] query and output: its g query heads'
+// Sq rows follow each other, so row-space row rr (query head hkv g + rr / Sq, position rr % Sq) is that row + rr, with
+// no division.
+__device__ __forceinline__ int64_t q_space_row(const TileArgs& a, int64_t b, int64_t hkv) {
+  return (b * a.Hq + hkv * a.g) * a.Sq;
+}
+
 // The epilogue: the quad's row sums, O / l into the output rows r0, r0 + 8 (dead rows: l = 0 -> exact zeros; a NaN l,
 // a poisoned key was visible: a NaN row), float16 saturated.
 template <int D>
@@ -171,8 +178,7 @@ __device__ __forceinline__ void store_o(const TileArgs& a, const OAcc<D>& o, con
     const float inv = l == 0.f ? 0.f : 1.f / l;
     const int64_t rr = r0 + 8 * h;
     if (rr >= rows_here) continue;
-    const int64_t hq = hkv * a.g + rr / a.Sq, i = rr % a.Sq;
-    const int64_t orow = ((b * a.Hq + hq) * a.Sq + i) * D;
+    const int64_t orow = (q_space_row(a, b, hkv) + rr) * D;
 #pragma unroll
     for (int p = 0; p < OShape<D>::P; ++p)
 #pragma unroll
@@ -191,13 +197,6 @@ __device__ __forceinline__ int tile_byte(int r, int b) {
   return tma_row_byte<2 * D, kKeys>(r, b);
 }
 
-// Descriptor of k step ks (16 columns) of a K-major swizzled tile of ROWS rows at `base`: slab ks / 4 (ROWS x 128
-// bytes each), 32 (ks % 4) bytes in.
-template <int ROWS = kKeys>
-__device__ __forceinline__ uint64_t kmajor_desc(unsigned base, int ks) {
-  return wg_desc_k_sw128(base + unsigned((ks / 4) * (ROWS * 128) + (ks % 4) * 32));
-}
-
 // Rows [r0, r0 + 16) of this warp, quantized as the contract says (int8 levels per 32-block, float32 block scale)
 // and stored as float16 (level * scale, one rounding: the QK16 mode's Q) into the warpgroup's Q tile `qt` at tile
 // rows wr .. wr + 15. Rows past the row space are zeros.
@@ -208,16 +207,13 @@ __device__ __forceinline__ void stage_q(const TileArgs& a, int64_t b, int64_t hk
   constexpr int RPI = 32 / LPR;  // rows per warp-wide load
   constexpr int QIT = 16 / RPI;
   const int c8 = lane % LPR, rsub = lane / LPR;
+  const uint16_t* rows = static_cast<const uint16_t*>(a.q) + q_space_row(a, b, hkv) * D + c8 * 8;
   uint4 xv[QIT];
 #pragma unroll
   for (int it = 0; it < QIT; ++it) {
     const int64_t rr = r0 + it * RPI + rsub;
     xv[it] = make_uint4(0, 0, 0, 0);
-    if (rr < rows_here) {
-      const int64_t hq = hkv * a.g + rr / a.Sq, i = rr % a.Sq;
-      xv[it] = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(a.q) + ((b * a.Hq + hq) * a.Sq + i) * D +
-                                               c8 * 8);
-    }
+    if (rr < rows_here) xv[it] = *reinterpret_cast<const uint4*>(rows + rr * D);
   }
 #pragma unroll
   for (int it = 0; it < QIT; ++it) {
@@ -249,19 +245,33 @@ __device__ __forceinline__ void stage_q(const TileArgs& a, int64_t b, int64_t hk
   }
 }
 
+// kDescWords: the descriptors as the tile's low word plus each step's offset (wg_desc_lo, wg_desc), ~60 fewer
+// instructions per warp and 128-key tile of the warp-specialized prefill; only at D = 128, where that kernel with
+// q_space_row's rows ran 4 % / 2 % faster at 8k / 32k keys. At D = 64 and 256 the same code ran 4-6 % and 11 % slower
+// at 32k keys (H100; ptxas schedules the loop differently), so they build each descriptor whole
+// (docs/performance.md, "Tried and dropped").
+template <int D>
+constexpr bool kDescWords = D == 128;
+
 // S (this warp's 16 rows x NK keys in the m16n8 C layout) = Q.K of the warpgroup's Q tile at q (64 rows) and the K
 // tile at k (NK rows): issued and committed as one wgmma group (qk_issue), or also waited for (qk).
+// k step ks (16 columns) of a K-major swizzled tile is slab ks / 4 (rows x 128 bytes each), 32 (ks % 4) bytes in.
 template <int D, int NK = kKeys>
 __device__ __forceinline__ void qk_issue(float (&s)[NK / 8][4], unsigned q, unsigned k) {
+  const uint32_t qd = wg_desc_lo(q, kDescLboK), kd = wg_desc_lo(k, kDescLboK);
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
+    const unsigned qo = unsigned((ks / 4) * (kKeys * 128) + (ks % 4) * 32);
+    const unsigned ko = unsigned((ks / 4) * (NK * 128) + (ks % 4) * 32);
+    const uint64_t a = kDescWords<D> ? wg_desc(qd + qo / 16, kDescHiSw128) : wg_desc_k_sw128(q + qo);
+    const uint64_t b = kDescWords<D> ? wg_desc(kd + ko / 16, kDescHiSw128) : wg_desc_k_sw128(k + ko);
     if constexpr (NK == 128) {
-      if (ks == 0) wgmma_f16_n128_ss<false>(s, kmajor_desc(q, ks), kmajor_desc<NK>(k, ks));
-      else wgmma_f16_n128_ss<true>(s, kmajor_desc(q, ks), kmajor_desc<NK>(k, ks));
+      if (ks == 0) wgmma_f16_n128_ss<false>(s, a, b);
+      else wgmma_f16_n128_ss<true>(s, a, b);
     } else {
-      if (ks == 0) wgmma_f16_n64_ss<false>(s, kmajor_desc(q, ks), kmajor_desc(k, ks));
-      else wgmma_f16_n64_ss<true>(s, kmajor_desc(q, ks), kmajor_desc(k, ks));
+      if (ks == 0) wgmma_f16_n64_ss<false>(s, a, b);
+      else wgmma_f16_n64_ss<true>(s, a, b);
     }
   }
   wgmma_commit();
@@ -300,12 +310,15 @@ __device__ __forceinline__ void p_frags(uint32_t (&pa)[NK / 16][4], const float 
 // Issued and committed; the caller waits (wait_o).
 template <int D, int NK = kKeys>
 __device__ __forceinline__ void pv_issue(OAcc<D>& o, const uint32_t (&pa)[NK / 16][4], unsigned v) {
+  const uint32_t vd = wg_desc_lo(v, NK * 128);  // wg_desc_mn_sw128(v, NK * 128, 1024) as two words
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < NK / 16; ++ks)
 #pragma unroll
     for (int p = 0; p < OShape<D>::P; ++p) {
-      const uint64_t desc = wg_desc_mn_sw128(v + unsigned(p * 2 * NK * 128 + ks * 16 * 128), NK * 128, 1024);
+      const unsigned vo = unsigned(p * 2 * NK * 128 + ks * 16 * 128);
+      const uint64_t desc =
+          kDescWords<D> ? wg_desc(vd + vo / 16, kDescHiSw128) : wg_desc_mn_sw128(v + vo, NK * 128, 1024);
       if constexpr (D == 64) wgmma_f16_n64(o[p], pa[ks], desc);
       else wgmma_f16_n128(o[p], pa[ks], desc);
     }
