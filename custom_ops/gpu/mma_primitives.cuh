@@ -69,11 +69,23 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], u
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define D4A_WGMMA 1
 
+// Shared-memory matrix descriptors as two 32-bit words: the low one holds the start address >> 4 (bits 0-13) and LBO
+// >> 4 (bits 16-29), the high one SBO >> 4 and the swizzle mode (bits 30-31). The wg_desc_* builders below put a whole
+// descriptor together; a kernel that issues a chain of wgmma over one tile (prefill_wg.cuh, kDescWords) takes the
+// tile's low word once and adds each k step's byte offset >> 4 to it: one add per operand instead of the mask, shift
+// and or that ptxas computes in vector registers and moves to uniform ones per wgmma (6-9 instructions each; 4-6
+// that way). Shared addresses of a block are below 2^18 (228 KB), so neither the word nor a step into the same tile
+// carries out of the 14-bit address field.
+__device__ __forceinline__ uint32_t wg_desc_lo(unsigned addr, unsigned lbo) { return (addr >> 4) | ((lbo >> 4) << 16); }
+__device__ __forceinline__ uint64_t wg_desc(uint32_t lo, uint32_t hi) { return (uint64_t(hi) << 32) | lo; }
+constexpr uint32_t kDescHiSw128 = (1024u >> 4) | (1u << 30);  // SBO 1024 (8-row atoms), the 128-byte swizzle
+constexpr unsigned kDescLboK = 16;  // a K-major operand's LBO (unused by the layout: 1 in the field by convention)
+
 // Shared-memory matrix descriptor of an MN-major operand in the 128-byte swizzle (the TMA's CU_TENSOR_MAP_SWIZZLE_128B:
 // rows of 128 bytes = 64 f16 of the N dimension, 8-row atoms of 1024 bytes, 1024-byte aligned). In that canonical
 // layout LBO is the byte distance between 64-column groups of N and SBO the distance between 8-row groups of K.
 __device__ __forceinline__ uint64_t wg_desc_mn_sw128(unsigned addr, unsigned lbo, unsigned sbo) {
-  return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) | (uint64_t(1) << 62);
+  return wg_desc(wg_desc_lo(addr & 0x3FFFFu, lbo), (sbo >> 4) | (1u << 30));
 }
 
 // Register writes (accumulators, A fragments) before the next wgmma; commit the issued wgmmas as one group; wait
@@ -123,29 +135,18 @@ __device__ __forceinline__ void wgmma_f16_n128(float (&d)[16][4], const uint32_t
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(1));
 }
 
-// The same descriptors as two 32-bit words, for a kernel that issues a chain of wgmma over one tile: the low word
-// (start address >> 4 in bits 0-13, LBO >> 4 in bits 16-29) of the tile taken once, each k step's byte offset >> 4
-// added to it, and the high word (SBO >> 4, the swizzle mode) a constant. One add per wgmma operand instead of the
-// mask, shift and or of every wg_desc_* call, which ptxas computes in vector registers and moves to uniform ones
-// per wgmma (6-9 instructions each; 4-6 this way). Shared addresses of a block are below 2^18 (228 KB), so neither
-// the word nor a step into the same tile carries out of the 14-bit address field.
-__device__ __forceinline__ uint32_t wg_desc_lo(unsigned addr, unsigned lbo) { return (addr >> 4) | ((lbo >> 4) << 16); }
-__device__ __forceinline__ uint64_t wg_desc(uint32_t lo, uint32_t hi) { return (uint64_t(hi) << 32) | lo; }
-constexpr uint32_t kDescHiSw128 = (1024u >> 4) | (1u << 30);  // SBO 1024 (8-row atoms), the 128-byte swizzle
-constexpr unsigned kDescLboK = 16;  // a K-major operand's LBO (unused by the layout: 1 in the field by convention)
-
 // Shared-memory matrix descriptor of a K-major operand in the 128-byte swizzle: rows of 128 bytes (64 f16 of the K
 // dimension) as the TMA's CU_TENSOR_MAP_SWIZZLE_128B lands them, 8-row atoms of 1024 bytes (SBO) on a 1024-byte aligned
 // base; LBO is unused by this layout (1 by convention). A 16-column step along K inside a 128-byte row is the start
 // address plus 32 bytes: the hardware applies the swizzle to the computed addresses, as it did to the TMA's.
 __device__ __forceinline__ uint64_t wg_desc_k_sw128(unsigned addr) {
-  return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+  return wg_desc(wg_desc_lo(addr & 0x3FFFFu, kDescLboK), kDescHiSw128);
 }
 
 // Shared-memory matrix descriptor of a K-major operand in the 64-byte swizzle (rows of 64 bytes as the TMA's
 // CU_TENSOR_MAP_SWIZZLE_64B lands them, 8-row atoms of 512 bytes); a 32-byte step along K is the start address + 32.
 __device__ __forceinline__ uint64_t wg_desc_k_sw64(unsigned addr) {
-  return uint64_t((addr & 0x3FFFFu) >> 4) | (uint64_t(1) << 16) | (uint64_t(512 >> 4) << 32) | (uint64_t(2) << 62);
+  return wg_desc(wg_desc_lo(addr & 0x3FFFFu, kDescLboK), (512u >> 4) | (2u << 30));
 }
 
 // d (s32, m64n64, the f32 accumulator layout) += A (64x32 s8 from registers, the mma.sync m16n8k32 A layout per warp)
