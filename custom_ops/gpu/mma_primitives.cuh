@@ -143,6 +143,12 @@ __device__ __forceinline__ uint64_t wg_desc_k_sw128(unsigned addr) {
   return wg_desc(wg_desc_lo(addr & 0x3FFFFu, kDescLboK), kDescHiSw128);
 }
 
+// Byte offset of k step ks (16 f16 columns) in such a K-major tile of `rows` rows: slab ks / 4 (rows x 128 bytes
+// each), 32 (ks % 4) bytes in.
+__device__ __forceinline__ constexpr unsigned kmajor_step(int rows, int ks) {
+  return unsigned((ks / 4) * (rows * 128) + (ks % 4) * 32);
+}
+
 // Shared-memory matrix descriptor of a K-major operand in the 64-byte swizzle (rows of 64 bytes as the TMA's
 // CU_TENSOR_MAP_SWIZZLE_64B lands them, 8-row atoms of 512 bytes); a 32-byte step along K is the start address + 32.
 __device__ __forceinline__ uint64_t wg_desc_k_sw64(unsigned addr) {

@@ -865,7 +865,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
-        const uint64_t desc = wg_desc_k_sw128(k_st + (ks / 4) * (kKeys * 128) + (ks % 4) * 32);
+        const uint64_t desc = wg_desc_k_sw128(k_st + kmajor_step(kKeys, ks));
         if (ks == 0) wgmma_f16_n64_kmajor<false>(s, qh[ks], desc);
         else wgmma_f16_n64_kmajor<true>(s, qh[ks], desc);
       }

@@ -255,15 +255,13 @@ constexpr bool kDescWords = D == 128;
 
 // S (this warp's 16 rows x NK keys in the m16n8 C layout) = Q.K of the warpgroup's Q tile at q (64 rows) and the K
 // tile at k (NK rows): issued and committed as one wgmma group (qk_issue), or also waited for (qk).
-// k step ks (16 columns) of a K-major swizzled tile is slab ks / 4 (rows x 128 bytes each), 32 (ks % 4) bytes in.
 template <int D, int NK = kKeys>
 __device__ __forceinline__ void qk_issue(float (&s)[NK / 8][4], unsigned q, unsigned k) {
   const uint32_t qd = wg_desc_lo(q, kDescLboK), kd = wg_desc_lo(k, kDescLboK);
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < D / 16; ++ks) {
-    const unsigned qo = unsigned((ks / 4) * (kKeys * 128) + (ks % 4) * 32);
-    const unsigned ko = unsigned((ks / 4) * (NK * 128) + (ks % 4) * 32);
+    const unsigned qo = kmajor_step(kKeys, ks), ko = kmajor_step(NK, ks);
     const uint64_t a = kDescWords<D> ? wg_desc(qd + qo / 16, kDescHiSw128) : wg_desc_k_sw128(q + qo);
     const uint64_t b = kDescWords<D> ? wg_desc(kd + ko / 16, kDescHiSw128) : wg_desc_k_sw128(k + ko);
     if constexpr (NK == 128) {
