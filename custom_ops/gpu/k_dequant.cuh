@@ -28,65 +28,94 @@ namespace gpu {
 // The largest K scale whose values (|k| <= 127) stay finite in float16: 515.5 (float16 bits 0x6007).
 constexpr uint32_t kKScaleLimitBits = 0x6007u;
 
-// Block x covers keys [kVScanKeys * (x % nblk), ...) of (b, kv head) x / nblk: flags[bh] = 1 where a finite K scale is
-// past the limit. flags: B * Hkv ints, zeroed before.
-__global__ void __launch_bounds__(kScanThreads) k_scale_scan_kernel(const TileArgs a, int64_t nblk, int* flags) {
-  const int64_t bid = int64_t(blockIdx.x);
-  const int64_t bh = bid / nblk;
-  const int64_t j0 = (bid % nblk) * kVScanKeys;
-  const int64_t nk = a.Sk - j0 < kVScanKeys ? a.Sk - j0 : kVScanKeys;
-  const uint16_t* rows = a.ks + (bh * a.kv_rows + j0) * a.ks_stride;
+// Whether one of this thread's K scales of the run at r0 (nk keys) is finite and past the limit.
+template <int D>
+__device__ __forceinline__ bool k_run_scales_big(const TileArgs& a, int64_t r0, int nk) {
+  constexpr int NB = D / 32;
   bool big = false;
-  for (int u = threadIdx.x; u < int(nk) * a.nb; u += kScanThreads) {
-    const int j = u / a.nb, blk = u - j * a.nb;
-    const uint32_t m = rows[j * a.ks_stride + blk] & 0x7fffu;  // |scale| bits: ordered like the values
-    big |= m > kKScaleLimitBits && m < 0x7c00u;
-  }
-  if (__syncthreads_or(big) && threadIdx.x == 0) flags[bh] = 1;
-}
-
-// One thread per 8 values (16 output bytes) of a key's row. Rows keep the K layout (key j of (b, kv head) bh is row
-// bh * kv_rows + j); only keys < Sk are read and written. out rows are 2 * D bytes apart.
-__global__ void __launch_bounds__(kScanThreads) k_dequant_kernel(const TileArgs a, const int* flags, uint8_t* out) {
-  const int per_row = a.D / 8;
-  const int64_t n = a.B * a.Hkv * a.Sk * per_row;
-  for (int64_t i = int64_t(blockIdx.x) * kScanThreads + threadIdx.x; i < n; i += int64_t(gridDim.x) * kScanThreads) {
-    const int c = int(i % per_row);
-    const int64_t key = i / per_row, j = key % a.Sk, bh = key / a.Sk;
-    const int64_t r = bh * a.kv_rows + j;
-    const uint16_t sb = a.ks[r * a.ks_stride + c / 4];  // 8 values of block (8 c) / 32
-    uint4 o;
-    if (half_nonfinite(sb)) {
-      o = make_uint4(0x7e007e00u, 0x7e007e00u, 0x7e007e00u, 0x7e007e00u);
-    } else {
-      // k * sk (* 2^-8) is exact in float32 (7 + 11 significant bits); one rounding to float16
-      const float s = h2f(sb) * (flags[bh] != 0 ? 0.00390625f : 1.f);
-      const uint2 w = *reinterpret_cast<const uint2*>(a.k + r * a.k_stride + 8 * c);
-      uint32_t h[4];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const uint32_t x = u < 2 ? w.x : w.y;
-        const int sh = 16 * (u & 1);
-        const float lo = float(int8_t(x >> sh)) * s, hi = float(int8_t(x >> (sh + 8))) * s;
-        const __half2 p = __floats2half2_rn(lo, hi);
-        h[u] = *reinterpret_cast<const uint32_t*>(&p);
-      }
-      o = make_uint4(h[0], h[1], h[2], h[3]);
+  for (int i = 0; i < kRunPieces<NB>; ++i) {
+    const int u = int(threadIdx.x) + i * kScanThreads;
+    if (u < nk * NB) {
+      const uint32_t m = a.ks[(r0 + u / NB) * a.ks_stride + u % NB] & 0x7fffu;  // |scale| bits: ordered like values
+      big |= m > kKScaleLimitBits && m < 0x7c00u;
     }
-    *reinterpret_cast<uint4*>(out + r * (2 * a.D) + 16 * c) = o;
   }
+  return big;
 }
 
-// Enqueues the scan and the conversion of a's K into out (float16 rows in K's layout) and flags (B * Hkv ints).
-inline void dequant_k(const TileArgs& a, uint8_t* out, int* flags, gpuStream_t s) {
-  D4A_GPU_CHECK(gpuMemsetAsync(flags, 0, size_t(a.B * a.Hkv) * sizeof(int), s));
-  const int64_t nblk = (a.Sk + kVScanKeys - 1) / kVScanKeys;
-  k_scale_scan_kernel<<<unsigned(a.B * a.Hkv * nblk), kScanThreads, 0, s>>>(a, nblk, flags);
-  D4A_GPU_CHECK(gpuGetLastError());
-  const int64_t n = a.B * a.Hkv * a.Sk * (a.D / 8);
-  const unsigned grid = unsigned(n / kScanThreads + 1 < (1 << 20) ? n / kScanThreads + 1 : (1 << 20));
-  k_dequant_kernel<<<grid, kScanThreads, 0, s>>>(a, flags, out);
-  D4A_GPU_CHECK(gpuGetLastError());
+// kflags[bh] = 1 where a finite K scale of (b, kv head) bh is past the limit; with vflags, the V scan (v_scan.cuh) in
+// the same pass: one launch where there were two. Flags: B * Hkv ints each, zeroed before.
+template <int D>
+__global__ void __launch_bounds__(kScanThreads) kv_scan_kernel(const TileArgs a, int* kflags, int* vflags) {
+  for_each_key_run(a, [&](int64_t bh, int64_t r0, int nk) {
+    if (k_run_scales_big<D>(a, r0, nk)) kflags[bh] = 1;
+    if (vflags != nullptr && v_run_nonfinite<D>(a, r0, nk)) vflags[bh] = 1;
+  });
+}
+
+// 8 values of K (one 16-byte piece of the float16 row): k * sk (* 2^-8), exact in float32 (7 + 11 significant bits),
+// one rounding to float16; a NaN / Inf scale: NaN.
+__device__ __forceinline__ uint4 k_piece_f16(uint2 w, uint16_t sb, float mul) {
+  if (half_nonfinite(sb)) return make_uint4(0x7e007e00u, 0x7e007e00u, 0x7e007e00u, 0x7e007e00u);
+  const float s = h2f(sb) * mul;
+  uint32_t h[4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const uint32_t x = u < 2 ? w.x : w.y;
+    const int sh = 16 * (u & 1);
+    const float lo = float(int8_t(x >> sh)) * s, hi = float(int8_t(x >> (sh + 8))) * s;
+    const __half2 p = __floats2half2_rn(lo, hi);
+    h[u] = *reinterpret_cast<const uint32_t*>(&p);
+  }
+  return make_uint4(h[0], h[1], h[2], h[3]);
+}
+
+// K rows into float16 rows (K's layout, 2 D bytes apart in out): a thread's pieces of a run loaded first, then
+// converted and stored.
+template <int D>
+__global__ void __launch_bounds__(kScanThreads) k_dequant_kernel(const TileArgs a, const int* flags, uint8_t* out) {
+  constexpr int PR = D / 8, N = kRunPieces<PR>;
+  for_each_key_run(a, [&](int64_t bh, int64_t r0, int nk) {
+    const float mul = flags[bh] != 0 ? 0.00390625f : 1.f;
+    uint2 w[N];
+    uint16_t sb[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int u = int(threadIdx.x) + i * kScanThreads;
+      if (u < nk * PR) {
+        const int64_t r = r0 + u / PR;
+        const int c = u % PR;
+        w[i] = *reinterpret_cast<const uint2*>(a.k + r * a.k_stride + 8 * c);
+        sb[i] = a.ks[r * a.ks_stride + c / 4];  // 8 values of block (8 c) / 32
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int u = int(threadIdx.x) + i * kScanThreads;
+      if (u < nk * PR)
+        *reinterpret_cast<uint4*>(out + (r0 + u / PR) * (2 * D) + 16 * (u % PR)) = k_piece_f16(w[i], sb[i], mul);
+    }
+  });
+}
+
+// Enqueues the scan and the conversion of a's K into out (float16 rows in K's layout) and kflags (B * Hkv ints). With
+// vflags (B * Hkv ints after kflags in the same scratch), a's float16 V is scanned in the scan's pass
+// (scan_v_nonfinite's flags).
+inline void dequant_k(const TileArgs& a, uint8_t* out, int* kflags, int* vflags, gpuStream_t s) {
+  const size_t heads = size_t(a.B * a.Hkv);
+  // one memset over both flag arrays (vflags follows kflags after its padding)
+  const size_t zero = vflags ? size_t(reinterpret_cast<uint8_t*>(vflags + heads) - reinterpret_cast<uint8_t*>(kflags))
+                             : heads * sizeof(int);
+  D4A_GPU_CHECK(gpuMemsetAsync(kflags, 0, zero, s));
+  const unsigned grid = row_pass_blocks(a);
+  with_head_dim(a.D, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    kv_scan_kernel<D><<<grid, kScanThreads, 0, s>>>(a, kflags, vflags);
+    D4A_GPU_CHECK(gpuGetLastError());
+    k_dequant_kernel<D><<<grid, kScanThreads, 0, s>>>(a, kflags, out);
+    D4A_GPU_CHECK(gpuGetLastError());
+  });
 }
 
 }  // namespace gpu

@@ -417,11 +417,8 @@ void set_row_chunks(GpuPlan& pl, const AttentionParams& p, int rows) {
 // tile and block: where every V tile is read by `reads` >= 8 blocks and the keys are enough for the scan and the
 // second launch (the flagged heads', its other blocks returning at once) to cost less than the check's 6-8 %
 // (v_scan=1: always).
-// Whether the V scan's grid (a block per kVScanKeys keys of each (batch, KV head)) fits a launch.
-bool v_scan_fits(const AttentionParams& p) { return p.B * p.Hkv * cdiv(p.Sk, kVScanKeys) <= kMaxBlocks; }
-
 bool v_scan_wanted(const AttentionParams& p, const PlanOverrides& ov, int64_t reads) {
-  return v_scan_fits(p) && (ov.v_scan == 1 || (ov.v_scan != 0 && reads >= 8 && p.Sk >= 2048));
+  return ov.v_scan == 1 || (ov.v_scan != 0 && reads >= 8 && p.Sk >= 2048);
 }
 
 // Whether the float16 V rows a Q-in-shared-memory kernel (prefill_wg.cuh, prefill_ws.cuh) copies by tensor maps fit
@@ -628,7 +625,8 @@ WsInst ws_inst() {
 // The warp-specialized f16 Q.K prefill (prefill_ws.cuh) in place of a k_dequant plan (D 64 / 128 / 256): work items
 // of 128 rows (two consumer warpgroups) beside a producer warpgroup, one block per SM, persistent (a block per SM
 // walking the items; ws_persist=0: a block per item), V scanned once per call (the kernel has no V check: the flagged
-// heads run on prefill_wg.cuh's checked instance, a block per item, whose shared memory must fit too).
+// heads run on prefill_wg.cuh's checked instance, a block per SM striding over the items, whose shared memory must fit
+// too).
 void plan_ws(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
   // default: D = 128 over kWsMinKeys+ keys and D = 64 over kWsMinKeysD64+ keys, where it measured faster than the
   // QK16 instance with 3 blocks per SM (D = 128, H100: 1.04x at 8k, 1.24x at 32k, 1.34x for a 16k chunk over 128k
@@ -643,7 +641,7 @@ void plan_ws(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, cons
   const WsInst in = p.D == 64    ? (narrow ? ws_inst<64, 64>() : ws_inst<64, 128>())
                     : p.D == 128 ? (narrow ? ws_inst<128, 64>() : ws_inst<128, 128>())
                                  : ws_inst<256, 64>();
-  if (std::max(in.smem, in.checked) > dev.max_smem || !v_scan_fits(p)) return;
+  if (std::max(in.smem, in.checked) > dev.max_smem) return;
   GpuPlan w = pl;
   set_row_chunks(w, p, pws::kConsumers * 64);
   w.threads = pws::kThreads;
@@ -659,6 +657,7 @@ void plan_ws(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, cons
   w.ws_items = w.blocks;
   w.persistent = ov.ws_persist != 0;
   if (w.persistent) w.blocks = std::min<int64_t>(w.ws_items, std::max(dev.sms, 1));  // one block per SM
+  w.ws_checked_blocks = std::min<int64_t>(w.ws_items, std::max(dev.sms, 1));
   if (!w.v_scan) w.scratch_bytes += size_t(p.B * p.Hkv) * sizeof(int);
   w.v_scan = true;
   w.ws = true;
@@ -972,7 +971,7 @@ std::string plan_json(const GpuPlan& pl) {
       << ", \"qk_wgmma\": " << (pl.qk_wgmma ? "true" : "false") << ", \"ws\": " << (pl.ws ? "true" : "false");
   if (pl.ws)
     o << ", \"key_tile\": " << pl.key_tile << ", \"persistent\": " << (pl.persistent ? "true" : "false")
-      << ", \"items\": " << pl.ws_items;
+      << ", \"items\": " << pl.ws_items << ", \"checked_blocks\": " << pl.ws_checked_blocks;
   o << ", \"smem_bytes\": " << pl.smem_bytes << ", \"n_splits\": " << pl.n_splits << ", \"split_len\": "
     << pl.split_len << ", \"n_chunks\": " << pl.n_chunks << ", \"blocks\": " << pl.blocks
     << ", \"scratch_bytes\": " << pl.scratch_bytes << ", \"strided\": " << (pl.strided ? "true" : "false")

@@ -67,10 +67,6 @@ struct DeviceFacts {
   int run_warp = 0;
 };
 
-// Keys per block of the prefill's V scan (v_scan.cuh): 64 KB of float16 V at D = 128, enough blocks to fill the
-// device at 2k keys.
-constexpr int kVScanKeys = 256;
-
 struct PlanOverrides {
   int kernel = -1;  // -1 auto, else a KernelKind (kDecodeMma / kPrefillMma: "mma", the route's tensor-core kernel)
   int warps = 0, stages = 0;
@@ -145,6 +141,7 @@ struct GpuPlan {
   bool ws = false;
   bool persistent = false;  // ws: `blocks` (one per SM) walk ws_items work items of 128 rows; else one block per item
   int64_t ws_items = 0;
+  int64_t ws_checked_blocks = 0;  // ws: the checked companion's blocks (one per SM, striding over the items)
   bool strided = false;      // K / V rows strided (AttentionParams' row layout is not the dense one)
   std::string fallback;      // why the route's preferred kernel was not taken ("" when it was)
   PlanOverrides overrides;   // what the plan was made with (a refused cluster launch is planned again without)

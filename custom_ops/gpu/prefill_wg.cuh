@@ -343,8 +343,9 @@ __device__ __forceinline__ void wait_o(OAcc<D>& o) {
 #endif  // D4A_WGMMA
 
 // ncq > 0: causal with Sq % kRows == 0, blocks in position-major order (heaviest query chunk of every head first).
-// VC = false: the instance without the V check, for the heads a V scan left unflagged (see the header).
-template <int D, int NWG, bool VC>
+// VC = false: the instance without the V check, for the heads a V scan left unflagged (see the header). STRIDE: a
+// grid smaller than the items, each block walking items gridDim.x apart.
+template <int D, int NWG, bool VC, bool STRIDE = false>
 __global__ void __launch_bounds__(128 * NWG, 1)
     prefill_wg_kernel(const TileArgs a, const int64_t ncq, const __grid_constant__ TmaMaps tm) {
 #if defined(D4A_WGMMA)
@@ -354,124 +355,153 @@ __global__ void __launch_bounds__(128 * NWG, 1)
   uint8_t* smem = smem_raw + smem_pad1024(smem_raw);
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
 
-  // ---- which (batch, KV head, row chunk) ----
-  const int64_t idx = int64_t(blockIdx.x);
-  int64_t bh, chunk;
-  if (ncq > 0) {
-    const int64_t U = a.B * a.Hkv * a.g;
-    const int64_t level = idx / U, u = idx % U;
-    bh = u / a.g;
-    chunk = (u % a.g) * ncq + (ncq - 1 - level);
-  } else {
-    bh = idx / a.n_chunks;
-    chunk = idx % a.n_chunks;
-    if (a.reverse_chunks) chunk = a.n_chunks - 1 - chunk;
-  }
-  if (a.v_flags != nullptr && (a.v_flags[bh] != 0) != VC) return;  // the other instance runs this head
-  const int64_t b = bh / a.Hkv, hkv = bh % a.Hkv;
-  const int64_t rows_here = a.g * a.Sq;
-  const int64_t row0 = chunk * kRows;
-  const int64_t row_end = row0 + kRows < rows_here ? row0 + kRows : rows_here;
-  const int64_t wg0 = row0 + 64 * wg, w0 = wg0 + 16 * warp;  // this warpgroup's / warp's first row
-
-  // key bounds: the block's last key (kend, nkt tiles), the warpgroup's (a tile past it is skipped by the whole
-  // warpgroup, as wgmma needs), the warp's first causal limit (tiles before it need no masking)
-  int kmax_g, kmin_w, kend, nkt;
-  {
-    int64_t lo, hi, lo_w, hi_w;
-    pmma::run_kminmax(a, row0, row_end, lo, hi);
-    kend = int(hi + 1 < a.Sk ? hi + 1 : a.Sk);
-    nkt = kend > 0 ? (kend + kKeys - 1) / kKeys : 0;
-    pmma::run_kminmax(a, wg0, wg0 + 64 < row_end ? wg0 + 64 : row_end, lo, hi);
-    kmax_g = int(hi);
-    pmma::run_kminmax(a, w0, w0 + 16 < row_end ? w0 + 16 : row_end, lo_w, hi_w);
-    kmin_w = int(lo_w < 0x7fffffffLL ? lo_w : 0x7fffffffLL);
-  }
-
   uint8_t* ring = smem + L::OFF_RING;
   const unsigned bar0 = smem_u32(smem + L::OFF_BAR);
-  // K and V of `tile` into slot tile & 1 (one thread; keys past Sk arrive as zeros and are masked like any other)
-  auto issue = [&](int tile) {
-    if (tid == 0 && tile < nkt) {
-      const unsigned bar = bar0 + 8u * unsigned(tile & 1);
-      mbar_arrive_expect(bar, 2 * L::TILE);
-      uint8_t* slot = ring + (tile & 1) * L::SLOT;
-      const int y = tile * kKeys, z = int(bh);
-#pragma unroll
-      for (int x = 0; x < 2 * D; x += 128) {
-        tma_load_3d_plain(smem_u32(slot + (x / 128) * L::SLAB), &tm.k, x, y, z, bar);
-        tma_load_3d_plain(smem_u32(slot + L::TILE + (x / 128) * L::SLAB), &tm.v, x, y, z, bar);
-      }
+
+  // One item, or with STRIDE fewer blocks than items striding over them (the checked companion of prefill_ws.cuh,
+  // which runs only the rare V-flagged heads: a launch of one block per item would cost more than the flagged work;
+  // the loop costs the instances that run every head registers). `done`: the tiles this block consumed before, so
+  // the ring's slot and phase carry on from item to item; `ready`: the ring's barriers are initialized.
+  unsigned done = 0;
+  bool ready = false;
+  auto item = [&](const int64_t idx) {
+    // ---- which (batch, KV head, row chunk) ----
+    int64_t bh, chunk;
+    if (ncq > 0) {
+      const int64_t U = a.B * a.Hkv * a.g;
+      const int64_t level = idx / U, u = idx % U;
+      bh = u / a.g;
+      chunk = (u % a.g) * ncq + (ncq - 1 - level);
+    } else {
+      bh = idx / a.n_chunks;
+      chunk = idx % a.n_chunks;
+      if (a.reverse_chunks) chunk = a.n_chunks - 1 - chunk;
     }
-  };
-  if (tid == 0) {
-    mbar_init(bar0, 1);
-    mbar_init(bar0 + 8, 1);
-    mbar_init_fence();
-  }
-  __syncthreads();
-  issue(0);
-  issue(1);
+    if (a.v_flags != nullptr && (a.v_flags[bh] != 0) != VC) return false;  // the other instance runs this head
+    const int64_t b = bh / a.Hkv, hkv = bh % a.Hkv;
+    const int64_t rows_here = a.g * a.Sq;
+    const int64_t row0 = chunk * kRows;
+    const int64_t row_end = row0 + kRows < rows_here ? row0 + kRows : rows_here;
+    const int64_t wg0 = row0 + 64 * wg, w0 = wg0 + 16 * warp;  // this warpgroup's / warp's first row
 
-  uint8_t* qt = smem + L::OFF_Q + wg * L::TILE;
-  stage_q<D>(a, b, hkv, w0, rows_here, qt, 16 * warp, lane);
-  fence_proxy_async_smem();  // the generic stores of Q before the wgmma reads them
-  __syncthreads();
-  const unsigned q_addr = smem_u32(qt);
-  // the softmax's exponent factor: scale * log2 e, times 2^8 where this head's K copy holds K times 2^-8
-  const float c_qk = a.scale_log2 * (a.k_flags != nullptr && a.k_flags[bh] != 0 ? 256.f : 1.f);
-  const float mask_mul = kLog2e / c_qk;  // an additive mask value in unscaled dot-product units
+    // key bounds: the block's last key (kend, nkt tiles), the warpgroup's (a tile past it is skipped by the whole
+    // warpgroup, as wgmma needs), the warp's first causal limit (tiles before it need no masking)
+    int kmax_g, kmin_w, kend, nkt;
+    {
+      int64_t lo, hi, lo_w, hi_w;
+      pmma::run_kminmax(a, row0, row_end, lo, hi);
+      kend = int(hi + 1 < a.Sk ? hi + 1 : a.Sk);
+      nkt = kend > 0 ? (kend + kKeys - 1) / kKeys : 0;
+      pmma::run_kminmax(a, wg0, wg0 + 64 < row_end ? wg0 + 64 : row_end, lo, hi);
+      kmax_g = int(hi);
+      pmma::run_kminmax(a, w0, w0 + 16 < row_end ? w0 + 16 : row_end, lo_w, hi_w);
+      kmin_w = int(lo_w < 0x7fffffffLL ? lo_w : 0x7fffffffLL);
+    }
 
-  OAcc<D> o;
+    // K and V of `tile` into slot (done + tile) & 1 (one thread; keys past Sk arrive as zeros and are masked like any
+    // other)
+    auto issue = [&](int tile) {
+      if (tid == 0 && tile < nkt) {
+        const unsigned t = done + unsigned(tile);
+        const unsigned bar = bar0 + 8u * (t & 1u);
+        mbar_arrive_expect(bar, 2 * L::TILE);
+        uint8_t* slot = ring + (t & 1u) * L::SLOT;
+        const int y = tile * kKeys, z = int(bh);
 #pragma unroll
-  for (int p = 0; p < OShape<D>::P; ++p)
-#pragma unroll
-    for (int n = 0; n < OShape<D>::N; ++n) o[p][n][0] = o[p][n][1] = o[p][n][2] = o[p][n][3] = 0.f;
-  RowSoftmax st;
-  const int rl0 = 64 * wg + 16 * warp + gid;  // this thread's rows: rl0, rl0 + 8 of the block
-
-  for (int tile = 0; tile < nkt; ++tile) {
-    uint8_t* slot = ring + (tile & 1) * L::SLOT;
-    mbar_wait(bar0 + 8u * unsigned(tile & 1), unsigned(tile >> 1) & 1u);
-    if constexpr (VC) {
-      // this thread's V pieces of the tile; a tile holding a V-poisoned key (block-uniform, rare): thread j < 64
-      // zeroes key j's NaN / Inf halves and makes its float16 K row NaN (its logit turns NaN, the K side does the rest)
-      constexpr int PIECES = kKeys * 2 * D / 16, PR = 2 * D / 16;
-      const bool vbad = pmma::f16_pieces_nonfinite<PIECES / kThreads, 0>([&](int i) {
-        const int pc = tid + i * kThreads;
-        return *reinterpret_cast<const uint4*>(slot + L::TILE + tile_byte<D>(pc / PR, (pc % PR) * 16));
-      });
-      if (__syncthreads_or(vbad) != 0) {
-        if (tid < kKeys) {
-          const bool bad = pmma::f16_row_poisoned<PR>(
-              [&](int c) { return reinterpret_cast<uint4*>(slot + L::TILE + tile_byte<D>(tid, c * 16)); });
-          if (bad) {
-#pragma unroll 4
-            for (int c = 0; c < PR; ++c)
-              *reinterpret_cast<uint4*>(slot + tile_byte<D>(tid, c * 16)) =
-                  make_uint4(0x7e007e00u, 0x7e007e00u, 0x7e007e00u, 0x7e007e00u);
-          }
-          fence_proxy_async_smem();  // the rewritten bytes before the wgmma reads them
+        for (int x = 0; x < 2 * D; x += 128) {
+          tma_load_3d_plain(smem_u32(slot + (x / 128) * L::SLAB), &tm.k, x, y, z, bar);
+          tma_load_3d_plain(smem_u32(slot + L::TILE + (x / 128) * L::SLAB), &tm.v, x, y, z, bar);
         }
-        __syncthreads();
       }
+    };
+    if (!ready) {  // once per block, at its first item (a block whose heads the other instance runs never gets here)
+      if (tid == 0) {
+        mbar_init(bar0, 1);
+        mbar_init(bar0 + 8, 1);
+        mbar_init_fence();
+      }
+      __syncthreads();
+      ready = true;
     }
-    const int j0 = tile * kKeys;
-    if (j0 <= kmax_g) {  // else no row of this warpgroup sees a key of the tile (uniform over the warpgroup)
-      float s[8][4];
-      qk<D>(s, q_addr, smem_u32(slot));
-      if (a.mask_kind != 0 || j0 + kKeys - 1 > kmin_w)
-        mask_tile(a, s, b, hkv, row0 + rl0, rows_here, j0, tig, mask_mul);
-      float alpha[2];
-      if (st.update(s, c_qk, alpha)) rescale_o<D>(o, alpha);
-      pv<D>(o, s, smem_u32(slot + L::TILE));
-      wait_o<D>(o);
-    }
-    __syncthreads();   // every warpgroup is done with the slot
-    issue(tile + 2);   // into it
-  }
+    issue(0);
+    issue(1);
 
-  store_o<D>(a, o, st, b, hkv, row0 + rl0, rows_here, tig);
+    uint8_t* qt = smem + L::OFF_Q + wg * L::TILE;
+    stage_q<D>(a, b, hkv, w0, rows_here, qt, 16 * warp, lane);
+    fence_proxy_async_smem();  // the generic stores of Q before the wgmma reads them
+    __syncthreads();
+    const unsigned q_addr = smem_u32(qt);
+    // the softmax's exponent factor: scale * log2 e, times 2^8 where this head's K copy holds K times 2^-8
+    const float c_qk = a.scale_log2 * (a.k_flags != nullptr && a.k_flags[bh] != 0 ? 256.f : 1.f);
+    const float mask_mul = kLog2e / c_qk;  // an additive mask value in unscaled dot-product units
+
+    OAcc<D> o;
+#pragma unroll
+    for (int p = 0; p < OShape<D>::P; ++p)
+#pragma unroll
+      for (int n = 0; n < OShape<D>::N; ++n) o[p][n][0] = o[p][n][1] = o[p][n][2] = o[p][n][3] = 0.f;
+    RowSoftmax st;
+    const int rl0 = 64 * wg + 16 * warp + gid;  // this thread's rows: rl0, rl0 + 8 of the block
+
+    for (int tile = 0; tile < nkt; ++tile) {
+      const unsigned t = done + unsigned(tile);
+      uint8_t* slot = ring + (t & 1u) * L::SLOT;
+      mbar_wait(bar0 + 8u * (t & 1u), (t >> 1) & 1u);
+      if constexpr (VC) {
+        // this thread's V pieces of the tile; a tile holding a V-poisoned key (block-uniform, rare): thread j < 64
+        // zeroes key j's NaN / Inf halves and makes its float16 K row NaN (its logit turns NaN, the K side does the
+        // rest)
+        constexpr int PIECES = kKeys * 2 * D / 16, PR = 2 * D / 16;
+        const bool vbad = pmma::f16_pieces_nonfinite<PIECES / kThreads, 0>([&](int i) {
+          const int pc = tid + i * kThreads;
+          return *reinterpret_cast<const uint4*>(slot + L::TILE + tile_byte<D>(pc / PR, (pc % PR) * 16));
+        });
+        if (__syncthreads_or(vbad) != 0) {
+          if (tid < kKeys) {
+            const bool bad = pmma::f16_row_poisoned<PR>(
+                [&](int c) { return reinterpret_cast<uint4*>(slot + L::TILE + tile_byte<D>(tid, c * 16)); });
+            if (bad) {
+#pragma unroll 4
+              for (int c = 0; c < PR; ++c)
+                *reinterpret_cast<uint4*>(slot + tile_byte<D>(tid, c * 16)) =
+                    make_uint4(0x7e007e00u, 0x7e007e00u, 0x7e007e00u, 0x7e007e00u);
+            }
+            fence_proxy_async_smem();  // the rewritten bytes before the wgmma reads them
+          }
+          __syncthreads();
+        }
+      }
+      const int j0 = tile * kKeys;
+      if (j0 <= kmax_g) {  // else no row of this warpgroup sees a key of the tile (uniform over the warpgroup)
+        float s[8][4];
+        qk<D>(s, q_addr, smem_u32(slot));
+        if (a.mask_kind != 0 || j0 + kKeys - 1 > kmin_w)
+          mask_tile(a, s, b, hkv, row0 + rl0, rows_here, j0, tig, mask_mul);
+        float alpha[2];
+        if (st.update(s, c_qk, alpha)) rescale_o<D>(o, alpha);
+        pv<D>(o, s, smem_u32(slot + L::TILE));
+        wait_o<D>(o);
+      }
+      __syncthreads();   // every warpgroup is done with the slot
+      issue(tile + 2);   // into it
+    }
+
+    store_o<D>(a, o, st, b, hkv, row0 + rl0, rows_here, tig);
+    done += unsigned(nkt);
+    return true;
+  };
+  if constexpr (STRIDE) {
+    if (a.v_flags != nullptr) {  // most calls flag no head: one look at every flag, not one (in turn) per item
+      bool mine = false;
+      for (int64_t h = tid; h < a.B * a.Hkv; h += kThreads) mine |= (a.v_flags[h] != 0) == VC;
+      if (__syncthreads_or(mine) == 0) return;
+    }
+    const int64_t n_items = ncq > 0 ? ncq * a.B * a.Hkv * a.g : a.B * a.Hkv * a.n_chunks;
+    for (int64_t idx = int64_t(blockIdx.x); idx < n_items; idx += int64_t(gridDim.x))
+      if (item(idx)) __syncthreads();  // every warpgroup is done with its Q tile before the next item's
+  } else {
+    item(int64_t(blockIdx.x));
+  }
 #else
   (void)a;
   (void)ncq;

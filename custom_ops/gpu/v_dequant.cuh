@@ -14,19 +14,17 @@
 
 #include "gpu/attention_tile.cuh"
 #include "gpu/prefill_mma.cuh"
+#include "gpu/v_scan.cuh"
 
 #if defined(D4A_HAS_PREFILL_MMA)  // CUDA: the conversion is the tensor-core prefill's
 namespace dot4attn {
 namespace gpu {
 
-constexpr int kDequantThreads = 256;
-
 // 8 f16 values (one 16-byte store): elements 8 cb .. 8 cb + 7 of the q6_0 block at blk (common/formats.h: 4 bytes of
 // low nibbles from byte 4 cb, high pairs from bytes 16..23 at bit 2 cb), level * s with one f16 rounding (the
 // tensor-core decode's dequantization).
-__device__ __forceinline__ uint4 cvt_q6(const uint8_t* blk, int cb, __half2 s) {
-  const uint32_t lo = *reinterpret_cast<const uint32_t*>(blk + 4 * cb);
-  const uint2 hw = *reinterpret_cast<const uint2*>(blk + 16);
+// lo, hw: the block's words at bytes 4 cb and 16.
+__device__ __forceinline__ uint4 cvt_q6(uint32_t lo, uint2 hw, int cb, __half2 s) {
   const uint32_t h0 = (hw.x >> (2 * cb)) & 0x03030303u, h1 = (hw.y >> (2 * cb)) & 0x03030303u;
   uint32_t r[4];
 #pragma unroll
@@ -42,45 +40,69 @@ __device__ __forceinline__ uint4 cvt_q6(const uint8_t* blk, int cb, __half2 s) {
   return make_uint4(r[0], r[1], r[2], r[3]);
 }
 
-// One thread per 8 values (16 output bytes) of a key's row. Rows keep the K layout (key j of (b, kv head) bh is
-// row bh * kv_rows + j); only keys < Sk are read and written. out rows are 2 * D bytes apart.
+// The bytes of V row `src` that piece c (8 values) of a VK row comes from: q8_0 8 bytes (x, y), q4_0 4 (x), q6_0 the
+// low nibbles' 4 (x) and the block's 8 bytes of high pairs (z, w).
 template <int VK>
-__global__ void __launch_bounds__(kDequantThreads) v_dequant_kernel(const TileArgs a, uint8_t* out) {
-  const int per_row = a.D / 8;
-  const int64_t n = a.B * a.Hkv * a.Sk * per_row;
-  for (int64_t i = int64_t(blockIdx.x) * kDequantThreads + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * kDequantThreads) {
-    const int c = int(i % per_row);
-    const int64_t key = i / per_row, j = key % a.Sk, bh = key / a.Sk;
-    const int64_t r = bh * a.kv_rows + j;
-    const uint8_t* src = static_cast<const uint8_t*>(a.v) + r * a.v_stride;
-    const uint16_t sb = a.vs[r * a.vs_stride + c / 4];  // 8 values of block (8 c) / 32
-    uint4 o;
-    if (half_nonfinite(sb)) {
-      o = make_uint4(0x7e007e00u, 0x7e007e00u, 0x7e007e00u, 0x7e007e00u);
-    } else {
-      const __half2 s2 = __half2half2(__ushort_as_half(sb));
-      if constexpr (VK == kVQ8) {
-        const uint2 w = *reinterpret_cast<const uint2*>(src + 8 * c);
-        o = pmma::cvt_q8(w.x, w.y, s2);
-      } else if constexpr (VK == kVQ6) {
-        o = cvt_q6(src + 24 * (c / 4), c % 4, s2);
-      } else {
-        o = pmma::cvt_q4(*reinterpret_cast<const uint32_t*>(src + 4 * c), s2);
-      }
-      if (scales_past_limit<VK>(uint32_t(sb))) o = pmma::hclamp4(o);
-    }
-    *reinterpret_cast<uint4*>(out + r * (2 * a.D) + 16 * c) = o;
+__device__ __forceinline__ uint4 v_piece_bytes(const uint8_t* src, int c) {
+  if constexpr (VK == kVQ8) {
+    const uint2 w = *reinterpret_cast<const uint2*>(src + 8 * c);
+    return make_uint4(w.x, w.y, 0u, 0u);
+  } else if constexpr (VK == kVQ6) {
+    const uint8_t* blk = src + 24 * (c / 4);
+    const uint2 hw = *reinterpret_cast<const uint2*>(blk + 16);
+    return make_uint4(*reinterpret_cast<const uint32_t*>(blk + 4 * (c % 4)), 0u, hw.x, hw.y);
+  } else {
+    return make_uint4(*reinterpret_cast<const uint32_t*>(src + 4 * c), 0u, 0u, 0u);
   }
+}
+
+// Piece c of a VK row from its bytes and scale bits sb, as the prefill converts it.
+template <int VK>
+__device__ __forceinline__ uint4 v_piece_f16(uint4 w, int c, uint16_t sb) {
+  if (half_nonfinite(sb)) return make_uint4(0x7e007e00u, 0x7e007e00u, 0x7e007e00u, 0x7e007e00u);
+  const __half2 s2 = __half2half2(__ushort_as_half(sb));
+  uint4 o;
+  if constexpr (VK == kVQ8) o = pmma::cvt_q8(w.x, w.y, s2);
+  else if constexpr (VK == kVQ6) o = cvt_q6(w.x, make_uint2(w.z, w.w), c % 4, s2);
+  else o = pmma::cvt_q4(w.x, s2);
+  return scales_past_limit<VK>(uint32_t(sb)) ? pmma::hclamp4(o) : o;
+}
+
+// V rows into float16 rows (K's layout, 2 D bytes apart in out): a thread's pieces of a run loaded first, then
+// converted and stored.
+template <int VK, int D>
+__global__ void __launch_bounds__(kScanThreads) v_dequant_kernel(const TileArgs a, uint8_t* out) {
+  constexpr int PR = D / 8, N = kRunPieces<PR>;
+  for_each_key_run(a, [&](int64_t, int64_t r0, int nk) {
+    uint4 w[N];
+    uint16_t sb[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int u = int(threadIdx.x) + i * kScanThreads;
+      if (u < nk * PR) {
+        const int64_t r = r0 + u / PR;
+        w[i] = v_piece_bytes<VK>(static_cast<const uint8_t*>(a.v) + r * a.v_stride, u % PR);
+        sb[i] = a.vs[r * a.vs_stride + (u % PR) / 4];  // 8 values of block (8 c) / 32
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int u = int(threadIdx.x) + i * kScanThreads;
+      if (u < nk * PR)
+        *reinterpret_cast<uint4*>(out + (r0 + u / PR) * (2 * D) + 16 * (u % PR)) = v_piece_f16<VK>(w[i], u % PR, sb[i]);
+    }
+  });
 }
 
 // Enqueues the conversion of a's V (kind `source`, kVQ8, kVQ4 or kVQ6) into out.
 inline void dequant_v(const TileArgs& a, int source, uint8_t* out, gpuStream_t s) {
-  const int64_t n = a.B * a.Hkv * a.Sk * (a.D / 8);
-  const unsigned grid = unsigned(n / kDequantThreads + 1 < (1 << 20) ? n / kDequantThreads + 1 : (1 << 20));
-  if (source == kVQ8) v_dequant_kernel<kVQ8><<<grid, kDequantThreads, 0, s>>>(a, out);
-  else if (source == kVQ6) v_dequant_kernel<kVQ6><<<grid, kDequantThreads, 0, s>>>(a, out);
-  else v_dequant_kernel<kVQ4><<<grid, kDequantThreads, 0, s>>>(a, out);
+  const unsigned grid = row_pass_blocks(a);
+  with_head_dim(a.D, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    if (source == kVQ8) v_dequant_kernel<kVQ8, D><<<grid, kScanThreads, 0, s>>>(a, out);
+    else if (source == kVQ6) v_dequant_kernel<kVQ6, D><<<grid, kScanThreads, 0, s>>>(a, out);
+    else v_dequant_kernel<kVQ4, D><<<grid, kScanThreads, 0, s>>>(a, out);
+  });
   D4A_GPU_CHECK(gpuGetLastError());
 }
 

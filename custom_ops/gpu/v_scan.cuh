@@ -10,38 +10,54 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
+#include <type_traits>
 
 #include "gpu/attention_tile.cuh"
+#include "gpu/kv_rows.cuh"
 #include "gpu/launch_plan.h"
 
 namespace dot4attn {
 namespace gpu {
 
-constexpr int kScanThreads = 256;
-
-// Block x covers keys [kVScanKeys * (x % nblk), ...) of (b, kv head) x / nblk. flags: B * Hkv ints, zeroed before.
-// Only keys < Sk are read (a strided cache's rows past them are not the prefill's).
-__global__ void __launch_bounds__(kScanThreads) v_nonfinite_scan_kernel(const TileArgs a, int64_t nblk, int* flags) {
-  const int64_t bid = int64_t(blockIdx.x);
-  const int64_t bh = bid / nblk;
-  const int64_t j0 = (bid % nblk) * kVScanKeys;
-  const int64_t nk = a.Sk - j0 < kVScanKeys ? a.Sk - j0 : kVScanKeys;
-  const int pieces = a.D * 2 / 16;  // 16-byte pieces of a float16 row
-  const uint8_t* rows = static_cast<const uint8_t*>(a.v) + (bh * a.kv_rows + j0) * a.v_stride;
+// Whether this thread's pieces of the run at r0 (nk keys) of float16 V rows of D values hold a NaN / Inf.
+template <int D>
+__device__ __forceinline__ bool v_run_nonfinite(const TileArgs& a, int64_t r0, int nk) {
+  constexpr int PR = D / 8;
+  const uint8_t* rows = static_cast<const uint8_t*>(a.v) + r0 * a.v_stride;
   uint32_t nf = 0;
-#pragma unroll 4
-  for (int u = threadIdx.x; u < int(nk) * pieces; u += kScanThreads) {
-    const int j = u / pieces, c = u - j * pieces;
-    nf = v_nonfinite_acc<kVF16>(nf, *reinterpret_cast<const uint4*>(rows + j * a.v_stride + c * 16));
+#pragma unroll
+  for (int i = 0; i < kRunPieces<PR>; ++i) {
+    const int u = int(threadIdx.x) + i * kScanThreads;
+    if (u < nk * PR)
+      nf = v_nonfinite_acc<kVF16>(nf, *reinterpret_cast<const uint4*>(rows + (u / PR) * a.v_stride + (u % PR) * 16));
   }
-  if (__syncthreads_or(v_nonfinite(nf)) && threadIdx.x == 0) flags[bh] = 1;
+  return v_nonfinite(nf);
+}
+
+// flags: B * Hkv ints, zeroed before; a thread that finds a NaN / Inf stores its head's flag (the same value: rare).
+template <int D>
+__global__ void __launch_bounds__(kScanThreads) v_nonfinite_scan_kernel(const TileArgs a, int* flags) {
+  for_each_key_run(a, [&](int64_t bh, int64_t r0, int nk) {
+    if (v_run_nonfinite<D>(a, r0, nk)) flags[bh] = 1;
+  });
+}
+
+// The head sizes of the tensor-core prefill (the passes' rows are a compile-time number of 16-byte pieces).
+template <typename F>
+inline void with_head_dim(int64_t D, F&& f) {
+  if (D == 64) return f(std::integral_constant<int, 64>{});
+  if (D == 128) return f(std::integral_constant<int, 128>{});
+  if (D == 256) return f(std::integral_constant<int, 256>{});
+  throw std::runtime_error("Dot4Attention GPU: a K / V row pass for a head size the tensor-core prefill has not");
 }
 
 // Enqueues the scan of a (tensor-core prefill, float16 V) call into flags (B * Hkv ints of device memory).
 inline void scan_v_nonfinite(const TileArgs& a, int* flags, gpuStream_t s) {
   D4A_GPU_CHECK(gpuMemsetAsync(flags, 0, size_t(a.B * a.Hkv) * sizeof(int), s));
-  const int64_t nblk = (a.Sk + kVScanKeys - 1) / kVScanKeys;
-  v_nonfinite_scan_kernel<<<unsigned(a.B * a.Hkv * nblk), kScanThreads, 0, s>>>(a, nblk, flags);
+  with_head_dim(a.D, [&](auto d) {
+    v_nonfinite_scan_kernel<decltype(d)::value><<<row_pass_blocks(a), kScanThreads, 0, s>>>(a, flags);
+  });
   D4A_GPU_CHECK(gpuGetLastError());
 }
 

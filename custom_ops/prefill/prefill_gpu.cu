@@ -148,30 +148,27 @@ void wg_qk16(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s)
   launch_planned(pwg::prefill_wg_kernel<256, NWG, true>, pl, s, a, pl.causal_tiles, tm);
 }
 
-// The warp-specialized QK16 kernel (prefill_ws.cuh, D 64 / 128 / 256) on a's K and V as float16 rows: V scanned once, the
-// unflagged heads on it (a block per SM walking the work items, or a block per item) and the flagged ones on
-// prefill_wg.cuh's checked instance (two warpgroups of the same 128 rows per block: a block per item; its own block
-// size and shared memory).
+// The warp-specialized QK16 kernel (prefill_ws.cuh, D 64 / 128 / 256) on b's K and V as float16 rows, V already
+// scanned into b.v_flags (in dequant_k's pass): the unflagged heads on it (a block per SM walking the work items, or a
+// block per item) and the flagged ones on prefill_wg.cuh's checked instance (two warpgroups of the same 128 rows per
+// block, a block per SM striding over the items; its own block size and shared memory).
 template <int D, int NK>
-void ws_qk16(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s) {
+void ws_qk16(const GpuPlan& pl, const TileArgs& b, gpuStream_t s) {
   using I = pws::Inst<D, NK>;
-  const TmaMaps tm = kv_maps(a, 2 * D, 2 * D);
-  TileArgs b = a;
-  b.v_flags = static_cast<const int*>(scratch);
-  scan_v_nonfinite(b, static_cast<int*>(scratch), s);
+  const TmaMaps tm = kv_maps(b, 2 * D, 2 * D);
   launch_planned(pws::prefill_ws_kernel<D, NK, I::SK, I::SV>, pl, s, b, pl.causal_tiles, pl.ws_items, tm);
-  GpuPlan c = pl;  // a block per work item
-  c.blocks = pl.ws_items;
+  GpuPlan c = pl;  // a block per SM, striding over the work items (most return at once: their head is unflagged)
+  c.blocks = pl.ws_checked_blocks;
   c.threads = 256;
   c.smem_bytes = pwg::Layout<D, 2>::bytes;
-  launch_planned(pwg::prefill_wg_kernel<D, 2, true>, c, s, b, pl.causal_tiles, tm);
+  launch_planned(pwg::prefill_wg_kernel<D, 2, true, true>, c, s, b, pl.causal_tiles, tm);
 }
 
-void ws_d(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s) {
+void ws_d(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {
   const bool wide = pl.key_tile == 128;
-  if (a.D == 64) return wide ? ws_qk16<64, 128>(pl, a, scratch, s) : ws_qk16<64, 64>(pl, a, scratch, s);
-  if (a.D == 128) return wide ? ws_qk16<128, 128>(pl, a, scratch, s) : ws_qk16<128, 64>(pl, a, scratch, s);
-  if (a.D == 256 && !wide) return ws_qk16<256, 64>(pl, a, scratch, s);
+  if (a.D == 64) return wide ? ws_qk16<64, 128>(pl, a, s) : ws_qk16<64, 64>(pl, a, s);
+  if (a.D == 128) return wide ? ws_qk16<128, 128>(pl, a, s) : ws_qk16<128, 64>(pl, a, s);
+  if (a.D == 256 && !wide) return ws_qk16<256, 64>(pl, a, s);
   no_instance(pl);
 }
 
@@ -236,15 +233,20 @@ void run_prefill(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_
       sc += pl.v_dequant_bytes;
     }
     if (pl.k_dequant) {  // K into float16 rows (k_dequant.cuh), then the QK16 instance
+      uint8_t* k_copy = sc;
       int* kflags = reinterpret_cast<int*>(sc + pl.k_dequant_bytes);
-      dequant_k(a, sc, kflags, s);
-      b.k = reinterpret_cast<const int8_t*>(sc);
+      sc += pl.k_dequant_bytes + pl.k_flag_bytes;
+      int* vflags = pl.ws ? reinterpret_cast<int*>(sc) : nullptr;  // ws: V (or its copy) scanned in the K pass
+      dequant_k(b, k_copy, kflags, vflags, s);
+      b.k = reinterpret_cast<const int8_t*>(k_copy);
       b.k_stride = 2 * a.D;
       b.ks = nullptr;
       b.ks_stride = 0;
       b.k_flags = kflags;
-      sc += pl.k_dequant_bytes + pl.k_flag_bytes;
-      if (pl.ws) return ws_d(pl, b, sc, s);
+      if (pl.ws) {
+        b.v_flags = vflags;
+        return ws_d(pl, b, s);
+      }
       if (a.D == 64) return mma_qk16<64>(pl, b, sc, s);
       if (a.D == 128) return mma_qk16<128>(pl, b, sc, s);
       if (a.D == 256) return pl.warps == 4 ? wg_qk16<1>(pl, b, sc, s) : wg_qk16<2>(pl, b, sc, s);

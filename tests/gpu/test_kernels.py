@@ -429,7 +429,7 @@ def test_v_dequant_prefill_matches_the_kernels_own_conversion(torch_cuda, v_form
     vs[0, 1, 1000, D // 32 - 1] = 600.0 if v_format == "q8_0" else 9000.0  # past 515.5 / 8188
     vs[0, 1, 2999, 0] = float("inf")
     outs, plans = [], []
-    for ov in ("v_dequant=0", "v_dequant=1"):
+    for ov in ("k_dequant=0,v_dequant=0", "k_dequant=0,v_dequant=1"):  # the int8 Q.K in both: only V's path differs
         r = native.TorchAttention(q, kp, ks, vp, vs, torch.empty_like(q), v_format=v_format, route="prefill",
                                   overrides=ov)
         r.out.fill_(float("nan"))
@@ -483,6 +483,43 @@ def test_qk16_prefill_edges_against_the_reference(torch_cuda, v_format, D, overr
     assert bad[0, :4, 700:].all() and not bad[0, :4, :700].any() and bad[0, 4:, 900:].all()
     check_nmse(np.where(bad, 0, o).astype(np.float16), np.where(bad, 0, ref).astype(np.float16), AC.REF_TOL,
                f"QK16 {v_format} D={D} plan={plan}")
+
+
+@pytest.mark.parametrize("S", [1500, 1536])  # row chunks in (batch, KV head) order; position-major causal items
+@pytest.mark.parametrize("v_format,D", [("float", 128), ("q8_0", 64)])
+def test_ws_checked_companion_walks_several_items_per_block(torch_cuda, v_format, D, S):
+    """The warp-specialized prefill runs the V-flagged heads on its checked companion, a block per SM striding over
+    the work items: with more items than SMs a block runs several, flagged and not, and the ring's slots and phases
+    carry from one to the next. Two flagged heads of eight, 384 items: against reference.attention (qk_f16), the same
+    NaN rows and NMSE <= 1e-6 on the rest."""
+    torch = torch_cuda
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the QK16 prefill runs on sm_90a")
+    rng = np.random.default_rng(29)
+    B, Hq, Hkv = 2, 16, 4
+    q = rng.standard_normal((B, Hq, S, D)).astype(np.float16)
+    kp, ks = R.pack_k(rng.standard_normal((B, Hkv, S, D)).astype(np.float16))
+    v = rng.standard_normal((B, Hkv, S, D)).astype(np.float16)
+    if v_format == "float":
+        value, vs = v.copy(), None
+        value[0, 1, 1000, 5] = np.float16("inf")
+        value[1, 3, 300, 0] = np.float16("nan")
+    else:
+        value, vs = R.pack_v(v, v_format)
+        vs[0, 1, 1000, 0] = np.float16("nan")
+        vs[1, 3, 300, D // 32 - 1] = np.float16("nan")
+    ref = R.attention(q, kp, ks, value, vs, None, causal=1, v_format=v_format, qk_f16=True)
+    t = [to_device(torch, a) for a in (q, kp, ks, value, vs)]
+    out = torch.full(q.shape, float("nan"), dtype=torch.float16, device="cuda")
+    plan = native.TorchAttention(*t, out, v_format=v_format, route="prefill", overrides=K16W)(return_plan=True)
+    torch.cuda.synchronize()
+    assert plan["ws"] and plan["items"] > plan["checked_blocks"], plan
+    o = out.cpu().numpy()
+    bad = np.isnan(ref)
+    assert np.array_equal(np.isnan(o), bad), "NaN rows differ from the reference's"
+    assert bad[0, 4:8, 1000:].all() and bad[1, 12:, 300:].all() and not bad[0, :4].any() and not bad[1, :12].any()
+    check_nmse(np.where(bad, 0, o).astype(np.float16), np.where(bad, 0, ref).astype(np.float16), AC.REF_TOL,
+               f"ws checked companion {v_format} D={D} S={S} plan={plan}")
 
 
 @pytest.mark.parametrize("D,overrides", [(128, K16), (128, K16O), (256, K16), (64, K16W), (128, K16W),

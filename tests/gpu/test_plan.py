@@ -842,8 +842,10 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     assert (p["n_chunks"], p["items"], p["blocks"], p["persistent"]) == (1, 2 * 8 * 4 * (8192 // 128), 132, True), p
     one_each = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=1,ws_persist=0")
     assert (one_each["blocks"], one_each["items"], one_each["persistent"]) == (p["items"], p["items"], False)
+    # the checked companion (V-flagged heads only): a block per SM striding over the items either way
+    assert p["checked_blocks"] == one_each["checked_blocks"] == 132, (p, one_each)
     few = plan(1, 8, 8, 256, 256, 128, v_format="float", overrides="k_dequant=1,ws=1")  # fewer items than SMs
-    assert (few["items"], few["blocks"]) == (16, 16), few
+    assert (few["items"], few["blocks"], few["checked_blocks"]) == (16, 16, 16), few
     assert p["scratch_bytes"] == base["scratch_bytes"] == 2 * 8 * 8192 * 128 * 2 + 256 + 2 * 8 * 4, p
     assert not base["ws"] and "key_tile" not in base
     narrow = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=1,ws_keys=64")
