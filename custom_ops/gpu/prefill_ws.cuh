@@ -145,6 +145,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int64_t idx = blockIdx.x; idx < n_items; idx += gridDim.x) {
         const Item it = item_at<NK>(a, ncq, idx);
         if (it.skip) continue;
+        // the item's Q rows (contiguous: rows row0 .. row_end - 1 of its (batch, KV head)'s g Sq) toward L2 while the
+        // consumers finish the item before, so their stage_q waits for L2, not DRAM
+        const uint16_t* q = static_cast<const uint16_t*>(a.q) + (it.bh * rows_here + it.row0) * D;
+        if ((reinterpret_cast<uintptr_t>(q) & 15) == 0) bulk_prefetch_l2(q, uint32_t(it.row_end - it.row0) * 2 * D);
         const int z = int(it.bh);
         for (int t = 0; t < it.nkt; ++t, ++g) {  // keys past Sk arrive as zeros and are masked like any other
           const int sk = int(g % SK), sv = int(g % SV), y = t * kKeys;

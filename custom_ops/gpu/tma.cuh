@@ -181,6 +181,17 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, int byt
 #endif
 }
 
+// `bytes` (a multiple of 16) contiguous bytes at src (16-byte aligned) toward L2, with nothing to wait for: a load
+// that comes later finds them there (the warp-specialized prefill's next Q rows).
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
+#if defined(D4A_TMA_DEVICE)
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+#else
+  (void)src; (void)bytes;
+  __trap();
+#endif
+}
+
 // The same copy without a cache hint (data that other blocks read again, as the prefill's K / V tiles).
 __device__ __forceinline__ void tma_load_3d_plain(uint32_t dst, const CUtensorMap* map, int x, int y, int z,
                                                   uint32_t bar) {
