@@ -71,32 +71,16 @@ __device__ __forceinline__ uint4 k_piece_f16(uint2 w, uint16_t sb, float mul) {
   return make_uint4(h[0], h[1], h[2], h[3]);
 }
 
-// K rows into float16 rows (K's layout, 2 D bytes apart in out): a thread's pieces of a run loaded first, then
-// converted and stored.
+// K rows into float16 rows (K's layout, 2 D bytes apart in out), times 2^-8 in a flagged head.
 template <int D>
 __global__ void __launch_bounds__(kScanThreads) k_dequant_kernel(const TileArgs a, const int* flags, uint8_t* out) {
-  constexpr int PR = D / 8, N = kRunPieces<PR>;
-  for_each_key_run(a, [&](int64_t bh, int64_t r0, int nk) {
-    const float mul = flags[bh] != 0 ? 0.00390625f : 1.f;
-    uint2 w[N];
-    uint16_t sb[N];
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const int u = int(threadIdx.x) + i * kScanThreads;
-      if (u < nk * PR) {
-        const int64_t r = r0 + u / PR;
-        const int c = u % PR;
-        w[i] = *reinterpret_cast<const uint2*>(a.k + r * a.k_stride + 8 * c);
-        sb[i] = a.ks[r * a.ks_stride + c / 4];  // 8 values of block (8 c) / 32
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const int u = int(threadIdx.x) + i * kScanThreads;
-      if (u < nk * PR)
-        *reinterpret_cast<uint4*>(out + (r0 + u / PR) * (2 * D) + 16 * (u % PR)) = k_piece_f16(w[i], sb[i], mul);
-    }
-  });
+  rows_to_f16<D>(
+      a, out, [&](int64_t bh) { return flags[bh] != 0 ? 0.00390625f : 1.f; },
+      [&](int64_t r, int c) {  // 8 int8 values and the scale of their block (8 c) / 32
+        const uint2 w = *reinterpret_cast<const uint2*>(a.k + r * a.k_stride + 8 * c);
+        return make_uint4(w.x, w.y, a.ks[r * a.ks_stride + c / 4], 0u);
+      },
+      [&](uint4 raw, int, float mul) { return k_piece_f16(make_uint2(raw.x, raw.y), uint16_t(raw.z), mul); });
 }
 
 // Enqueues the scan and the conversion of a's K into out (float16 rows in K's layout) and kflags (B * Hkv ints). With

@@ -41,5 +41,28 @@ __device__ __forceinline__ void for_each_key_run(const TileArgs& a, F&& f) {
   }
 }
 
+// Every piece of the rows converted into 16 bytes of out (float16 rows, 2 D bytes apart, the rows' own indices): per
+// run, ctx = prep(bh) once; this thread's pieces loaded (raw = load(r, c)) before any is converted (cvt(raw, c, ctx))
+// and stored.
+template <int D, typename Prep, typename Load, typename Cvt>
+__device__ __forceinline__ void rows_to_f16(const TileArgs& a, uint8_t* out, Prep&& prep, Load&& load, Cvt&& cvt) {
+  constexpr int PR = D / 8, N = kRunPieces<PR>;
+  for_each_key_run(a, [&](int64_t bh, int64_t r0, int nk) {
+    const auto ctx = prep(bh);
+    decltype(load(r0, 0)) raw[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int u = int(threadIdx.x) + i * kScanThreads;
+      if (u < nk * PR) raw[i] = load(r0 + u / PR, u % PR);
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int u = int(threadIdx.x) + i * kScanThreads;
+      if (u < nk * PR)
+        *reinterpret_cast<uint4*>(out + (r0 + u / PR) * (2 * D) + 16 * (u % PR)) = cvt(raw[i], u % PR, ctx);
+    }
+  });
+}
+
 }  // namespace gpu
 }  // namespace dot4attn

@@ -309,6 +309,22 @@ __device__ __forceinline__ void ksf_poison(float4* ksf, int j) {
   reinterpret_cast<float*>(ksf + 4 * (j >> 4) + ((r & 7) >> 1))[(r & 1) + 2 * (r >> 3)] = __int_as_float(0x7fc00000);
 }
 
+// Block (or work item) idx's (batch, KV head) bh and row chunk of the prefill kernels. ncq > 0: causal with
+// Sq % rows == 0, in position-major order (the heaviest query chunk of every head first); else (bh, chunk) order,
+// the chunks reversed where a.reverse_chunks says so (causal: heaviest first).
+__device__ __forceinline__ void item_chunk(const TileArgs& a, int64_t ncq, int64_t idx, int64_t& bh, int64_t& chunk) {
+  if (ncq > 0) {
+    const int64_t U = a.B * a.Hkv * a.g;
+    const int64_t level = idx / U, u = idx % U;
+    bh = u / a.g;
+    chunk = (u % a.g) * ncq + (ncq - 1 - level);
+  } else {
+    bh = idx / a.n_chunks;
+    chunk = idx % a.n_chunks;
+    if (a.reverse_chunks) chunk = a.n_chunks - 1 - chunk;
+  }
+}
+
 // Facts of a run of rows [r0, r1) of one (b, hkv) row space: smallest and largest last-visible key index
 // (causal: Sk - Sq + i, clamped to Sk - 1). kmax is non-decreasing in i inside a head, so the extremes come
 // from the run's first / last query position, or 0 / Sq-1 when the run crosses a head boundary.
@@ -386,6 +402,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
   const int nst = a.nst;
 
   // ---- which (batch, kv head, row chunk) ---------------------------------------------------------------------
+  // item_chunk's decoding written out: calling it changes the instruction schedule of these instances
   const int64_t idx = int64_t(blockIdx.x);
   int64_t bh, chunk;
   if (ncq > 0) {

@@ -367,16 +367,7 @@ __global__ void __launch_bounds__(128 * NWG, 1)
   auto item = [&](const int64_t idx) {
     // ---- which (batch, KV head, row chunk) ----
     int64_t bh, chunk;
-    if (ncq > 0) {
-      const int64_t U = a.B * a.Hkv * a.g;
-      const int64_t level = idx / U, u = idx % U;
-      bh = u / a.g;
-      chunk = (u % a.g) * ncq + (ncq - 1 - level);
-    } else {
-      bh = idx / a.n_chunks;
-      chunk = idx % a.n_chunks;
-      if (a.reverse_chunks) chunk = a.n_chunks - 1 - chunk;
-    }
+    pmma::item_chunk(a, ncq, idx, bh, chunk);
     if (a.v_flags != nullptr && (a.v_flags[bh] != 0) != VC) return false;  // the other instance runs this head
     const int64_t b = bh / a.Hkv, hkv = bh % a.Hkv;
     const int64_t rows_here = a.g * a.Sq;

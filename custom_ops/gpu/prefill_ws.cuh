@@ -83,16 +83,7 @@ template <int NK>
 __device__ __forceinline__ Item item_at(const TileArgs& a, int64_t ncq, int64_t idx) {
   Item it;
   int64_t chunk;
-  if (ncq > 0) {
-    const int64_t U = a.B * a.Hkv * a.g;
-    const int64_t level = idx / U, u = idx % U;
-    it.bh = u / a.g;
-    chunk = (u % a.g) * ncq + (ncq - 1 - level);
-  } else {
-    it.bh = idx / a.n_chunks;
-    chunk = idx % a.n_chunks;
-    if (a.reverse_chunks) chunk = a.n_chunks - 1 - chunk;
-  }
+  pmma::item_chunk(a, ncq, idx, it.bh, chunk);
   it.skip = a.v_flags[it.bh] != 0;
   it.b = it.bh / a.Hkv;
   it.hkv = it.bh % a.Hkv;

@@ -68,30 +68,20 @@ __device__ __forceinline__ uint4 v_piece_f16(uint4 w, int c, uint16_t sb) {
   return scales_past_limit<VK>(uint32_t(sb)) ? pmma::hclamp4(o) : o;
 }
 
-// V rows into float16 rows (K's layout, 2 D bytes apart in out): a thread's pieces of a run loaded first, then
-// converted and stored.
+// V rows into float16 rows (K's layout, 2 D bytes apart in out).
 template <int VK, int D>
 __global__ void __launch_bounds__(kScanThreads) v_dequant_kernel(const TileArgs a, uint8_t* out) {
-  constexpr int PR = D / 8, N = kRunPieces<PR>;
-  for_each_key_run(a, [&](int64_t, int64_t r0, int nk) {
-    uint4 w[N];
-    uint16_t sb[N];
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const int u = int(threadIdx.x) + i * kScanThreads;
-      if (u < nk * PR) {
-        const int64_t r = r0 + u / PR;
-        w[i] = v_piece_bytes<VK>(static_cast<const uint8_t*>(a.v) + r * a.v_stride, u % PR);
-        sb[i] = a.vs[r * a.vs_stride + (u % PR) / 4];  // 8 values of block (8 c) / 32
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const int u = int(threadIdx.x) + i * kScanThreads;
-      if (u < nk * PR)
-        *reinterpret_cast<uint4*>(out + (r0 + u / PR) * (2 * D) + 16 * (u % PR)) = v_piece_f16<VK>(w[i], u % PR, sb[i]);
-    }
-  });
+  struct Raw {
+    uint4 w;
+    uint16_t sb;
+  };
+  rows_to_f16<D>(
+      a, out, [](int64_t) { return 0; },
+      [&](int64_t r, int c) {  // the piece's bytes and the scale of its block (8 c) / 32
+        return Raw{v_piece_bytes<VK>(static_cast<const uint8_t*>(a.v) + r * a.v_stride, c),
+                   a.vs[r * a.vs_stride + c / 4]};
+      },
+      [](const Raw& raw, int c, int) { return v_piece_f16<VK>(raw.w, c, raw.sb); });
 }
 
 // Enqueues the conversion of a's V (kind `source`, kVQ8, kVQ4 or kVQ6) into out.
