@@ -31,16 +31,11 @@ constexpr uint32_t kKScaleLimitBits = 0x6007u;
 // Whether one of this thread's K scales of the run at r0 (nk keys) is finite and past the limit.
 template <int D>
 __device__ __forceinline__ bool k_run_scales_big(const TileArgs& a, int64_t r0, int nk) {
-  constexpr int NB = D / 32;
   bool big = false;
-#pragma unroll
-  for (int i = 0; i < kRunPieces<NB>; ++i) {
-    const int u = int(threadIdx.x) + i * kScanThreads;
-    if (u < nk * NB) {
-      const uint32_t m = a.ks[(r0 + u / NB) * a.ks_stride + u % NB] & 0x7fffu;  // |scale| bits: ordered like values
-      big |= m > kKScaleLimitBits && m < 0x7c00u;
-    }
-  }
+  for_each_run_piece<D / 32>(nk, [&](int, int j, int blk) {
+    const uint32_t m = a.ks[(r0 + j) * a.ks_stride + blk] & 0x7fffu;  // |scale| bits: ordered like the values
+    big |= m > kKScaleLimitBits && m < 0x7c00u;
+  });
   return big;
 }
 

@@ -29,9 +29,19 @@ inline unsigned row_pass_blocks(const TileArgs& a) {
 template <int PR>
 constexpr int kRunPieces = (kRowKeys * PR + kScanThreads - 1) / kScanThreads;
 
+// f(i, j, c) for piece i < kRunPieces<PR> of this thread in a run of nk keys: u = threadIdx.x + i * kScanThreads,
+// its key j = u / PR of the run and piece c = u % PR of the row, where u < nk * PR.
+template <int PR, typename F>
+__device__ __forceinline__ void for_each_run_piece(int nk, F&& f) {
+#pragma unroll
+  for (int i = 0; i < kRunPieces<PR>; ++i) {
+    const int u = int(threadIdx.x) + i * kScanThreads;
+    if (u < nk * PR) f(i, u / PR, u % PR);
+  }
+}
+
 // f(bh, r0, nk) for each run of this block: rows r0 .. r0 + nk - 1 (key j of (b, kv head) bh is row bh * kv_rows + j),
-// keys < Sk only (a strided cache's rows past them are not the call's). Piece i < kRunPieces<PR> of this thread
-// in a run is u = threadIdx.x + i * kScanThreads, row r0 + u / PR, piece u % PR, where u < nk * PR.
+// keys < Sk only (a strided cache's rows past them are not the call's); its pieces: for_each_run_piece.
 template <typename F>
 __device__ __forceinline__ void for_each_key_run(const TileArgs& a, F&& f) {
   const int64_t nblk = (a.Sk + kRowKeys - 1) / kRowKeys, total = a.B * a.Hkv * nblk;
@@ -50,17 +60,10 @@ __device__ __forceinline__ void rows_to_f16(const TileArgs& a, uint8_t* out, Pre
   for_each_key_run(a, [&](int64_t bh, int64_t r0, int nk) {
     const auto ctx = prep(bh);
     decltype(load(r0, 0)) raw[N];
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const int u = int(threadIdx.x) + i * kScanThreads;
-      if (u < nk * PR) raw[i] = load(r0 + u / PR, u % PR);
-    }
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const int u = int(threadIdx.x) + i * kScanThreads;
-      if (u < nk * PR)
-        *reinterpret_cast<uint4*>(out + (r0 + u / PR) * (2 * D) + 16 * (u % PR)) = cvt(raw[i], u % PR, ctx);
-    }
+    for_each_run_piece<PR>(nk, [&](int i, int j, int c) { raw[i] = load(r0 + j, c); });
+    for_each_run_piece<PR>(nk, [&](int i, int j, int c) {
+      *reinterpret_cast<uint4*>(out + (r0 + j) * (2 * D) + 16 * c) = cvt(raw[i], c, ctx);
+    });
   });
 }
 

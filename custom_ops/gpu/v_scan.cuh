@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "gpu/attention_tile.cuh"
@@ -23,15 +24,11 @@ namespace gpu {
 // Whether this thread's pieces of the run at r0 (nk keys) of float16 V rows of D values hold a NaN / Inf.
 template <int D>
 __device__ __forceinline__ bool v_run_nonfinite(const TileArgs& a, int64_t r0, int nk) {
-  constexpr int PR = D / 8;
   const uint8_t* rows = static_cast<const uint8_t*>(a.v) + r0 * a.v_stride;
   uint32_t nf = 0;
-#pragma unroll
-  for (int i = 0; i < kRunPieces<PR>; ++i) {
-    const int u = int(threadIdx.x) + i * kScanThreads;
-    if (u < nk * PR)
-      nf = v_nonfinite_acc<kVF16>(nf, *reinterpret_cast<const uint4*>(rows + (u / PR) * a.v_stride + (u % PR) * 16));
-  }
+  for_each_run_piece<D / 8>(nk, [&](int, int j, int c) {
+    nf = v_nonfinite_acc<kVF16>(nf, *reinterpret_cast<const uint4*>(rows + j * a.v_stride + c * 16));
+  });
   return v_nonfinite(nf);
 }
 
@@ -49,7 +46,8 @@ inline void with_head_dim(int64_t D, F&& f) {
   if (D == 64) return f(std::integral_constant<int, 64>{});
   if (D == 128) return f(std::integral_constant<int, 128>{});
   if (D == 256) return f(std::integral_constant<int, 256>{});
-  throw std::runtime_error("Dot4Attention GPU: a K / V row pass for a head size the tensor-core prefill has not");
+  throw std::runtime_error("Dot4Attention GPU: no K / V row pass for head size " + std::to_string(D) +
+                           " (the tensor-core prefill's are 64, 128 and 256)");
 }
 
 // Enqueues the scan of a (tensor-core prefill, float16 V) call into flags (B * Hkv ints of device memory).
