@@ -97,12 +97,27 @@ __device__ __forceinline__ Item item_at(const TileArgs& a, int64_t ncq, int64_t 
   return it;
 }
 
-// Block b takes items b, b + gridDim.x, ...: one each where the grid covers them, or persistent (one block per SM,
-// the items in their heavy-first order dealt round-robin), so the producer loads the next item's first tiles while
-// the consumers store this one's rows.
+// Which items a block walks: round k holds items k G .. k G + G - 1 (G = gridDim.x, in their heavy-first order), and
+// block b takes item k G + b of it, or with `snake` k G + G - 1 - b in odd rounds. Round-robin (no snake) leaves block
+// 0 the heaviest item of every round: at 8k keys (32, 8, 128) causal ~6 % of the blocks' time idle at the end (the
+// block-finish trace, docs/performance.md); the snake pairs each heavy item with a light one. Producer and consumers
+// walk the same deal.
+struct Deal {
+  int64_t k = 0;  // the round
+  bool snake;
+  __device__ __forceinline__ explicit Deal(bool s) : snake(s) {}
+  __device__ __forceinline__ int64_t item() const {
+    const int64_t G = gridDim.x;
+    return k * G + (snake && (k & 1) ? G - 1 - blockIdx.x : blockIdx.x);
+  }
+};
+
+// One block per item where the grid covers them, or persistent (one block per SM walking the items as Deal deals
+// them), so the producer loads the next item's first tiles while the consumers store this one's rows.
 template <int D, int NK, int SK, int SV>
 __global__ void __launch_bounds__(kThreads, 1)
-    prefill_ws_kernel(const TileArgs a, const int64_t ncq, const int64_t n_items, const __grid_constant__ TmaMaps tm) {
+    prefill_ws_kernel(const TileArgs a, const int64_t ncq, const int64_t n_items, const int snake,
+                      const __grid_constant__ TmaMaps tm) {
 #if defined(D4A_WGMMA)
   using L = Layout<D, NK, SK, SV>;
   constexpr int kKeys = NK;
@@ -133,7 +148,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     wg_regs_dec<kProducerRegs>();
     if (tid == 128 * kConsumers) {
       int64_t g = 0;  // tiles issued so far (the slots' phases run on across items)
-      for (int64_t idx = blockIdx.x; idx < n_items; idx += gridDim.x) {
+      for (Deal d(snake != 0); d.k * gridDim.x < n_items; ++d.k) {
+        const int64_t idx = d.item();
+        if (idx >= n_items) continue;  // the last round's hole
         const Item it = item_at<NK>(a, ncq, idx);
         if (it.skip) continue;
         // the item's Q rows (contiguous: rows row0 .. row_end - 1 of its (batch, KV head)'s g Sq) toward L2 while the
@@ -192,7 +209,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   if (wg == 1) named_bar_arrive(kTurnBar, 256);
 
-  for (int64_t idx = blockIdx.x; idx < n_items; idx += gridDim.x) {
+  for (Deal d(snake != 0); d.k * gridDim.x < n_items; ++d.k) {
+    const int64_t idx = d.item();
+    if (idx >= n_items) continue;
     const Item it = item_at<NK>(a, ncq, idx);
     if (it.skip) continue;
     const int nkt = it.nkt;
@@ -289,6 +308,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   (void)a;
   (void)ncq;
   (void)n_items;
+  (void)snake;
   (void)tm;
   __trap();
 #endif

@@ -522,6 +522,37 @@ def test_ws_checked_companion_walks_several_items_per_block(torch_cuda, v_format
                f"ws checked companion {v_format} D={D} S={S} plan={plan}")
 
 
+@pytest.mark.parametrize("D,S", [(128, 4096), (64, 3000), (256, 4096)])
+def test_ws_deals_give_the_same_output(torch_cuda, D, S):
+    """The warp-specialized prefill's persistent deal (which block takes which work item: odd rounds right to left by
+    default, or round-robin) changes only the order: both give the same output bit for bit, and that matches
+    reference.attention (qk_f16). Causal, more items than SMs, Sq a multiple of 128 or not (position-major items or
+    row chunks), a last round that does not fill the grid."""
+    torch = torch_cuda
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the QK16 prefill runs on sm_90a")
+    rng = np.random.default_rng(31)
+    B, Hq, Hkv = 1, 8, 2
+    q = rng.standard_normal((B, Hq, S, D)).astype(np.float16)
+    kp, ks = R.pack_k(rng.standard_normal((B, Hkv, S, D)).astype(np.float16))
+    v = rng.standard_normal((B, Hkv, S, D)).astype(np.float16)
+    t = [to_device(torch, a) for a in (q, kp, ks, v, None)]
+    outs = {}
+    for deal in ("", ",ws_snake=0"):
+        out = torch.full(q.shape, float("nan"), dtype=torch.float16, device="cuda")
+        plan = native.TorchAttention(*t, out, v_format="float", route="prefill", causal=True,
+                                     overrides=K16W + deal)(return_plan=True)
+        torch.cuda.synchronize()
+        assert plan["ws"] and plan["persistent"] and plan["items"] > plan["blocks"], plan
+        assert plan["snake"] == (deal == ""), (deal, plan)
+        outs[deal] = out.cpu().numpy()
+    first = outs[""]
+    for deal, o in outs.items():
+        assert np.array_equal(o, first), f"ws D={D} S={S}: round-robin differs from the snake deal"
+    ref = R.attention(q, kp, ks, v, None, None, causal=1, v_format="float", qk_f16=True)
+    check_nmse(first, ref.astype(np.float16), AC.REF_TOL, f"ws deals D={D} S={S}")
+
+
 @pytest.mark.parametrize("D,overrides", [(128, K16), (128, K16O), (256, K16), (64, K16W), (128, K16W),
                                          (128, K16W64), (256, K16W)])
 def test_qk16_prefill_streams_and_graph(torch_cuda, D, overrides):

@@ -825,7 +825,8 @@ def test_k_dequant_at_d256_plans_the_q_in_shared_memory_kernel():
 def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     """ws=1: the f16 Q.K prefill warp-specialized (prefill_ws.cuh) in place of a k_dequant plan (D 64 / 128 / 256) on
     sm_90a: work items of 128 rows, 3 warpgroups (2 consumers, 1 producer), one block per SM, persistent (as many
-    blocks as SMs walk the items; ws_persist=0: a block per item); shared memory: 2 Q tiles of
+    blocks as SMs walk the items, odd rounds of items dealt right to left: `snake`; ws_snake=0: round-robin;
+    ws_persist=0: a block per item); shared memory: 2 Q tiles of
     64 rows x 2 D bytes, SK K slots and SV V slots of key_tile rows x 2 D bytes, a full and an empty mbarrier per slot,
     the swizzle slack. Key tiles of 128 with 3 + 3 slots at D = 128 (ws_keys=64: 64 with 4 + 4), 128 with 4 + 4 at
     D = 64, 64 with 2 + 3 at D = 256. V is always scanned (the kernel has no V check: the flagged heads run on
@@ -842,6 +843,10 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     assert (p["n_chunks"], p["items"], p["blocks"], p["persistent"]) == (1, 2 * 8 * 4 * (8192 // 128), 132, True), p
     one_each = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=1,ws_persist=0")
     assert (one_each["blocks"], one_each["items"], one_each["persistent"]) == (p["items"], p["items"], False)
+    assert p["snake"], p
+    rr = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=1,ws_snake=0")
+    assert not rr["snake"] and {k: v for k, v in rr.items() if k != "snake"} == \
+        {k: v for k, v in p.items() if k != "snake"}, (rr, p)
     # the checked companion (V-flagged heads only): a block per SM striding over the items either way
     assert p["checked_blocks"] == one_each["checked_blocks"] == 132, (p, one_each)
     few = plan(1, 8, 8, 256, 256, 128, v_format="float", overrides="k_dequant=1,ws=1")  # fewer items than SMs
@@ -894,7 +899,7 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
                 plan(1, 32, 8, 8192, 8192, 128, device=small, overrides="ws=1"),
                 plan(1, 24, 4, 8192, 8192, 256, v_format="float", overrides="ws=1", device=small)):
         assert not off.get("ws", False), off
-    for bad in ("ws=2", "ws_keys=96", "ws_keys=256", "ws_persist=2"):
+    for bad in ("ws=2", "ws_keys=96", "ws_keys=256", "ws_persist=2", "ws_snake=2"):
         with pytest.raises(native.NativeError, match="ws"):
             plan(1, 32, 8, 8192, 8192, 128, overrides=bad)
 
