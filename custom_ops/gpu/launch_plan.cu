@@ -628,15 +628,17 @@ WsInst ws_inst() {
 // heads run on prefill_wg.cuh's checked instance, a block per SM striding over the items, whose shared memory must fit
 // too).
 void plan_ws(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
-  // default: D = 128 over kWsMinKeys+ keys and D = 64 over kWsMinKeysD64+ keys, where it measured faster than the
-  // QK16 instance with 3 blocks per SM (D = 128, H100: 1.04x at 8k, 1.24x at 32k, 1.34x for a 16k chunk over 128k
-  // keys, 0.88x at 2k; D = 64: 1.06-1.09x at 32k (H100, H200), 1.13-1.25x for a 16k chunk over 128k keys (H100),
-  // 0.88x at 8k; D = 256: slower at every length, docs/performance.md), unless an override asks for another
-  // instance or no V scan
+  // default: D = 128 over kWsMinKeys+ keys, D = 64 over kWsMinKeysD64+ keys and D = 256 over kWsMinKeysD256+ keys,
+  // where it measured faster than the QK16 instance with 3 blocks per SM, or prefill_wg.cuh at D = 256 (D = 128,
+  // H100: 1.04x at 8k, 1.24x at 32k, 1.34x for a 16k chunk over 128k keys, 0.88x at 2k; D = 64: 1.06-1.09x at 32k
+  // (H100, H200), 1.13-1.25x for a 16k chunk over 128k keys (H100), 0.95x at 8k; D = 256 since the snake deal and
+  // 32-bit index math: 1.04x at 4k, 1.10x at 8k, 1.13-1.18x at 16k-32k (H100), docs/performance.md), unless an
+  // override asks for another instance or no V scan
   const bool other = ov.min_blocks != 0 || ov.m_tiles != 0 || ov.warps != 0 || ov.stages != 0 || ov.v_scan == 0;
-  const int64_t from = p.D == 128 ? kWsMinKeys : p.D == 64 ? kWsMinKeysD64 : -1;
+  const int64_t from = p.D == 128 ? kWsMinKeys : p.D == 64 ? kWsMinKeysD64 : kWsMinKeysD256;
   const bool wanted = ov.ws == 1 || (ov.ws == -1 && !other && from > 0 && p.Sk >= from);
   if (!wanted || !pl.k_dequant || pl.vk != kVF16 || !dev.wgmma || !f16_v_maps_ok(pl, p)) return;
+  if (p.group() * p.Sq >= (int64_t(1) << 31)) return;  // its index math is 32-bit (item_chunk / run_kminmax<uint32_t>)
   const bool narrow = ov.ws_keys == 64;  // D 64 / 128: the 64-key tiles (D = 256 has only those)
   const WsInst in = p.D == 64    ? (narrow ? ws_inst<64, 64>() : ws_inst<64, 128>())
                     : p.D == 128 ? (narrow ? ws_inst<128, 64>() : ws_inst<128, 128>())

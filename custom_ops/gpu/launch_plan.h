@@ -29,8 +29,8 @@
 //                               instance runs with min_blocks=2 at D 64 / 128 and k_dequant does not; default 0: slower
 //                               than the default instance on the H200, docs/performance.md)
 //   ws=0|1                      the f16 Q.K prefill warp-specialized (GpuPlan::ws, prefill_ws.cuh; 1: wherever the
-//                               plan takes k_dequant; default: where it does at D = 128 over kWsMinKeys+ keys and
-//                               at D = 64 over kWsMinKeysD64+ keys)
+//                               plan takes k_dequant; default: where it does at D = 128 over kWsMinKeys+ keys, at
+//                               D = 64 over kWsMinKeysD64+ keys and at D = 256 over kWsMinKeysD256+ keys)
 //   ws_keys=64|128              its keys per tile (GpuPlan::key_tile; default 128 at D 64 / 128; D = 256 takes 64)
 //   ws_persist=0|1              its grid: one block per SM walking the work items (default), or one per item
 //   ws_snake=0|1                its persistent deal (pws::Deal): odd rounds right to left (default), or round-robin
@@ -80,17 +80,19 @@ struct PlanOverrides {
   int v_dequant = -1;        // -1 auto, 0 off, 1 on (tensor-core prefill, quantized V; q6_0 always on unless 0)
   int k_dequant = -1;        // -1 auto, 0 off (the int8 Q.K), 1 on (tensor-core prefill: Q.K on f16 wgmma)
   int qk_wgmma = -1;         // -1 auto (off for now), 0 off, 1 on (tensor-core prefill: int8 Q.K on wgmma)
-  int ws = -1;               // -1 auto (D = 128 / 64, kWsMinKeys / kWsMinKeysD64+ keys), 0 off, 1 on (the f16 Q.K
+  int ws = -1;               // -1 auto (D = 128 / 64 / 256, kWsMinKeys / ...D64 / ...D256+ keys), 0 off, 1 on (the f16 Q.K
                              // prefill warp-specialized)
   int ws_keys = 0;           // 0 auto, 64 or 128: that kernel's keys per tile (D 64 / 128)
   int ws_persist = -1;       // -1 auto (on), 0 off: that kernel's blocks walk its work items (one block per SM)
   int ws_snake = -1;         // -1 auto (on), 0 off: its persistent deal right to left in odd rounds (GpuPlan::ws_snake)
 };
 
-// The warp-specialized f16 Q.K prefill (prefill_ws.cuh) is the default at D = 128 from kWsMinKeys keys on and at
-// D = 64 from kWsMinKeysD64 (below them the QK16 instance with 3 blocks per SM is faster: docs/performance.md).
+// The warp-specialized f16 Q.K prefill (prefill_ws.cuh) is the default at D = 128 from kWsMinKeys keys on, at
+// D = 64 from kWsMinKeysD64 and at D = 256 from kWsMinKeysD256 (below them the QK16 instance with 3 blocks per SM,
+// or prefill_wg.cuh at D = 256, is faster: docs/performance.md).
 constexpr int64_t kWsMinKeys = 8192;
 constexpr int64_t kWsMinKeysD64 = 32768;
+constexpr int64_t kWsMinKeysD256 = 4096;
 
 // The largest float16 copy of a quantized V the prefill dequantizes into (scratch): past it, the kernel converts
 // each V tile itself, as without the copy.

@@ -311,23 +311,28 @@ __device__ __forceinline__ void ksf_poison(float4* ksf, int j) {
 
 // Block (or work item) idx's (batch, KV head) bh and row chunk of the prefill kernels. ncq > 0: causal with
 // Sq % rows == 0, in position-major order (the heaviest query chunk of every head first); else (bh, chunk) order,
-// the chunks reversed where a.reverse_chunks says so (causal: heaviest first).
+// the chunks reversed where a.reverse_chunks says so (causal: heaviest first). I: the type of the divisions, uint32_t
+// where the planner keeps the items and every factor below 2^31 (a 64-bit division is a ~60-instruction call).
+template <typename I = int64_t>
 __device__ __forceinline__ void item_chunk(const TileArgs& a, int64_t ncq, int64_t idx, int64_t& bh, int64_t& chunk) {
   if (ncq > 0) {
-    const int64_t U = a.B * a.Hkv * a.g;
-    const int64_t level = idx / U, u = idx % U;
-    bh = u / a.g;
-    chunk = (u % a.g) * ncq + (ncq - 1 - level);
+    const I U = I(a.B * a.Hkv * a.g), g = I(a.g), nc = I(ncq);
+    const I level = I(idx) / U, u = I(idx) % U;
+    bh = u / g;
+    chunk = (u % g) * nc + (nc - 1 - level);
   } else {
-    bh = idx / a.n_chunks;
-    chunk = idx % a.n_chunks;
+    const I n = I(a.n_chunks);
+    bh = I(idx) / n;
+    chunk = I(idx) % n;
     if (a.reverse_chunks) chunk = a.n_chunks - 1 - chunk;
   }
 }
 
 // Facts of a run of rows [r0, r1) of one (b, hkv) row space: smallest and largest last-visible key index
 // (causal: Sk - Sq + i, clamped to Sk - 1). kmax is non-decreasing in i inside a head, so the extremes come
-// from the run's first / last query position, or 0 / Sq-1 when the run crosses a head boundary.
+// from the run's first / last query position, or 0 / Sq-1 when the run crosses a head boundary. I: the type of the
+// divisions (as item_chunk's; uint32_t where the rows of a (batch, KV head) stay below 2^31).
+template <typename I = int64_t>
 __device__ __forceinline__ void run_kminmax(const TileArgs& a, int64_t r0, int64_t r1, int64_t& kmin,
                                             int64_t& kmax) {
   if (r1 <= r0) {
@@ -335,8 +340,9 @@ __device__ __forceinline__ void run_kminmax(const TileArgs& a, int64_t r0, int64
     kmax = -1;
     return;
   }
-  int64_t i_lo = r0 % a.Sq, i_hi = (r1 - 1) % a.Sq;
-  if (r0 / a.Sq != (r1 - 1) / a.Sq) {
+  const I sq = I(a.Sq);
+  int64_t i_lo = I(r0) % sq, i_hi = I(r1 - 1) % sq;
+  if (I(r0) / sq != I(r1 - 1) / sq) {
     i_lo = 0;
     i_hi = a.Sq - 1;
   }

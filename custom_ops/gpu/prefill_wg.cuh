@@ -53,8 +53,9 @@ struct Layout {
 
 // Hides the keys rows r0, r0 + 8 (block-relative to the row space; past rows_here: dead rows) do not see in the tile
 // at j0: past the causal diagonal (bottom-right aligned) or Sk, or hidden by the explicit mask (an additive mask's
-// value, in unscaled dot-product units by mask_mul, is added to the logit). Hidden logits become -inf.
-template <int NK = kKeys>
+// value, in unscaled dot-product units by mask_mul, is added to the logit). Hidden logits become -inf. I: the type of
+// the row's division by Sq (as pmma::run_kminmax's).
+template <int NK = kKeys, typename I = int64_t>
 __device__ __forceinline__ void mask_tile(const TileArgs& a, float (&s)[NK / 8][4], int64_t b, int64_t hkv, int64_t r0,
                                           int64_t rows_here, int j0, int tig, float mask_mul) {
   int64_t kmx[2], mrow[2];  // last visible key (-1: dead row), mask row offset
@@ -64,7 +65,7 @@ __device__ __forceinline__ void mask_tile(const TileArgs& a, float (&s)[NK / 8][
     kmx[h] = -1;
     mrow[h] = 0;
     if (rr < rows_here) {
-      const int64_t hq = hkv * a.g + rr / a.Sq, i = rr % a.Sq;
+      const int64_t hq = hkv * a.g + I(rr) / I(a.Sq), i = I(rr) % I(a.Sq);
       const int64_t km = a.causal ? a.Sk - a.Sq + i : a.Sk - 1;
       kmx[h] = km > a.Sk - 1 ? a.Sk - 1 : km;
       mrow[h] = b * a.ms0 + hq * a.ms1 + i * a.ms2;

@@ -83,15 +83,15 @@ template <int NK>
 __device__ __forceinline__ Item item_at(const TileArgs& a, int64_t ncq, int64_t idx) {
   Item it;
   int64_t chunk;
-  pmma::item_chunk(a, ncq, idx, it.bh, chunk);
+  pmma::item_chunk<uint32_t>(a, ncq, idx, it.bh, chunk);
   it.skip = a.v_flags[it.bh] != 0;
-  it.b = it.bh / a.Hkv;
-  it.hkv = it.bh % a.Hkv;
+  it.b = uint32_t(it.bh) / uint32_t(a.Hkv);
+  it.hkv = uint32_t(it.bh) % uint32_t(a.Hkv);
   const int64_t rows_here = a.g * a.Sq;
   it.row0 = chunk * 64 * kConsumers;
   it.row_end = it.row0 + 64 * kConsumers < rows_here ? it.row0 + 64 * kConsumers : rows_here;
   int64_t lo, hi;
-  pmma::run_kminmax(a, it.row0, it.row_end, lo, hi);
+  pmma::run_kminmax<uint32_t>(a, it.row0, it.row_end, lo, hi);
   const int kend = int(hi + 1 < a.Sk ? hi + 1 : a.Sk);
   it.nkt = kend > 0 ? (kend + NK - 1) / NK : 0;
   return it;
@@ -222,9 +222,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     int nw, kmin_w;
     {
       int64_t lo, hi, lo_w, hi_w;
-      pmma::run_kminmax(a, wg0, wg0 + 64 < row_end ? wg0 + 64 : row_end, lo, hi);
+      pmma::run_kminmax<uint32_t>(a, wg0, wg0 + 64 < row_end ? wg0 + 64 : row_end, lo, hi);
       nw = hi < 0 ? 0 : int(hi / kKeys + 1 < nkt ? hi / kKeys + 1 : nkt);
-      pmma::run_kminmax(a, w0, w0 + 16 < row_end ? w0 + 16 : row_end, lo_w, hi_w);
+      pmma::run_kminmax<uint32_t>(a, w0, w0 + 16 < row_end ? w0 + 16 : row_end, lo_w, hi_w);
       kmin_w = int(lo_w < 0x7fffffffLL ? lo_w : 0x7fffffffLL);
     }
     // this item's Q (the warpgroup's last Q.K of the item before has completed)
@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto softmax = [&](float (&s)[kKeys / 8][4], int t) {
       const int j0 = t * kKeys;
       if (a.mask_kind != 0 || j0 + kKeys - 1 > kmin_w)
-        pwg::mask_tile<kKeys>(a, s, b, hkv, row0 + rl0, rows_here, j0, tig, mask_mul);
+        pwg::mask_tile<kKeys, uint32_t>(a, s, b, hkv, row0 + rl0, rows_here, j0, tig, mask_mul);
       rescale = st.update<kKeys>(s, c_qk, alpha);
     };
 

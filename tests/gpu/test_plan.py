@@ -796,8 +796,9 @@ def test_k_dequant_plans_the_f16_qk_prefill():
 def test_k_dequant_at_d256_plans_the_q_in_shared_memory_kernel():
     """D = 256: the f16 Q.K runs in prefill_wg.cuh's kernel (Q in shared memory beside a 256-wide O accumulator): 2
     warpgroups of 64 rows per block (warps=4: one), one block per SM, TMA tiles of K's float16 copy and V (float16, or
-    its copy), under the rules of D 64 / 128; the V scan's flags after K's copy and its flags."""
-    p = plan(1, 24, 4, 8192, 8192, 256, v_format="float")
+    its copy), under the rules of D 64 / 128; the V scan's flags after K's copy and its flags. From 4096 keys on the
+    default is the warp-specialized kernel (test below), so ws=0 asks for this one there."""
+    p = plan(1, 24, 4, 8192, 8192, 256, v_format="float", overrides="ws=0")
     assert (p["kernel"], p["k_dequant"], p["wgmma"], p["tma"], p["min_blocks"]) == ("prefill_mma", True, True, True, 1)
     assert (p["rows_per_block"], p["threads"], p["warps"]) == (128, 256, 8), p
     assert p["smem_bytes"] == 2 * 64 * 512 + 4 * 64 * 512 + 16 + 1024, p  # 2 Q tiles, 2 slots of K + V, mbarriers
@@ -805,12 +806,14 @@ def test_k_dequant_at_d256_plans_the_q_in_shared_memory_kernel():
     assert p["v_scan"] and p["scratch_bytes"] == 4 * 8192 * 256 * 2 + 256 + 4 * 4, p  # K copy, K flags, V flags
     one = plan(1, 24, 4, 8192, 8192, 256, v_format="float", overrides="warps=4")
     assert (one["rows_per_block"], one["threads"], one["smem_bytes"]) == (64, 128, 64 * 512 + 4 * 64 * 512 + 16 + 1024)
-    q4 = plan(1, 24, 4, 8192, 8192, 256, v_format="q4_0")
+    q4 = plan(1, 24, 4, 8192, 8192, 256, v_format="q4_0", overrides="ws=0")
     assert (q4["v_dequant"], q4["k_dequant"], q4["v_scan"]) == (True, True, True), q4
     assert q4["scratch_bytes"] == 2 * (4 * 8192 * 256 * 2) + 256 + 4 * 4, q4
     # a prompt chunk over a packed cache's rows (the model's chunked prefill): both copies span the cache's rows per head
-    cache = plan(1, 24, 4, 4096, 65536, 256, v_format="q8_0", kv_layout=packed_layout(256, "q8_0", 70000))
+    cache = plan(1, 24, 4, 4096, 65536, 256, v_format="q8_0", kv_layout=packed_layout(256, "q8_0", 70000),
+                 overrides="ws=0")
     assert (cache["v_dequant"], cache["k_dequant"], cache["rows_per_block"]) == (True, True, 128), cache
+    assert plan(1, 24, 4, 2048, 2048, 256, v_format="float")["threads"] == 256  # under 4096 keys: this kernel
     assert cache["scratch_bytes"] == 2 * (4 * 70000 * 256 * 2) + 256 + 4 * 4, cache
     assert plan(1, 24, 4, 1024, 1024, 256, v_format="float", overrides="k_dequant=1")["k_dequant"]
     for off in (plan(1, 24, 4, 8192, 8192, 256, v_format="float", overrides="k_dequant=0"),
@@ -831,8 +834,8 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     the swizzle slack. Key tiles of 128 with 3 + 3 slots at D = 128 (ws_keys=64: 64 with 4 + 4), 128 with 4 + 4 at
     D = 64, 64 with 2 + 3 at D = 256. V is always scanned (the kernel has no V check: the flagged heads run on
     prefill_wg.cuh's checked instance), so the scratch ends with the V flags. The default at D = 128 from 8192 keys
-    on (kWsMinKeys) and at D = 64 from 32768 (kWsMinKeysD64); elsewhere only when asked; never where k_dequant is
-    not, off sm_90a, or where the block does not fit."""
+    on (kWsMinKeys), at D = 64 from 32768 (kWsMinKeysD64) and at D = 256 from 4096 (kWsMinKeysD256); elsewhere only
+    when asked; never where k_dequant is not, off sm_90a, or where the block does not fit."""
     base = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=0")
     p = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=1")
     assert (p["ws"], p["k_dequant"], p["wgmma"], p["tma"], p["min_blocks"], p["v_scan"]) == \
@@ -881,14 +884,18 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     assert plan(1, 28, 4, 16384, 131072, 128, v_format="q8_0")["ws"]  # a prompt chunk over a long past
     # D = 64 from 32768 keys on (dense causal and a chunk over a long packed past)
     assert plan(1, 32, 8, 32768, 32768, 64, v_format="float")["ws"]
+    # D = 256 from 4096 keys on
+    for d256_default in (plan(1, 24, 4, 4096, 4096, 256, v_format="float"),
+                         plan(1, 24, 4, 32768, 32768, 256, v_format="q4_0")):
+        assert (d256_default["ws"], d256_default["key_tile"], d256_default["stages"]) == (True, 64, 2), d256_default
     d64_chunk = plan(1, 14, 2, 16384, 131072, 64, v_format="q8_0", kv_layout=packed_layout(64, "q8_0", 140000))
     assert (d64_chunk["ws"], d64_chunk["key_tile"], d64_chunk["stages"]) == (True, 128, 4), d64_chunk
     for off in (plan(2, 32, 8, 4096, 4096, 128, v_format="float"),  # under 8192 keys
                 plan(1, 32, 8, 8192, 8192, 64, v_format="float"),  # D = 64 under 32768 keys
                 plan(1, 32, 8, 32767, 32767, 64, v_format="float"),
                 plan(1, 32, 8, 32768, 32768, 64, v_format="float", overrides="ws=0"),
-                plan(1, 24, 4, 8192, 8192, 256, v_format="float"),  # D = 256: only when asked
-                plan(1, 24, 4, 32768, 32768, 256, v_format="float"),
+                plan(1, 24, 4, 4095, 4095, 256, v_format="float"),  # D = 256 under 4096 keys
+                plan(1, 24, 4, 32768, 32768, 256, v_format="float", overrides="ws=0"),
                 plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="v_scan=0"),
                 plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,min_blocks=2"),
                 plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="ws=0"),
