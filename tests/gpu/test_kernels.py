@@ -485,6 +485,17 @@ def test_qk16_prefill_edges_against_the_reference(torch_cuda, v_format, D, overr
                f"QK16 {v_format} D={D} plan={plan}")
 
 
+def _qk16_inputs(torch, seed: int, B: int, Hq: int, Hkv: int, S: int, D: int):
+    """Gaussian Q, packed K (payload, scales) and float16 V of the shape, for a test of the sm_90a QK16 prefill
+    (skipped on other GPUs)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the QK16 prefill runs on sm_90a")
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, Hq, S, D)).astype(np.float16)
+    kp, ks = R.pack_k(rng.standard_normal((B, Hkv, S, D)).astype(np.float16))
+    return q, kp, ks, rng.standard_normal((B, Hkv, S, D)).astype(np.float16)
+
+
 @pytest.mark.parametrize("S", [1500, 1536])  # row chunks in (batch, KV head) order; position-major causal items
 @pytest.mark.parametrize("v_format,D", [("float", 128), ("q8_0", 64)])
 def test_ws_checked_companion_walks_several_items_per_block(torch_cuda, v_format, D, S):
@@ -493,13 +504,7 @@ def test_ws_checked_companion_walks_several_items_per_block(torch_cuda, v_format
     carry from one to the next. Two flagged heads of eight, 384 items: against reference.attention (qk_f16), the same
     NaN rows and NMSE <= 1e-6 on the rest."""
     torch = torch_cuda
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the QK16 prefill runs on sm_90a")
-    rng = np.random.default_rng(29)
-    B, Hq, Hkv = 2, 16, 4
-    q = rng.standard_normal((B, Hq, S, D)).astype(np.float16)
-    kp, ks = R.pack_k(rng.standard_normal((B, Hkv, S, D)).astype(np.float16))
-    v = rng.standard_normal((B, Hkv, S, D)).astype(np.float16)
+    q, kp, ks, v = _qk16_inputs(torch, 29, 2, 16, 4, S, D)
     if v_format == "float":
         value, vs = v.copy(), None
         value[0, 1, 1000, 5] = np.float16("inf")
@@ -529,13 +534,7 @@ def test_ws_deals_give_the_same_output(torch_cuda, D, S):
     reference.attention (qk_f16). Causal, more items than SMs, Sq a multiple of 128 or not (position-major items or
     row chunks), a last round that does not fill the grid."""
     torch = torch_cuda
-    if torch.cuda.get_device_capability()[0] != 9:
-        pytest.skip("the QK16 prefill runs on sm_90a")
-    rng = np.random.default_rng(31)
-    B, Hq, Hkv = 1, 8, 2
-    q = rng.standard_normal((B, Hq, S, D)).astype(np.float16)
-    kp, ks = R.pack_k(rng.standard_normal((B, Hkv, S, D)).astype(np.float16))
-    v = rng.standard_normal((B, Hkv, S, D)).astype(np.float16)
+    q, kp, ks, v = _qk16_inputs(torch, 31, 1, 8, 2, S, D)
     t = [to_device(torch, a) for a in (q, kp, ks, v, None)]
     outs = {}
     for deal in ("", ",ws_snake=0"):
