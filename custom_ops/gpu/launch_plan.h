@@ -80,8 +80,8 @@ struct PlanOverrides {
   int v_dequant = -1;        // -1 auto, 0 off, 1 on (tensor-core prefill, quantized V; q6_0 always on unless 0)
   int k_dequant = -1;        // -1 auto, 0 off (the int8 Q.K), 1 on (tensor-core prefill: Q.K on f16 wgmma)
   int qk_wgmma = -1;         // -1 auto (off for now), 0 off, 1 on (tensor-core prefill: int8 Q.K on wgmma)
-  int ws = -1;               // -1 auto (D = 128 / 64 / 256, kWsMinKeys / ...D64 / ...D256+ keys), 0 off, 1 on (the f16 Q.K
-                             // prefill warp-specialized)
+  int ws = -1;               // -1 auto (D = 128 / 64 / 256 over kWsMinKeys / ...D64 / ...D256+ keys), 0 off, 1 on
+                             // (the f16 Q.K prefill warp-specialized)
   int ws_keys = 0;           // 0 auto, 64 or 128: that kernel's keys per tile (D 64 / 128)
   int ws_persist = -1;       // -1 auto (on), 0 off: that kernel's blocks walk its work items (one block per SM)
   int ws_snake = -1;         // -1 auto (on), 0 off: its persistent deal right to left in odd rounds (GpuPlan::ws_snake)
