@@ -166,11 +166,12 @@ __device__ __forceinline__ int64_t q_space_row(const TileArgs& a, int64_t b, int
   return (b * a.Hq + hkv * a.g) * a.Sq;
 }
 
-// The epilogue: the quad's row sums, O / l into the output rows r0, r0 + 8 (dead rows: l = 0 -> exact zeros; a NaN l,
-// a poisoned key was visible: a NaN row), float16 saturated.
+// The epilogue: the quad's row sums, O / l into the output rows r0, r0 + 8 of the row space whose first row is output
+// row q0 (q_space_row; dead rows: l = 0 -> exact zeros; a NaN l, a poisoned key was visible: a NaN row), float16
+// saturated.
 template <int D>
-__device__ __forceinline__ void store_o(const TileArgs& a, const OAcc<D>& o, const RowSoftmax& st,
-                                        int64_t b, int64_t hkv, int64_t r0, int64_t rows_here, int tig) {
+__device__ __forceinline__ void store_o_rows(const TileArgs& a, const OAcc<D>& o, const RowSoftmax& st, int64_t q0,
+                                             int64_t r0, int64_t rows_here, int tig) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float l = st.l[h];
@@ -179,7 +180,7 @@ __device__ __forceinline__ void store_o(const TileArgs& a, const OAcc<D>& o, con
     const float inv = l == 0.f ? 0.f : 1.f / l;
     const int64_t rr = r0 + 8 * h;
     if (rr >= rows_here) continue;
-    const int64_t orow = (q_space_row(a, b, hkv) + rr) * D;
+    const int64_t orow = (q0 + rr) * D;
 #pragma unroll
     for (int p = 0; p < OShape<D>::P; ++p)
 #pragma unroll
@@ -191,11 +192,66 @@ __device__ __forceinline__ void store_o(const TileArgs& a, const OAcc<D>& o, con
   }
 }
 
+// store_o_rows for the rows r0, r0 + 8 of (batch b, KV head hkv)'s row space.
+template <int D>
+__device__ __forceinline__ void store_o(const TileArgs& a, const OAcc<D>& o, const RowSoftmax& st,
+                                        int64_t b, int64_t hkv, int64_t r0, int64_t rows_here, int tig) {
+  store_o_rows<D>(a, o, st, q_space_row(a, b, hkv), r0, rows_here, tig);
+}
+
+// Zeros into the output rows r0, r0 + 8 (those of store_o for rows that see no key: l = 0, O = 0).
+template <int D>
+__device__ __forceinline__ void store_zero(const TileArgs& a, int64_t b, int64_t hkv, int64_t r0, int64_t rows_here,
+                                           int tig) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t rr = r0 + 8 * h;
+    if (rr >= rows_here) continue;
+    const int64_t orow = (q_space_row(a, b, hkv) + rr) * D;
+#pragma unroll
+    for (int p = 0; p < OShape<D>::P; ++p)
+#pragma unroll
+      for (int n = 0; n < OShape<D>::N; ++n)
+        *reinterpret_cast<uint32_t*>(static_cast<uint16_t*>(a.out) + orow + p * 128 + n * 8 + tig * 2) = 0u;
+  }
+}
+
 #if defined(D4A_WGMMA)
 // The f16 byte b of row r of a swizzled 64-row tile (Q, K or V): the TMA's layout (tma.cuh).
 template <int D>
 __device__ __forceinline__ int tile_byte(int r, int b) {
   return tma_row_byte<2 * D, kKeys>(r, b);
+}
+
+// One lane's 8 float16 values of Q (a quarter of a 32-block: four neighbouring lanes hold the block), quantized as the
+// contract says (int8 levels per 32-block, float32 block scale) and returned as float16 (level * scale, one rounding:
+// the QK16 mode's Q). All 32 lanes take part (the block's max over the four lanes).
+__device__ __forceinline__ uint4 quantize_q_piece(const uint4 xv) {
+  const __half2* h = reinterpret_cast<const __half2*>(&xv);
+  float x[8];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const float2 f = __half22float2(h[u]);
+    x[2 * u] = f.x;
+    x[2 * u + 1] = f.y;
+  }
+  float amax = 0.f;
+#pragma unroll
+  for (int u = 0; u < 8; ++u) amax = fmaxf(amax, abs_or_inf(x[u]));  // +inf for a NaN / Inf block
+  amax = fmaxf(amax, shfl_xor(amax, 1));                              // four lanes hold one 32-block
+  amax = fmaxf(amax, shfl_xor(amax, 2));
+  float dv;
+  const float sc = q_block_scale(amax, dv);  // NaN for a non-finite block (dv = 0: levels 0)
+  uint32_t w[4];
+#pragma unroll
+  for (int u = 0; u < 8; u += 2) {
+    float q0 = dv == 0.f ? 0.f : rintf(div_rn(x[u], dv));
+    float q1 = dv == 0.f ? 0.f : rintf(div_rn(x[u + 1], dv));
+    q0 = fminf(fmaxf(q0, -127.f), 127.f);
+    q1 = fminf(fmaxf(q1, -127.f), 127.f);
+    w[u / 2] = pack_h2(q0 * sc, q1 * sc);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // Rows [r0, r0 + 16) of this warp, quantized as the contract says (int8 levels per 32-block, float32 block scale)
@@ -217,32 +273,38 @@ __device__ __forceinline__ void stage_q(const TileArgs& a, int64_t b, int64_t hk
     if (rr < rows_here) xv[it] = *reinterpret_cast<const uint4*>(rows + rr * D);
   }
 #pragma unroll
+  for (int it = 0; it < QIT; ++it)
+    *reinterpret_cast<uint4*>(qt + tile_byte<D>(wr + it * RPI + rsub, c8 * 16)) = quantize_q_piece(xv[it]);
+}
+
+// stage_q in two parts, for a warpgroup that holds its O and P while the next item's Q comes in (prefill_ws.cuh's
+// cross-item loop): load_q copies the warp's rows as they are (float16) into their places in the Q tile with cp.async
+// (no registers held; rows past the row space arrive as zeros), quantize_q waits for them and quantizes them in place,
+// one 16-byte piece per lane and step (few registers). Same values as stage_q.
+template <int D>
+__device__ __forceinline__ void load_q(const TileArgs& a, int64_t b, int64_t hkv, int64_t r0, int64_t rows_here,
+                                       uint8_t* qt, int wr, int lane) {
+  constexpr int LPR = D / 8, RPI = 32 / LPR, QIT = 16 / RPI;
+  const int c8 = lane % LPR, rsub = lane / LPR;
+  const uint16_t* rows = static_cast<const uint16_t*>(a.q) + q_space_row(a, b, hkv) * D + c8 * 8;
+#pragma unroll
   for (int it = 0; it < QIT; ++it) {
-    const __half2* h = reinterpret_cast<const __half2*>(&xv[it]);
-    float x[8];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const float2 f = __half22float2(h[u]);
-      x[2 * u] = f.x;
-      x[2 * u + 1] = f.y;
-    }
-    float amax = 0.f;
-#pragma unroll
-    for (int u = 0; u < 8; ++u) amax = fmaxf(amax, abs_or_inf(x[u]));  // +inf for a NaN / Inf block
-    amax = fmaxf(amax, shfl_xor(amax, 1));                              // four lanes hold one 32-block
-    amax = fmaxf(amax, shfl_xor(amax, 2));
-    float dv;
-    const float sc = q_block_scale(amax, dv);  // NaN for a non-finite block (dv = 0: levels 0)
-    uint32_t w[4];
-#pragma unroll
-    for (int u = 0; u < 8; u += 2) {
-      float q0 = dv == 0.f ? 0.f : rintf(div_rn(x[u], dv));
-      float q1 = dv == 0.f ? 0.f : rintf(div_rn(x[u + 1], dv));
-      q0 = fminf(fmaxf(q0, -127.f), 127.f);
-      q1 = fminf(fmaxf(q1, -127.f), 127.f);
-      w[u / 2] = pack_h2(q0 * sc, q1 * sc);
-    }
-    *reinterpret_cast<uint4*>(qt + tile_byte<D>(wr + it * RPI + rsub, c8 * 16)) = make_uint4(w[0], w[1], w[2], w[3]);
+    const int64_t rr = r0 + it * RPI + rsub;
+    cp_async16(qt + tile_byte<D>(wr + it * RPI + rsub, c8 * 16), rows + (rr < rows_here ? rr : 0) * D,
+               rr < rows_here);
+  }
+  cp_async_commit();
+}
+
+template <int D>
+__device__ __forceinline__ void quantize_q(uint8_t* qt, int wr, int lane) {
+  constexpr int LPR = D / 8, RPI = 32 / LPR, QIT = 16 / RPI;
+  const int c8 = lane % LPR, rsub = lane / LPR;
+  cp_async_wait<0>();  // this lane's own copies (each lane quantizes the pieces it copied)
+#pragma unroll 1
+  for (int it = 0; it < QIT; ++it) {
+    uint4* at = reinterpret_cast<uint4*>(qt + tile_byte<D>(wr + it * RPI + rsub, c8 * 16));
+    *at = quantize_q_piece(*at);
   }
 }
 

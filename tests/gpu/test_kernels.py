@@ -43,6 +43,7 @@ K16O = K16 + ",min_blocks=2"  # its overlapped schedule (2 blocks per SM, three 
 K16W = K16 + ",ws=1"
 K16W64 = K16W + ",ws_keys=64"  # its 64-key tiles at D 64 / 128 (128 by default there)
 K16W1 = K16W + ",ws_persist=0"  # a block per work item instead of one per SM walking them
+K16WX = K16W + ",ws_cross=1"  # its consumers' loop across work items (an item's first Q.K with the last P.V before)
 # The contract's int8 Q.K on wgmma (S8W instances, 2 blocks per SM; V's float16 copy where V is quantized): the
 # reference's own numerics.
 S8W = ("qk_wgmma=1,v_dequant=1,min_blocks=2",)
@@ -50,7 +51,7 @@ S8W = ("qk_wgmma=1,v_dequant=1,min_blocks=2",)
 MMA_DECODE = ["staging=cp_async", "staging=tma", "staging=regs", "staging=bulk", "cluster=1", "warps=2,stages=1",
               "warps=8"]
 MMA_PREFILL = ["tma=0", "wgmma=0", "min_blocks=2", "m_tiles=2", "tma=0,stages=1", "v_scan=0", "v_scan=1",
-               "v_dequant=0", "v_dequant=1", K16, K16 + ",v_scan=0", K16O, K16W, K16W64, K16W1,
+               "v_dequant=0", "v_dequant=1", K16, K16 + ",v_scan=0", K16O, K16W, K16W64, K16W1, K16WX,
                *S8W]
 KERNEL_OF = {"kernel=simt": "decode_simt", "kernel=tile": "tile"}
 # q6_0 V has no tensor-core prefill of its own: it runs on its float16 copy (v_dequant), so v_dequant=0 takes the tile
@@ -552,8 +553,48 @@ def test_ws_deals_give_the_same_output(torch_cuda, D, S):
     check_nmse(first, ref.astype(np.float16), AC.REF_TOL, f"ws deals D={D} S={S}")
 
 
+@pytest.mark.parametrize("D,Sq,Sk,causal", [
+    (128, 4096, 4096, True),   # position-major items, every warpgroup's tiles all with work
+    (128, 1000, 1064, True),   # a chunk over 64 keys more: the first warpgroup's last tile of an item has no work
+    (64, 3000, 3000, True),    # row chunks
+    (128, 700, 400, True),     # fewer keys than rows: the first 300 rows see none (zeros)
+    (128, 1500, 2500, False),  # no mask: every tile of every item has work
+    (256, 2048, 2112, True),
+    (64, 1000, 1064, True),
+])
+def test_ws_cross_item_loop_gives_the_same_output(torch_cuda, D, Sq, Sk, causal):
+    """ws_cross=1: the warp-specialized prefill's consumers run their loop across work items (an item's first Q.K
+    issued with the item before's last P.V, its rows stored after it, the next item's Q copied in while the last tiles
+    run and quantized in place). Only the schedule changes: the output equals the per-item loop's bit for bit and
+    matches reference.attention (qk_f16). More items than SMs, so every block walks several; items whose first
+    warpgroup has tiles without work, rows that see no key, row chunks, no mask."""
+    torch = torch_cuda
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the QK16 prefill runs on sm_90a")
+    rng = np.random.default_rng(37)
+    B, Hq, Hkv = 2, 16, 8
+    q = rng.standard_normal((B, Hq, Sq, D)).astype(np.float16)
+    kp, ks = R.pack_k(rng.standard_normal((B, Hkv, Sk, D)).astype(np.float16))
+    v = rng.standard_normal((B, Hkv, Sk, D)).astype(np.float16)
+    t = [to_device(torch, a) for a in (q, kp, ks, v, None)]
+    outs = {}
+    for loop in ("", ",ws_cross=1"):
+        out = torch.full(q.shape, float("nan"), dtype=torch.float16, device="cuda")
+        plan = native.TorchAttention(*t, out, v_format="float", route="prefill", causal=causal,
+                                     overrides=K16W + loop)(return_plan=True)
+        torch.cuda.synchronize()
+        assert plan["ws"] and plan["persistent"] and plan["items"] > plan["blocks"], plan
+        assert plan["cross"] == (loop != ""), (loop, plan)
+        outs[loop] = out.cpu().numpy()
+    assert np.array_equal(outs[",ws_cross=1"], outs[""]), f"ws D={D} Sq={Sq} Sk={Sk}: the cross-item loop differs"
+    ref = R.attention(q, kp, ks, v, None, None, causal=int(causal), v_format="float", qk_f16=True)
+    check_nmse(outs[""], ref.astype(np.float16), AC.REF_TOL, f"ws cross D={D} Sq={Sq} Sk={Sk} causal={causal}")
+    if causal and Sk < Sq:
+        assert not outs[""][:, :, :Sq - Sk].any(), "rows that see no key are not zeros"
+
+
 @pytest.mark.parametrize("D,overrides", [(128, K16), (128, K16O), (256, K16), (64, K16W), (128, K16W),
-                                         (128, K16W64), (256, K16W)])
+                                         (128, K16W64), (256, K16W), (64, K16WX), (128, K16WX), (256, K16WX)])
 def test_qk16_prefill_streams_and_graph(torch_cuda, D, overrides):
     """The QK16 prefill (K's float16 copy, its flags, V's copy and scan, then the kernel; at D = 256 the kernel with Q
     in shared memory) on four streams at once equals one call bit for bit, and captured into a CUDA graph and
