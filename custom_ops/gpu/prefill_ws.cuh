@@ -237,24 +237,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if constexpr (kCross) {
     // Cross-item: the item's first Q.K is issued with the item before's last P.V, whose rows are stored after this
-    // softmax; the next item's Q is staged as soon as this item's last Q.K has completed. So the item boundary is one
+    // softmax; the next item's Q is copied in as soon as this item's last Q.K has completed (under the last softmax)
+    // and quantized in place before the next item's first turn. So the item boundary is one
     // more tile of the warpgroup's pipeline, not a drain (last P.V, store, Q, first Q.K and softmax in sequence) that
     // the ping-pong passes on to the other warpgroup. Same math per row as the loop below (bit-equal outputs).
     Deal d(snake != 0);
-    auto find = [&](Item& it) {  // the next item of this block's deal (the producer's walk)
+    auto find = [&]() -> int64_t {  // the next item of this block's deal (the producer's walk), or -1
       for (; d.k * gridDim.x < n_items; ++d.k) {
         const int64_t idx = d.item();
-        if (idx >= n_items) continue;
-        it = item_at<NK>(a, ncq, idx);
-        if (it.skip) continue;
+        if (idx >= n_items || item_at<NK>(a, ncq, idx).skip) continue;
         ++d.k;
-        return true;
+        return idx;
       }
-      return false;
+      return -1;
     };
     // c's Q rows of this warp into the warpgroup's Q tile: copied (load_q), later quantized in place (stage_done)
-    auto load = [&](const Ctx& c) {
-      pwg::load_q<D>(a, c.b, c.hkv, c.row0 + 64 * wg + 16 * warp, rows_here, qt, 16 * warp, lane);
+    auto load = [&](const Item& n) {
+      pwg::load_q<D>(a, n.b, n.hkv, n.row0 + 64 * wg + 16 * warp, rows_here, qt, 16 * warp, lane);
     };
     auto stage_done = [&]() {
       pwg::quantize_q<D>(qt, 16 * warp, lane);
@@ -290,16 +289,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       pwg::store_o_rows<D>(a, o, s_done, done_q, done_r, rows_here, tig);
     };
 
-    Item it;
-    bool have = find(it);
+    int64_t idx = find();
     Ctx cur;
-    if (have) {
+    if (idx >= 0) {
+      const Item it = item_at<NK>(a, ncq, idx);
       cur = Ctx::of<NK>(a, it, wg, warp);
-      load(cur);
+      load(it);
       stage_done();
     }
     zero_o();
-    while (have) {
+    while (idx >= 0) {
+      // the next item; its Q rows are copied in as soon as cur's last Q.K has completed (in the last tile's step)
+      const int64_t nidx = find();
+      auto load_next = [&](int t) {
+        if (t == cur.nw - 1 && nidx >= 0) load(item_at<NK>(a, ncq, nidx));
+      };
       // ---- cur's tiles with work (peeled as the per-item loop below: no wgmma under a condition) ----
       int t = 0;
       if (cur.nw > 0) {
@@ -312,6 +316,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           pwg::fence_s<kKeys>(s);
           give_back(empty_k(ks));
           next_k();
+          load_next(0);
           st = pwg::RowSoftmax();
           softmax(s, 0, cur);
           pwg::p_frags<kKeys>(pa, s);
@@ -327,6 +332,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           pwg::fence_s<kKeys>(s);
           give_back(empty_k(ks));
           next_k();
+          load_next(t);
           const pwg::RowSoftmax st_done = st;
           if (t == 0) st = pwg::RowSoftmax();
           softmax(s, t, cur);
@@ -345,13 +351,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       } else {  // no row of this warpgroup sees a key of the item: zeros (as the loop below stores them)
         pwg::store_zero<D>(a, cur.b, cur.hkv, cur.row0 + rl0, rows_here, tig);
       }
-      // ---- the next item's Q on its way (cur's last Q.K has completed) ----
-      Item nit;
-      const bool have_next = find(nit);
       Ctx nxt;
-      if (have_next) {
-        nxt = Ctx::of<NK>(a, nit, wg, warp);
-        load(nxt);
+      if (nidx >= 0) {
+        const Item n = item_at<NK>(a, ncq, nidx);
+        nxt = Ctx::of<NK>(a, n, wg, warp);
+        if (cur.nw == 0) load(n);  // (no Q.K of cur: not copied in a tile's step)
       }
       // ---- cur's tiles no row of this warpgroup sees: the first takes the pending P.V into its turn; the V is
       // waited for before its slot goes back ----
@@ -381,9 +385,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         give_back(empty_v(vs));
         next_v();
       }
-      have = have_next;
+      idx = nidx;
       cur = nxt;
-      if (have) stage_done();
+      if (idx >= 0) stage_done();
     }
     if (pend) {  // the last item's last P.V
       issue_pending_pv();
