@@ -661,7 +661,7 @@ void plan_ws(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, cons
   if (w.persistent) w.blocks = std::min<int64_t>(w.ws_items, std::max(dev.sms, 1));  // one block per SM
   w.ws_checked_blocks = std::min<int64_t>(w.ws_items, std::max(dev.sms, 1));
   w.ws_snake = ov.ws_snake != 0;
-  w.ws_cross = ov.ws_cross == 1;
+  w.ws_cross = ov.ws_cross != 0;
   if (!w.v_scan) w.scratch_bytes += size_t(p.B * p.Hkv) * sizeof(int);
   w.v_scan = true;
   w.ws = true;

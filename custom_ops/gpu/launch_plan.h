@@ -34,8 +34,8 @@
 //   ws_keys=64|128              its keys per tile (GpuPlan::key_tile; default 128 at D 64 / 128; D = 256 takes 64)
 //   ws_persist=0|1              its grid: one block per SM walking the work items (default), or one per item
 //   ws_snake=0|1                its persistent deal (pws::Deal): odd rounds right to left (default), or round-robin
-//   ws_cross=0|1                its consumers' loop across work items (GpuPlan::ws_cross; 1: an item's first Q.K
-//                               with the item before's last P.V; default 0)
+//   ws_cross=0|1                its consumers' loop across work items (GpuPlan::ws_cross; an item's first Q.K with
+//                               the item before's last P.V, default), or item by item
 // Host code only; no GPU runtime call here (device facts come in as a value).
 #pragma once
 
@@ -87,7 +87,7 @@ struct PlanOverrides {
   int ws_keys = 0;           // 0 auto, 64 or 128: that kernel's keys per tile (D 64 / 128)
   int ws_persist = -1;       // -1 auto (on), 0 off: that kernel's blocks walk its work items (one block per SM)
   int ws_snake = -1;         // -1 auto (on), 0 off: its persistent deal right to left in odd rounds (GpuPlan::ws_snake)
-  int ws_cross = -1;         // -1 auto (off), 1 on: its consumers' loop runs across work items (GpuPlan::ws_cross)
+  int ws_cross = -1;         // -1 auto (on), 0 off: its consumers' loop runs across work items (GpuPlan::ws_cross)
 };
 
 // The warp-specialized f16 Q.K prefill (prefill_ws.cuh) is the default at D = 128 from kWsMinKeys keys on, at

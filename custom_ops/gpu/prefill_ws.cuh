@@ -237,10 +237,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if constexpr (kCross) {
     // Cross-item: the item's first Q.K is issued with the item before's last P.V, whose rows are stored after this
-    // softmax; the next item's Q is copied in as soon as this item's last Q.K has completed (under the last softmax)
-    // and quantized in place before the next item's first turn. So the item boundary is one
-    // more tile of the warpgroup's pipeline, not a drain (last P.V, store, Q, first Q.K and softmax in sequence) that
-    // the ping-pong passes on to the other warpgroup. Same math per row as the loop below (bit-equal outputs).
+    // softmax; the next item's Q rows are copied in (cp.async) once this item's tiles with work are done and
+    // quantized in place before the next item's first turn. So the item boundary is one more tile of the warpgroup's
+    // pipeline, not a drain (last P.V, store, Q, first Q.K and softmax in sequence) that the ping-pong passes on to
+    // the other warpgroup. Same math per row as the per-item loop below (bit-equal outputs).
     Deal d(snake != 0);
     auto find = [&]() -> int64_t {  // the next item of this block's deal (the producer's walk), or -1
       for (; d.k * gridDim.x < n_items; ++d.k) {
@@ -299,15 +299,35 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     zero_o();
     while (idx >= 0) {
-      // the next item; its Q rows are copied in as soon as cur's last Q.K has completed (in the last tile's step)
-      const int64_t nidx = find();
-      auto load_next = [&](int t) {
-        if (t == cur.nw - 1 && nidx >= 0) load(item_at<NK>(a, ncq, nidx));
-      };
+      const int64_t nidx = find();  // the next item
       // ---- cur's tiles with work (peeled as the per-item loop below: no wgmma under a condition) ----
       int t = 0;
       if (cur.nw > 0) {
         float s[kKeys / 8][4];
+        if (pend) {  // tile 0's Q.K with the item before's last P.V; its rows go out after this softmax
+          // (O rescaled before the Q.K goes out: a rescale under this condition with a wgmma in flight makes ptxas
+          // serialize every wgmma of the kernel)
+          if (rescale) pwg::rescale_o<D>(o, alpha);
+          turn();
+          pwg::qk_issue<D, kKeys>(s, q_addr, smem_u32(smem + L::OFF_K + ks * L::TILE));
+          mbar_wait(full_v(vs), vph);
+          pwg::pv_issue<D, kKeys>(o, pa, smem_u32(smem + L::OFF_V + vs * L::TILE));
+          pass();
+          wgmma_wait<1>();
+          pwg::fence_s<kKeys>(s);
+          give_back(empty_k(ks));
+          next_k();
+          const pwg::RowSoftmax st_done = st;
+          st = pwg::RowSoftmax();
+          softmax(s, 0, cur);
+          pwg::wait_o<D>(o);
+          give_back(empty_v(vs));
+          next_v();
+          store_done(st_done);
+          zero_o();
+          pwg::p_frags<kKeys>(pa, s);
+          t = 1;
+        }
         if (!pend) {  // tile 0's Q.K alone
           turn();
           pwg::qk_issue<D, kKeys>(s, q_addr, smem_u32(smem + L::OFF_K + ks * L::TILE));
@@ -316,14 +336,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           pwg::fence_s<kKeys>(s);
           give_back(empty_k(ks));
           next_k();
-          load_next(0);
           st = pwg::RowSoftmax();
           softmax(s, 0, cur);
           pwg::p_frags<kKeys>(pa, s);
           t = 1;
         }
-        // Q.K(t) with the pending P.V: at t = 0 the item before's last, whose rows go out after this softmax
-        for (; t < cur.nw; ++t) {
+        for (; t < cur.nw; ++t) {  // Q.K(t) with P.V(t - 1)
           turn();
           pwg::qk_issue<D, kKeys>(s, q_addr, smem_u32(smem + L::OFF_K + ks * L::TILE));
           issue_pending_pv();
@@ -332,17 +350,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           pwg::fence_s<kKeys>(s);
           give_back(empty_k(ks));
           next_k();
-          load_next(t);
-          const pwg::RowSoftmax st_done = st;
-          if (t == 0) st = pwg::RowSoftmax();
           softmax(s, t, cur);
           pwg::wait_o<D>(o);
           give_back(empty_v(vs));
           next_v();
-          if (t == 0) {
-            store_done(st_done);
-            zero_o();
-          }
           pwg::p_frags<kKeys>(pa, s);
         }
         pend = true;
@@ -351,11 +362,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       } else {  // no row of this warpgroup sees a key of the item: zeros (as the loop below stores them)
         pwg::store_zero<D>(a, cur.b, cur.hkv, cur.row0 + rl0, rows_here, tig);
       }
+      // ---- the next item's Q rows on their way (cur's last Q.K has completed) ----
       Ctx nxt;
       if (nidx >= 0) {
         const Item n = item_at<NK>(a, ncq, nidx);
         nxt = Ctx::of<NK>(a, n, wg, warp);
-        if (cur.nw == 0) load(n);  // (no Q.K of cur: not copied in a tile's step)
+        load(n);
       }
       // ---- cur's tiles no row of this warpgroup sees: the first takes the pending P.V into its turn; the V is
       // waited for before its slot goes back ----
