@@ -528,6 +528,17 @@ def test_ws_checked_companion_walks_several_items_per_block(torch_cuda, v_format
                f"ws checked companion {v_format} D={D} S={S} plan={plan}")
 
 
+def _ws_persistent_out(torch, t, q_shape, overrides: str, causal: bool):
+    """One call of the warp-specialized prefill on the device inputs t (q, K payload, K scales, float16 V, None) with
+    more work items than blocks, so every block walks several: (its plan, its output as numpy)."""
+    out = torch.full(q_shape, float("nan"), dtype=torch.float16, device="cuda")
+    plan = native.TorchAttention(*t, out, v_format="float", route="prefill", causal=causal,
+                                 overrides=overrides)(return_plan=True)
+    torch.cuda.synchronize()
+    assert plan["ws"] and plan["persistent"] and plan["items"] > plan["blocks"], plan
+    return plan, out.cpu().numpy()
+
+
 @pytest.mark.parametrize("D,S", [(128, 4096), (64, 3000), (256, 4096)])
 def test_ws_deals_give_the_same_output(torch_cuda, D, S):
     """The warp-specialized prefill's persistent deal (which block takes which work item: odd rounds right to left by
@@ -539,13 +550,8 @@ def test_ws_deals_give_the_same_output(torch_cuda, D, S):
     t = [to_device(torch, a) for a in (q, kp, ks, v, None)]
     outs = {}
     for deal in ("", ",ws_snake=0"):
-        out = torch.full(q.shape, float("nan"), dtype=torch.float16, device="cuda")
-        plan = native.TorchAttention(*t, out, v_format="float", route="prefill", causal=True,
-                                     overrides=K16W + deal)(return_plan=True)
-        torch.cuda.synchronize()
-        assert plan["ws"] and plan["persistent"] and plan["items"] > plan["blocks"], plan
+        plan, outs[deal] = _ws_persistent_out(torch, t, q.shape, K16W + deal, True)
         assert plan["snake"] == (deal == ""), (deal, plan)
-        outs[deal] = out.cpu().numpy()
     first = outs[""]
     for deal, o in outs.items():
         assert np.array_equal(o, first), f"ws D={D} S={S}: round-robin differs from the snake deal"
@@ -579,13 +585,8 @@ def test_ws_cross_item_loop_gives_the_same_output(torch_cuda, D, Sq, Sk, causal)
     t = [to_device(torch, a) for a in (q, kp, ks, v, None)]
     outs = {}
     for loop in ("", ",ws_cross=0"):
-        out = torch.full(q.shape, float("nan"), dtype=torch.float16, device="cuda")
-        plan = native.TorchAttention(*t, out, v_format="float", route="prefill", causal=causal,
-                                     overrides=K16W + loop)(return_plan=True)
-        torch.cuda.synchronize()
-        assert plan["ws"] and plan["persistent"] and plan["items"] > plan["blocks"], plan
+        plan, outs[loop] = _ws_persistent_out(torch, t, q.shape, K16W + loop, causal)
         assert plan["cross"] == (loop == ""), (loop, plan)
-        outs[loop] = out.cpu().numpy()
     assert np.array_equal(outs[""], outs[",ws_cross=0"]), f"ws D={D} Sq={Sq} Sk={Sk}: the loops across items and " \
         "item by item differ"
     ref = R.attention(q, kp, ks, v, None, None, causal=int(causal), v_format="float", qk_f16=True)
