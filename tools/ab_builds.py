@@ -1,0 +1,191 @@
+"""Same-process A/B of op-library builds and plan overrides on a CUDA GPU: the measurement behind docs/performance.md's
+"H100, same process, one library" tables.
+
+    PYTHONPATH=python python3 tools/ab_builds.py --case 32,8,128,8192,8192 --case 24,4,256,8192,8192,q8_0 \
+        --overrides k_dequant=1,v_dequant=1,ws=1 --cudnn old=old.so new=new.so.xz new64=new.so.xz@ws_keys=64
+
+An entry is NAME=LIBRARY[@OVERRIDES]: a build of libdot4attn_ops.so (an .xz copy is unpacked first) and the plan
+overrides of its calls (docs/gpu.md), added to --overrides. Every build is loaded under a name of its own, so
+several live in one process and each call goes through its own build's C entry (dot4attn.native.TorchAttention).
+A case is Hq,Hkv,D,Sq,Sk[,V[,full]]: batch 1, random query (x3), K packed as q8_0, V float16 (`f16`) or packed as
+`q8_0` / `q4_0`, causal unless `full`. Rounds interleave the entries (and cuDNN's SDPA with --cudnn), each round
+timing --repeats calls with L2 flushed before each (dot4attn.bench.cuda's timer); an entry's time is the median of
+its rounds' medians, its spread (max - min) / median over the rounds. x = the first entry's time / the entry's:
+above 1, faster than the first. An entry whose output is not bit-equal to the first entry's is marked DIFFERS
+(builds or overrides that should compute the same thing must).
+"""
+from __future__ import annotations
+
+import argparse
+import lzma
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+
+V_CHOICES = ("f16", "q8_0", "q4_0")
+
+
+@dataclass(frozen=True)
+class Case:
+    hq: int
+    hkv: int
+    d: int
+    sq: int
+    sk: int
+    v: str = "f16"
+    causal: bool = True
+
+    def label(self) -> str:
+        return f"({self.hq},{self.hkv},{self.d}) Sq={self.sq} Sk={self.sk} {self.v}{'' if self.causal else ' full'}"
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    library: Path
+    overrides: str
+
+
+def parse_case(text: str) -> Case:
+    """Hq,Hkv,D,Sq,Sk[,V[,full]] -> Case; a clear error for anything else."""
+    parts = text.split(",")
+    if not 5 <= len(parts) <= 7:
+        raise argparse.ArgumentTypeError(f"case {text!r}: expected Hq,Hkv,D,Sq,Sk[,V[,full]]")
+    try:
+        hq, hkv, d, sq, sk = (int(p) for p in parts[:5])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"case {text!r}: Hq, Hkv, D, Sq and Sk must be integers") from None
+    if min(hq, hkv, d, sq, sk) < 1 or hq % hkv:
+        raise argparse.ArgumentTypeError(f"case {text!r}: sizes must be >= 1 and Hq a multiple of Hkv")
+    v = parts[5] if len(parts) > 5 else "f16"
+    if v not in V_CHOICES:
+        raise argparse.ArgumentTypeError(f"case {text!r}: V must be one of {', '.join(V_CHOICES)}, got {v!r}")
+    if len(parts) > 6 and parts[6] != "full":
+        raise argparse.ArgumentTypeError(f"case {text!r}: the seventh field can only be 'full', got {parts[6]!r}")
+    return Case(hq, hkv, d, sq, sk, v, causal=len(parts) < 7)
+
+
+def parse_entry(text: str) -> Entry:
+    """NAME=LIBRARY[@OVERRIDES] -> Entry (the library need not exist yet: checked when loaded)."""
+    name, sep, rest = text.partition("=")
+    if not sep or not name or not rest:
+        raise argparse.ArgumentTypeError(f"entry {text!r}: expected NAME=LIBRARY[@OVERRIDES]")
+    lib, _, overrides = rest.partition("@")
+    return Entry(name, Path(lib), overrides)
+
+
+def joined(*overrides: str) -> str:
+    return ",".join(o for o in overrides if o)
+
+
+class Builds:
+    """Each library loaded once under a file name of its own (an .xz unpacked into a temporary file)."""
+
+    def __init__(self):
+        from dot4attn import native
+
+        self.native = native
+        self.load = native._lib.__wrapped__  # the lru_cache's function: a fresh CDLL of get_library_path() per call
+        self.loaded = {}
+        self.tmp = tempfile.mkdtemp(prefix="ab_builds_")
+
+    def use(self, library: Path) -> None:
+        """Makes dot4attn.native's calls go to `library`."""
+        native = self.native
+        if library not in self.loaded:
+            if not library.is_file():
+                raise SystemExit(f"ab_builds: library {library}: no such file")
+            copy = Path(self.tmp) / f"lib{len(self.loaded)}.so"
+            opener = lzma.open if library.suffix == ".xz" else open
+            with opener(library, "rb") as src, open(copy, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            native.get_library_path = lambda p=str(copy): p
+            self.loaded[library] = self.load()
+        lib = self.loaded[library]
+        native._lib = lambda: lib
+
+    def close(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def run(cases: list[Case], entries: list[Entry], common: str, rounds: int, repeats: int, cudnn: bool) -> list[dict]:
+    import numpy as np
+    import torch
+
+    from dot4attn.bench import cuda as bc
+
+    builds = Builds()
+    timer = bc._Timer(torch, repeats)
+    torch.manual_seed(0)
+    rows = []
+    try:
+        for c in cases:
+            q = torch.randn(1, c.hq, c.sq, c.d, device="cuda", dtype=torch.float16) * 3
+            k = torch.randn(1, c.hkv, c.sk, c.d, device="cuda", dtype=torch.float16)
+            v = torch.randn(1, c.hkv, c.sk, c.d, device="cuda", dtype=torch.float16)
+            kp, ks = bc._pack(torch, k, "q8_0")
+            vp, vs = (v, None) if c.v == "f16" else bc._pack(torch, v, c.v)
+            fmt = "float" if c.v == "f16" else c.v
+            calls = []
+            for e in entries:
+                builds.use(e.library)
+                call = bc.native.TorchAttention(q, kp, ks, vp, vs, torch.empty_like(q), v_format=fmt,
+                                                causal=c.causal, overrides=joined(common, e.overrides))
+                plan = call(return_plan=True)
+                torch.cuda.synchronize()
+                calls.append((e.name, e.library, call, call.out.clone(), plan))
+            fns = [(n, lib, call) for n, lib, call, _, _ in calls]
+            if cudnn:
+                fns.append(("cudnn", None, bc._sdpa(torch, "cudnn", q, k, v, c.causal)))
+            times = {n: [] for n, _, _ in fns}
+            for _ in range(rounds):
+                for n, lib, fn in fns:
+                    if lib is not None:
+                        builds.use(lib)
+                    times[n].append(timer(fn))
+            base = float(np.median(times[fns[0][0]]))
+            for i, (n, lib, _) in enumerate(fns):
+                t = times[n]
+                med = float(np.median(t))
+                row = {"case": c.label(), "entry": n, "us": med, "x": base / med,
+                       "spread": (max(t) - min(t)) / med}
+                if lib is not None:
+                    _, _, _, out, plan = calls[i]
+                    row["differs"] = i > 0 and not torch.equal(out, calls[0][3])
+                    row["kernel"] = f"{plan.get('kernel')} ws={plan.get('ws', False)}"
+                rows.append(row)
+                print(f"{row['case']:36s} {n:10s} {med:10.1f} us  x={row['x']:6.3f}  spread={row['spread']:5.3f}"
+                      f"{'  DIFFERS' if row.get('differs') else ''}  {row.get('kernel', '')}", flush=True)
+    finally:
+        builds.close()
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("entries", nargs="+", type=parse_entry, metavar="NAME=LIBRARY[@OVERRIDES]")
+    ap.add_argument("--case", dest="cases", action="append", type=parse_case, required=True,
+                    metavar="Hq,Hkv,D,Sq,Sk[,V[,full]]")
+    ap.add_argument("--overrides", default="", help="plan overrides added to every entry's")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=10, help="timed calls per entry and round")
+    ap.add_argument("--cudnn", action="store_true", help="time torch SDPA's cuDNN backend in the same rounds")
+    args = ap.parse_args(argv)
+    names = [e.name for e in args.entries]
+    if len(set(names)) != len(names) or "cudnn" in names:
+        ap.error(f"entry names must be distinct and not 'cudnn', got {', '.join(names)}")
+    if args.rounds < 1 or args.repeats < 1:
+        ap.error("--rounds and --repeats must be >= 1")
+    run(args.cases, args.entries, args.overrides, args.rounds, args.repeats, args.cudnn)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
