@@ -91,7 +91,7 @@ def prepare(cache: Path, spec: ModelSpec, calib_tokens: int = 512, log=print,
     def hf(tmp: Path):
         dtype, device = _hf_device()
         log(f"random-weight HF model {spec.shape} ({dtype} on {device}) -> {root / 'hf'}")
-        make_hf_model(spec.shape, tmp, layers=spec.layers or 2, seed=spec.seed, max_positions=spec.max_positions,
+        make_hf_model(spec.shape, tmp, layers=spec.layers, seed=spec.seed, max_positions=spec.max_positions,
                       dtype=dtype, device=device)
 
     def builder(extra=None):

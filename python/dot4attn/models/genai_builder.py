@@ -47,11 +47,12 @@ SHAPES = {
 }
 
 
-def make_hf_model(shape: str, out: str | os.PathLike, *, layers: int = 2, seed: int = 0,
+def make_hf_model(shape: str, out: str | os.PathLike, *, layers: int | None = None, seed: int = 0,
                   max_positions: int = 4096, init_range: float = 0.02, dtype: str = "float32",
                   device: str = "cpu") -> Path:
     """Saves a random-weight Hugging Face model of SHAPES[shape] and a word-level tokenizer into `out`.
 
+    layers: the decoder layers (None: the shape's own count where SHAPES gives one, as the real shapes do, else 2).
     dtype / device: where the weights are made. A 7B shape in float32 on the CPU takes 30 GB and minutes of
     random init; float16 on a CUDA device takes seconds (the builder reads the saved safetensors either way)."""
     import torch
@@ -61,7 +62,9 @@ def make_hf_model(shape: str, out: str | os.PathLike, *, layers: int = 2, seed: 
 
     arch, fields = SHAPES[shape]
     fields = dict(fields)
-    fields.setdefault("num_hidden_layers", layers)
+    if layers is not None:
+        fields["num_hidden_layers"] = layers
+    fields.setdefault("num_hidden_layers", 2)
     fields.setdefault("vocab_size", VOCAB)
     if arch == "phi3":  # equal to max_position_embeddings: the builder's Phi-3 mini (no LongRoPE factors)
         fields.setdefault("original_max_position_embeddings", max_positions)
