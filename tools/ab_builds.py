@@ -24,6 +24,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
@@ -126,10 +127,8 @@ def run(cases: list[Case], entries: list[Entry], common: str, rounds: int, repea
     rows = []
     try:
         for c in cases:
-            q = torch.randn(1, c.hq, c.sq, c.d, device="cuda", dtype=torch.float16) * 3
-            k = torch.randn(1, c.hkv, c.sk, c.d, device="cuda", dtype=torch.float16)
-            v = torch.randn(1, c.hkv, c.sk, c.d, device="cuda", dtype=torch.float16)
-            kp, ks = bc._pack(torch, k, "q8_0")
+            # the CUDA bench's inputs: random float16 q (x3), k and v; K packed as q8_0
+            q, k, v, kp, ks = bc._inputs(SimpleNamespace(torch=torch, B=1), c.hq, c.hkv, c.d, c.sq, c.sk)
             vp, vs = (v, None) if c.v == "f16" else bc._pack(torch, v, c.v)
             fmt = "float" if c.v == "f16" else c.v
             calls = []

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location("ab_builds", Path(__file__).resolve().parents[2] / "tools" / "ab_builds.py")
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "ab_builds.py"
+_spec = importlib.util.spec_from_file_location("ab_builds", TOOL)
 ab = importlib.util.module_from_spec(_spec)
 sys.modules["ab_builds"] = ab  # its dataclasses look their module up there
 _spec.loader.exec_module(ab)
@@ -31,7 +32,8 @@ def test_bad_cases_say_what_is_wrong(text, match):
 
 
 def test_entries_carry_their_overrides():
-    assert ab.parse_entry("new=/tmp/a.so.xz@ws=1,ws_keys=64") == ab.Entry("new", Path("/tmp/a.so.xz"), "ws=1,ws_keys=64")
+    new = ab.parse_entry("new=/tmp/a.so.xz@ws=1,ws_keys=64")
+    assert new == ab.Entry("new", Path("/tmp/a.so.xz"), "ws=1,ws_keys=64")
     assert ab.parse_entry("old=a.so") == ab.Entry("old", Path("a.so"), "")
     with pytest.raises(argparse.ArgumentTypeError, match="NAME=LIBRARY"):
         ab.parse_entry("a.so")

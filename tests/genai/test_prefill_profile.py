@@ -27,7 +27,8 @@ def test_smoke_times_every_row_at_every_chunk_size(tmp_path):
 
 def test_kernels_are_grouped_by_name():
     events = [
-        ("void dot4attn::gpu::pws::prefill_ws_kernel<128, 128, 3, 3>(dot4attn::gpu::TileArgs, long, long, int)", 900.0, 8),
+        ("void dot4attn::gpu::pws::prefill_ws_kernel<128, 128, 3, 3>(dot4attn::gpu::TileArgs, long, long, int)",
+         900.0, 8),
         ("void dot4attn::(anonymous namespace)::out_kernel(dot4attn::(anonymous namespace)::OutArgs)", 50.0, 8),
         ("void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>(Flash_fwd_params)", 700.0, 8),
         ("sm90_xmma_gemm_f16f16_f16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1", 400.0, 40),

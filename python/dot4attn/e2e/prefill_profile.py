@@ -1,5 +1,5 @@
 """Where a prompt's prefill goes in the model, row by row: time to first token per prefill chunk size, and on CUDA
-the device time of one prefill by kernel group (the attention, the weight GEMMs, the rest).
+the GPU time of one prefill's kernels by group (the attention, the weight GEMMs, the rest).
 
     python -m dot4attn.e2e.prefill_profile --device cuda --layers 4 --contexts 32768,131072 --chunks 8192,16384,32768
     python -m dot4attn.e2e.prefill_profile --smoke            # the tiny shape on the CPU, in seconds
@@ -10,7 +10,7 @@ many layers as --layers says: every layer does the same work, so a few layers sh
 the ratios between rows and chunk sizes without building and loading the whole model (the embedding and the
 pruned LM head are whole, and their share shrinks as layers are added). A prefill is timed twice per (context,
 chunk) and the faster kept. On CUDA one more prefill per row (the first context, --profile-chunk tokens per call)
-runs under torch.profiler (CUPTI sees ONNX Runtime's kernels too): kernel device time summed by group and the
+runs under torch.profiler (CUPTI sees ONNX Runtime's kernels too): the kernels' GPU time summed by group and the
 kernels that take the most. Writes prefill_profile.json into --out.
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ def kernel_group(name: str) -> str:
 
 
 def summarize_kernels(events: list[tuple[str, float, int]], top: int = 12) -> dict:
-    """events: (kernel name, device microseconds, calls) -> totals per group (ms) and the `top` kernels by time."""
+    """events: (kernel name, GPU microseconds, calls) -> totals per group (ms) and the `top` kernels by time."""
     groups: dict[str, float] = {}
     for name, us, _ in events:
         g = kernel_group(name)
@@ -61,7 +61,7 @@ def summarize_kernels(events: list[tuple[str, float, int]], top: int = 12) -> di
 
 
 def _profile(start_fn) -> tuple[float, list[tuple[str, float, int]]]:
-    """Runs start_fn() under torch.profiler (CUDA activity); (its seconds, [(kernel, device us, calls)])."""
+    """Runs start_fn() under torch.profiler (CUDA activity); (its seconds, [(kernel, GPU us, calls)])."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -110,15 +110,15 @@ def run(args) -> dict:
         if args.device == "cuda":
             ctx = args.contexts[0]
             s, events = _profile(lambda: start(dec, prompt[:, :ctx], ctx + 8, args.profile_chunk))
-            entry["profile"] = {"context": ctx, "chunk": args.profile_chunk, "prefill_s": s, **summarize_kernels(events)}
+            entry["profile"] = {"context": ctx, "chunk": args.profile_chunk, "prefill_s": s,
+                                **summarize_kernels(events)}
             p = entry["profile"]
             print(f"--- {row}: {s * 1e3:.1f} ms wall, {p['total_ms']:.1f} ms of kernels: " +
                   ", ".join(f"{g} {ms:.1f}" for g, ms in p["groups_ms"].items()), flush=True)
             for k in p["top"]:
                 print(f"    {k['ms']:9.2f} ms {k['calls']:6d}x  {k['kernel'][:100]}", flush=True)
         result["rows"][row] = entry
-        close = getattr(dec, "close", None) or dec.release
-        close()
+        dec.close()  # the Decoder interface (dot4attn.runtime.decoder): the model and its cache go
         del dec
     return result
 
