@@ -27,7 +27,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "python"))
+try:
+    import dot4attn  # noqa: F401  (the installed package, or the one on PYTHONPATH)
+except ImportError:  # run from a checkout without either: its sources
+    sys.path.insert(0, str(ROOT / "python"))
 
 V_CHOICES = ("f16", "q8_0", "q4_0")
 
