@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import lzma
-import os
 import shutil
 import sys
 import tempfile

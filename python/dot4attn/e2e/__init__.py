@@ -141,7 +141,9 @@ def _threads(args) -> int | None:
         return args.threads or None
     if args.device != "cpu":
         return None
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    from ..bench.report import default_threads
+
+    return default_threads()
 
 
 def machine(device: str) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..argtypes import int_list, positive_int
+from . import MARGIN, _threads
 from .models import RUNNER, ModelSpec
 
 DEFAULT_ROWS = ("genai", "d4a-q8_0", "d4a-q4_0")
@@ -81,7 +81,7 @@ def run(args) -> dict:
         import torch  # noqa: F401  (before any CUDA session: it loads the CUDA libraries ORT's provider needs)
     from .models import _vocab_size, prepare
 
-    spec = ModelSpec(args.shape, args.precision, args.device, max(args.contexts) + 256, layers=args.layers)
+    spec = ModelSpec(args.shape, args.precision, args.device, max(args.contexts) + MARGIN, layers=args.layers)
     cache = args.cache
     if cache is None:
         from ..models.export import model_cache_dir
@@ -145,8 +145,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.smoke:
         args.device, args.shape, args.precision, args.layers = "cpu", "qwen2-bias", "fp32", 2
         args.contexts, args.chunks = [128], [32, 128]
-    if args.threads is None and args.device == "cpu":
-        args.threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    args.threads = _threads(args)  # dot4attn e2e's rule
     if args.precision is None:
         args.precision = "fp16" if args.device == "cuda" else "int4"
     args.rows = [r for r in args.rows.split(",") if r]
