@@ -661,7 +661,6 @@ void plan_ws(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, cons
   if (w.persistent) w.blocks = std::min<int64_t>(w.ws_items, std::max(dev.sms, 1));  // one block per SM
   w.ws_checked_blocks = std::min<int64_t>(w.ws_items, std::max(dev.sms, 1));
   w.ws_snake = ov.ws_snake != 0;
-  w.ws_cross = ov.ws_cross != 0;
   if (!w.v_scan) w.scratch_bytes += size_t(p.B * p.Hkv) * sizeof(int);
   w.v_scan = true;
   w.ws = true;
@@ -920,14 +919,13 @@ PlanOverrides parse_plan_overrides(const char* s) {
     else if (k == "ws") ov.ws = to_int(k, v, 0, 1, kWhat);
     else if (k == "ws_persist") ov.ws_persist = to_int(k, v, 0, 1, kWhat);
     else if (k == "ws_snake") ov.ws_snake = to_int(k, v, 0, 1, kWhat);
-    else if (k == "ws_cross") ov.ws_cross = to_int(k, v, 0, 1, kWhat);
     else if (k == "ws_keys") {
       ov.ws_keys = to_int(k, v, 64, 128, kWhat);
       if (ov.ws_keys != 64 && ov.ws_keys != 128) fail(kWhat, "ws_keys: expected 64 or 128, got ", v);
     }
     else
       fail(kWhat, "unknown key '", k, "' (expected kernel, warps, stages, staging, cluster, m_tiles, min_blocks, tma, ",
-           "wgmma, split_waves, v_scan, v_dequant, k_dequant, qk_wgmma, ws, ws_keys, ws_persist, ws_snake, ws_cross)");
+           "wgmma, split_waves, v_scan, v_dequant, k_dequant, qk_wgmma, ws, ws_keys, ws_persist, ws_snake)");
   }
   return ov;
 }
@@ -978,8 +976,7 @@ std::string plan_json(const GpuPlan& pl) {
   if (pl.ws)
     o << ", \"key_tile\": " << pl.key_tile << ", \"persistent\": " << (pl.persistent ? "true" : "false")
       << ", \"items\": " << pl.ws_items << ", \"checked_blocks\": " << pl.ws_checked_blocks
-      << ", \"snake\": " << (pl.ws_snake ? "true" : "false")
-      << ", \"cross\": " << (pl.ws_cross ? "true" : "false");
+      << ", \"snake\": " << (pl.ws_snake ? "true" : "false");
   o << ", \"smem_bytes\": " << pl.smem_bytes << ", \"n_splits\": " << pl.n_splits << ", \"split_len\": "
     << pl.split_len << ", \"n_chunks\": " << pl.n_chunks << ", \"blocks\": " << pl.blocks
     << ", \"scratch_bytes\": " << pl.scratch_bytes << ", \"strided\": " << (pl.strided ? "true" : "false")

@@ -34,8 +34,6 @@
 //   ws_keys=64|128              its keys per tile (GpuPlan::key_tile; default 128 at D 64 / 128; D = 256 takes 64)
 //   ws_persist=0|1              its grid: one block per SM walking the work items (default), or one per item
 //   ws_snake=0|1                its persistent deal (pws::Deal): odd rounds right to left (default), or round-robin
-//   ws_cross=0|1                its consumers' loop across work items (GpuPlan::ws_cross; an item's first Q.K with
-//                               the item before's last P.V, default), or item by item
 // Host code only; no GPU runtime call here (device facts come in as a value).
 #pragma once
 
@@ -87,7 +85,6 @@ struct PlanOverrides {
   int ws_keys = 0;           // 0 auto, 64 or 128: that kernel's keys per tile (D 64 / 128)
   int ws_persist = -1;       // -1 auto (on), 0 off: that kernel's blocks walk its work items (one block per SM)
   int ws_snake = -1;         // -1 auto (on), 0 off: its persistent deal right to left in odd rounds (GpuPlan::ws_snake)
-  int ws_cross = -1;         // -1 auto (on), 0 off: its consumers' loop runs across work items (GpuPlan::ws_cross)
 };
 
 // The warp-specialized f16 Q.K prefill (prefill_ws.cuh) is the default at D = 128 from kWsMinKeys keys on, at
@@ -150,7 +147,6 @@ struct GpuPlan {
   int64_t ws_items = 0;
   int64_t ws_checked_blocks = 0;  // ws: the checked companion's blocks (one per SM, striding over the items)
   bool ws_snake = false;     // ws, persistent: odd rounds of work items dealt right to left (pws::Deal)
-  bool ws_cross = false;     // ws: an item's first Q.K issued with the item before's last P.V (prefill_ws.cuh)
   bool strided = false;      // K / V rows strided (AttentionParams' row layout is not the dense one)
   std::string fallback;      // why the route's preferred kernel was not taken ("" when it was)
   PlanOverrides overrides;   // what the plan was made with (a refused cluster launch is planned again without)

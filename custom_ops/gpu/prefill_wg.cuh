@@ -278,9 +278,9 @@ __device__ __forceinline__ void stage_q(const TileArgs& a, int64_t b, int64_t hk
 }
 
 // stage_q in two parts, for a warpgroup that holds its O and P while the next item's Q comes in (prefill_ws.cuh's
-// cross-item loop): load_q copies the warp's rows as they are (float16) into their places in the Q tile with cp.async
-// (no registers held; rows past the row space arrive as zeros), quantize_q waits for them and quantizes them in place,
-// one 16-byte piece per lane and step (few registers). Same values as stage_q.
+// loop across work items): load_q copies the warp's rows as they are (float16) into their places in the Q tile with
+// cp.async (no registers held; rows past the row space arrive as zeros), quantize_q waits for them and quantizes
+// them in place, one 16-byte piece per lane and step (few registers). Same values as stage_q.
 template <int D>
 __device__ __forceinline__ void load_q(const TileArgs& a, int64_t b, int64_t hkv, int64_t r0, int64_t rows_here,
                                        uint8_t* qt, int wr, int lane) {

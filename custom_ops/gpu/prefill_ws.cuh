@@ -19,8 +19,8 @@
 // tile's slots back, so both warpgroups walk all of the item's tiles and the turns stay paired. A block walks work
 // items of 128 rows (item_at), persistently where the planner gives it one block per SM: the slots' phases and the
 // turns run on from item to item, and the producer loads the next item's first tiles while the consumers store
-// this one's rows. kCross (the plan's ws_cross) runs the consumers' loop on across items as well: an item's first
-// Q.K goes out with the item before's last P.V.
+// this one's rows. The consumers' loop runs on across items too: an item's first Q.K goes out with the item before's
+// last P.V, whose rows are stored after the new softmax, so an item boundary costs no drain of the pipeline.
 //
 // Only the instance without the V check: the planner scans V once per call (v_scan.cuh) and the heads it flags run on
 // prefill_wg.cuh's checked instance (ws_qk16 in prefill_gpu.cu).
@@ -98,10 +98,10 @@ __device__ __forceinline__ Item item_at(const TileArgs& a, int64_t ncq, int64_t 
   return it;
 }
 
-// A work item as one consumer warpgroup sees it (the cross-item loop holds two): its tiles with work (nw: from tile
-// nw on no row of the warpgroup sees a key; uniform over it, as wgmma needs), the warp's first causal limit (tiles
-// before it need no masking), the head's exponent factor (scale * log2 e, times 2^8 where its K copy holds K times
-// 2^-8) and an additive mask's factor into unscaled dot-product units.
+// A work item as one consumer warpgroup sees it (the consumers hold this one and the next): its tiles with work (nw:
+// from tile nw on no row of the warpgroup sees a key; uniform over it, as wgmma needs), the warp's first causal limit
+// (tiles before it need no masking), the head's exponent factor (scale * log2 e, times 2^8 where its K copy holds K
+// times 2^-8) and an additive mask's factor into unscaled dot-product units.
 struct Ctx {
   int64_t b = 0, hkv = 0, row0 = 0;
   int nkt = 0, nw = 0, kmin_w = 0;
@@ -140,7 +140,7 @@ struct Deal {
 
 // One block per item where the grid covers them, or persistent (one block per SM walking the items as Deal deals
 // them), so the producer loads the next item's first tiles while the consumers store this one's rows.
-template <int D, int NK, int SK, int SV, bool kCross = false>
+template <int D, int NK, int SK, int SV>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_ws_kernel(const TileArgs a, const int64_t ncq, const int64_t n_items, const int snake,
                       const __grid_constant__ TmaMaps tm) {
@@ -235,229 +235,101 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   if (wg == 1) named_bar_arrive(kTurnBar, 256);
 
-  if constexpr (kCross) {
-    // Cross-item: the item's first Q.K is issued with the item before's last P.V, whose rows are stored after this
-    // softmax; the next item's Q rows are copied in (cp.async) once this item's tiles with work are done and
-    // quantized in place before the next item's first turn. So the item boundary is one more tile of the warpgroup's
-    // pipeline, not a drain (last P.V, store, Q, first Q.K and softmax in sequence) that the ping-pong passes on to
-    // the other warpgroup. Same math per row as the per-item loop below (bit-equal outputs).
-    Deal d(snake != 0);
-    auto find = [&]() -> int64_t {  // the next item of this block's deal (the producer's walk), or -1
-      for (; d.k * gridDim.x < n_items; ++d.k) {
-        const int64_t idx = d.item();
-        if (idx >= n_items || item_at<NK>(a, ncq, idx).skip) continue;
-        ++d.k;
-        return idx;
-      }
-      return -1;
-    };
-    // c's Q rows of this warp into the warpgroup's Q tile: copied (load_q), later quantized in place (stage_done)
-    auto load = [&](const Item& n) {
-      pwg::load_q<D>(a, n.b, n.hkv, n.row0 + 64 * wg + 16 * warp, rows_here, qt, 16 * warp, lane);
-    };
-    auto stage_done = [&]() {
-      pwg::quantize_q<D>(qt, 16 * warp, lane);
-      fence_proxy_async_smem();         // the generic stores of Q before the wgmma reads them
-      named_bar_sync(kQBar + wg, 128);  // the warpgroup's Q tile is whole
-    };
-    pwg::OAcc<D> o;
-    auto zero_o = [&]() {
-#pragma unroll
-      for (int p = 0; p < pwg::OShape<D>::P; ++p)
-#pragma unroll
-        for (int n = 0; n < pwg::OShape<D>::N; ++n) o[p][n][0] = o[p][n][1] = o[p][n][2] = o[p][n][3] = 0.f;
-    };
-    pwg::RowSoftmax st;
-    float alpha[2] = {1.f, 1.f};  // O's factor before the next P.V (the last softmax's)
-    bool rescale = false;
-    uint32_t pa[kKeys / 16][4];   // P of the last tile with work, waiting for its P.V
-    bool pend = false;            // pa waits: the last tile of item `done`, whose rows are stored after that P.V
-    int64_t done_q = 0;  // item `done`: the output row of its row space's first row, and this thread's row there
-    int done_r = 0;
-    auto softmax = [&](float (&s)[kKeys / 8][4], int t, const Ctx& c) {
-      const int j0 = t * kKeys;
-      if (a.mask_kind != 0 || j0 + kKeys - 1 > c.kmin_w)
-        pwg::mask_tile<kKeys, uint32_t>(a, s, c.b, c.hkv, c.row0 + rl0, rows_here, j0, tig, c.mask_mul);
-      rescale = st.update<kKeys>(s, c.c_qk, alpha);
-    };
-    auto issue_pending_pv = [&]() {
-      if (rescale) pwg::rescale_o<D>(o, alpha);
-      mbar_wait(full_v(vs), vph);
-      pwg::pv_issue<D, kKeys>(o, pa, smem_u32(smem + L::OFF_V + vs * L::TILE));
-    };
-    auto store_done = [&](const pwg::RowSoftmax& s_done) {  // after the pending P.V's wait_o: item done's rows
-      pwg::store_o_rows<D>(a, o, s_done, done_q, done_r, rows_here, tig);
-    };
-
-    int64_t idx = find();
-    Ctx cur;
-    if (idx >= 0) {
-      const Item it = item_at<NK>(a, ncq, idx);
-      cur = Ctx::of<NK>(a, it, wg, warp);
-      load(it);
-      stage_done();
+  // Across items: an item's first Q.K is issued with the item before's last P.V, whose rows are stored after this
+  // softmax; the next item's Q rows are copied in (cp.async) once this item's tiles with work are done and
+  // quantized in place before the next item's first turn. So the item boundary is one more tile of the warpgroup's
+  // pipeline, not a drain (last P.V, store, Q, first Q.K and softmax in sequence) that the ping-pong would pass on
+  // to the other warpgroup (1-2 % at D 64 / 128, 5-7 % at D = 256 against a loop item by item, docs/performance.md).
+  Deal d(snake != 0);
+  auto find = [&]() -> int64_t {  // the next item of this block's deal (the producer's walk), or -1
+    for (; d.k * gridDim.x < n_items; ++d.k) {
+      const int64_t idx = d.item();
+      if (idx >= n_items || item_at<NK>(a, ncq, idx).skip) continue;
+      ++d.k;
+      return idx;
     }
-    zero_o();
-    while (idx >= 0) {
-      const int64_t nidx = find();  // the next item
-      // ---- cur's tiles with work (peeled as the per-item loop below: no wgmma under a condition) ----
-      int t = 0;
-      if (cur.nw > 0) {
-        float s[kKeys / 8][4];
-        if (pend) {  // tile 0's Q.K with the item before's last P.V; its rows go out after this softmax
-          // (O rescaled before the Q.K goes out: a rescale under this condition with a wgmma in flight makes ptxas
-          // serialize every wgmma of the kernel)
-          if (rescale) pwg::rescale_o<D>(o, alpha);
-          turn();
-          pwg::qk_issue<D, kKeys>(s, q_addr, smem_u32(smem + L::OFF_K + ks * L::TILE));
-          mbar_wait(full_v(vs), vph);
-          pwg::pv_issue<D, kKeys>(o, pa, smem_u32(smem + L::OFF_V + vs * L::TILE));
-          pass();
-          wgmma_wait<1>();
-          pwg::fence_s<kKeys>(s);
-          give_back(empty_k(ks));
-          next_k();
-          const pwg::RowSoftmax st_done = st;
-          st = pwg::RowSoftmax();
-          softmax(s, 0, cur);
-          pwg::wait_o<D>(o);
-          give_back(empty_v(vs));
-          next_v();
-          store_done(st_done);
-          zero_o();
-          pwg::p_frags<kKeys>(pa, s);
-          t = 1;
-        }
-        if (!pend) {  // tile 0's Q.K alone
-          turn();
-          pwg::qk_issue<D, kKeys>(s, q_addr, smem_u32(smem + L::OFF_K + ks * L::TILE));
-          pass();
-          wgmma_wait<0>();
-          pwg::fence_s<kKeys>(s);
-          give_back(empty_k(ks));
-          next_k();
-          st = pwg::RowSoftmax();
-          softmax(s, 0, cur);
-          pwg::p_frags<kKeys>(pa, s);
-          t = 1;
-        }
-        for (; t < cur.nw; ++t) {  // Q.K(t) with P.V(t - 1)
-          turn();
-          pwg::qk_issue<D, kKeys>(s, q_addr, smem_u32(smem + L::OFF_K + ks * L::TILE));
-          issue_pending_pv();
-          pass();
-          wgmma_wait<1>();  // the Q.K (the older group) is done; the P.V may still run
-          pwg::fence_s<kKeys>(s);
-          give_back(empty_k(ks));
-          next_k();
-          softmax(s, t, cur);
-          pwg::wait_o<D>(o);
-          give_back(empty_v(vs));
-          next_v();
-          pwg::p_frags<kKeys>(pa, s);
-        }
-        pend = true;
-        done_q = pwg::q_space_row(a, cur.b, cur.hkv);
-        done_r = int(cur.row0) + rl0;
-      } else {  // no row of this warpgroup sees a key of the item: zeros (as the loop below stores them)
-        pwg::store_zero<D>(a, cur.b, cur.hkv, cur.row0 + rl0, rows_here, tig);
-      }
-      // ---- the next item's Q rows on their way (cur's last Q.K has completed) ----
-      Ctx nxt;
-      if (nidx >= 0) {
-        const Item n = item_at<NK>(a, ncq, nidx);
-        nxt = Ctx::of<NK>(a, n, wg, warp);
-        load(n);
-      }
-      // ---- cur's tiles no row of this warpgroup sees: the first takes the pending P.V into its turn; the V is
-      // waited for before its slot goes back ----
-      if (t < cur.nkt && pend) {
+    return -1;
+  };
+  // c's Q rows of this warp into the warpgroup's Q tile: copied (load_q), later quantized in place (stage_done)
+  auto load = [&](const Item& n) {
+    pwg::load_q<D>(a, n.b, n.hkv, n.row0 + 64 * wg + 16 * warp, rows_here, qt, 16 * warp, lane);
+  };
+  auto stage_done = [&]() {
+    pwg::quantize_q<D>(qt, 16 * warp, lane);
+    fence_proxy_async_smem();         // the generic stores of Q before the wgmma reads them
+    named_bar_sync(kQBar + wg, 128);  // the warpgroup's Q tile is whole
+  };
+  pwg::OAcc<D> o;
+  auto zero_o = [&]() {
+#pragma unroll
+    for (int p = 0; p < pwg::OShape<D>::P; ++p)
+#pragma unroll
+      for (int n = 0; n < pwg::OShape<D>::N; ++n) o[p][n][0] = o[p][n][1] = o[p][n][2] = o[p][n][3] = 0.f;
+  };
+  pwg::RowSoftmax st;
+  float alpha[2] = {1.f, 1.f};  // O's factor before the next P.V (the last softmax's)
+  bool rescale = false;
+  uint32_t pa[kKeys / 16][4];   // P of the last tile with work, waiting for its P.V
+  bool pend = false;            // pa waits: the last tile of item `done`, whose rows are stored after that P.V
+  int64_t done_q = 0;  // item `done`: the output row of its row space's first row, and this thread's row there
+  int done_r = 0;
+  auto softmax = [&](float (&s)[kKeys / 8][4], int t, const Ctx& c) {
+    const int j0 = t * kKeys;
+    if (a.mask_kind != 0 || j0 + kKeys - 1 > c.kmin_w)
+      pwg::mask_tile<kKeys, uint32_t>(a, s, c.b, c.hkv, c.row0 + rl0, rows_here, j0, tig, c.mask_mul);
+    rescale = st.update<kKeys>(s, c.c_qk, alpha);
+  };
+  auto issue_pending_pv = [&]() {
+    if (rescale) pwg::rescale_o<D>(o, alpha);
+    mbar_wait(full_v(vs), vph);
+    pwg::pv_issue<D, kKeys>(o, pa, smem_u32(smem + L::OFF_V + vs * L::TILE));
+  };
+  auto store_done = [&](const pwg::RowSoftmax& s_done) {  // after the pending P.V's wait_o: item done's rows
+    pwg::store_o_rows<D>(a, o, s_done, done_q, done_r, rows_here, tig);
+  };
+
+  int64_t idx = find();
+  Ctx cur;
+  if (idx >= 0) {
+    const Item it = item_at<NK>(a, ncq, idx);
+    cur = Ctx::of<NK>(a, it, wg, warp);
+    load(it);
+    stage_done();
+  }
+  zero_o();
+  while (idx >= 0) {
+    const int64_t nidx = find();  // the next item
+    // ---- cur's tiles with work. The loop is peeled so that no wgmma sits under a condition inside it (ptxas
+    // serializes wgmma whose registers a divergent path may touch): tile 0's Q.K with the pending P.V or alone, then
+    // Q.K(t) with P.V(t - 1). (Two ifs, not an if / else: that form spilled.) ----
+    int t = 0;
+    if (cur.nw > 0) {
+      float s[kKeys / 8][4];
+      if (pend) {  // tile 0's Q.K with the item before's last P.V; its rows go out after this softmax
+        // (O rescaled before the Q.K goes out: a rescale under this condition with a wgmma in flight makes ptxas
+        // serialize every wgmma of the kernel)
+        if (rescale) pwg::rescale_o<D>(o, alpha);
         turn();
-        issue_pending_pv();
+        pwg::qk_issue<D, kKeys>(s, q_addr, smem_u32(smem + L::OFF_K + ks * L::TILE));
+        mbar_wait(full_v(vs), vph);
+        pwg::pv_issue<D, kKeys>(o, pa, smem_u32(smem + L::OFF_V + vs * L::TILE));
         pass();
+        wgmma_wait<1>();
+        pwg::fence_s<kKeys>(s);
         give_back(empty_k(ks));
         next_k();
+        const pwg::RowSoftmax st_done = st;
+        st = pwg::RowSoftmax();
+        softmax(s, 0, cur);
         pwg::wait_o<D>(o);
         give_back(empty_v(vs));
         next_v();
-        store_done(st);
+        store_done(st_done);
         zero_o();
-        pend = false;
-        mbar_wait(full_v(vs), vph);
-        give_back(empty_v(vs));
-        next_v();
-        ++t;
+        pwg::p_frags<kKeys>(pa, s);
+        t = 1;
       }
-      for (; t < cur.nkt; ++t) {
-        turn();
-        pass();
-        give_back(empty_k(ks));
-        next_k();
-        mbar_wait(full_v(vs), vph);
-        give_back(empty_v(vs));
-        next_v();
-      }
-      idx = nidx;
-      cur = nxt;
-      if (idx >= 0) stage_done();
-    }
-    if (pend) {  // the last item's last P.V
-      issue_pending_pv();
-      pwg::wait_o<D>(o);
-      give_back(empty_v(vs));
-      next_v();
-      store_done(st);
-    }
-  } else {
-    for (Deal d(snake != 0); d.k * gridDim.x < n_items; ++d.k) {
-      const int64_t idx = d.item();
-      if (idx >= n_items) continue;
-      const Item it = item_at<NK>(a, ncq, idx);
-      if (it.skip) continue;
-      const int nkt = it.nkt;
-      const int64_t b = it.b, hkv = it.hkv, row0 = it.row0, row_end = it.row_end;
-      const int64_t wg0 = row0 + 64 * wg, w0 = wg0 + 16 * warp;  // this warpgroup's / warp's first row
-      // key bounds: the warpgroup's tiles with work (nw: from tile nw on no row of it sees a key; uniform over the
-      // warpgroup, as wgmma needs), the warp's first causal limit (tiles before it need no masking)
-      int nw, kmin_w;
-      {
-        int64_t lo, hi, lo_w, hi_w;
-        pmma::run_kminmax<uint32_t>(a, wg0, wg0 + 64 < row_end ? wg0 + 64 : row_end, lo, hi);
-        nw = hi < 0 ? 0 : int(hi / kKeys + 1 < nkt ? hi / kKeys + 1 : nkt);
-        pmma::run_kminmax<uint32_t>(a, w0, w0 + 16 < row_end ? w0 + 16 : row_end, lo_w, hi_w);
-        kmin_w = int(lo_w < 0x7fffffffLL ? lo_w : 0x7fffffffLL);
-      }
-      // this item's Q (the warpgroup's last Q.K of the item before has completed)
-      pwg::stage_q<D>(a, b, hkv, w0, rows_here, qt, 16 * warp, lane);
-      fence_proxy_async_smem();         // the generic stores of Q before the wgmma reads them
-      named_bar_sync(kQBar + wg, 128);  // the warpgroup's Q tile is whole
-      // the softmax's exponent factor: scale * log2 e, times 2^8 where this head's K copy holds K times 2^-8
-      const float c_qk = a.scale_log2 * (a.k_flags != nullptr && a.k_flags[it.bh] != 0 ? 256.f : 1.f);
-      const float mask_mul = kLog2e / c_qk;  // an additive mask value in unscaled dot-product units
-
-      pwg::OAcc<D> o;
-  #pragma unroll
-      for (int p = 0; p < pwg::OShape<D>::P; ++p)
-  #pragma unroll
-        for (int n = 0; n < pwg::OShape<D>::N; ++n) o[p][n][0] = o[p][n][1] = o[p][n][2] = o[p][n][3] = 0.f;
-      pwg::RowSoftmax st;
-      float alpha[2] = {1.f, 1.f};  // O's factor before the next P.V (the last softmax's)
-      bool rescale = false;
-      uint32_t pa[kKeys / 16][4];   // P of the last tile with work, waiting for its P.V
-      // S of tile t (waited for): masked where needed, into P in place, O's factor for the next P.V
-      auto softmax = [&](float (&s)[kKeys / 8][4], int t) {
-        const int j0 = t * kKeys;
-        if (a.mask_kind != 0 || j0 + kKeys - 1 > kmin_w)
-          pwg::mask_tile<kKeys, uint32_t>(a, s, b, hkv, row0 + rl0, rows_here, j0, tig, mask_mul);
-        rescale = st.update<kKeys>(s, c_qk, alpha);
-      };
-
-      // The loop is peeled so that no wgmma sits under a condition (ptxas serializes wgmma whose registers a divergent
-      // path may touch): tile 0's Q.K alone, then Q.K(t) with P.V(t - 1), then the last P.V; then the tiles no row of
-      // the warpgroup sees, turns and slots only.
-      int t = 0;
-      if (nw > 0) {
-        float s[kKeys / 8][4];
+      if (!pend) {  // tile 0's Q.K alone
         turn();
         pwg::qk_issue<D, kKeys>(s, q_addr, smem_u32(smem + L::OFF_K + ks * L::TILE));
         pass();
@@ -465,44 +337,77 @@ __global__ void __launch_bounds__(kThreads, 1)
         pwg::fence_s<kKeys>(s);
         give_back(empty_k(ks));
         next_k();
-        softmax(s, 0);
+        st = pwg::RowSoftmax();
+        softmax(s, 0, cur);
         pwg::p_frags<kKeys>(pa, s);
-        for (t = 1; t < nw; ++t) {
-          turn();
-          pwg::qk_issue<D, kKeys>(s, q_addr, smem_u32(smem + L::OFF_K + ks * L::TILE));
-          if (rescale) pwg::rescale_o<D>(o, alpha);
-          mbar_wait(full_v(vs), vph);
-          pwg::pv_issue<D, kKeys>(o, pa, smem_u32(smem + L::OFF_V + vs * L::TILE));
-          pass();
-          wgmma_wait<1>();  // the Q.K (the older group) is done; the P.V may still run
-          pwg::fence_s<kKeys>(s);
-          give_back(empty_k(ks));
-          next_k();
-          softmax(s, t);
-          pwg::wait_o<D>(o);
-          give_back(empty_v(vs));
-          next_v();
-          pwg::p_frags<kKeys>(pa, s);
-        }
-        if (rescale) pwg::rescale_o<D>(o, alpha);
-        mbar_wait(full_v(vs), vph);
-        pwg::pv_issue<D, kKeys>(o, pa, smem_u32(smem + L::OFF_V + vs * L::TILE));
+        t = 1;
+      }
+      for (; t < cur.nw; ++t) {  // Q.K(t) with P.V(t - 1)
+        turn();
+        pwg::qk_issue<D, kKeys>(s, q_addr, smem_u32(smem + L::OFF_K + ks * L::TILE));
+        issue_pending_pv();
+        pass();
+        wgmma_wait<1>();  // the Q.K (the older group) is done; the P.V may still run
+        pwg::fence_s<kKeys>(s);
+        give_back(empty_k(ks));
+        next_k();
+        softmax(s, t, cur);
         pwg::wait_o<D>(o);
         give_back(empty_v(vs));
         next_v();
+        pwg::p_frags<kKeys>(pa, s);
       }
-      for (; t < nkt; ++t) {  // no row of this warpgroup sees these keys; the V is waited for before its slot goes back
-        turn();
-        pass();
-        give_back(empty_k(ks));
-        next_k();
-        mbar_wait(full_v(vs), vph);
-        give_back(empty_v(vs));
-        next_v();
-      }
-
-      pwg::store_o<D>(a, o, st, b, hkv, row0 + rl0, rows_here, tig);
+      pend = true;
+      done_q = pwg::q_space_row(a, cur.b, cur.hkv);
+      done_r = int(cur.row0) + rl0;
+    } else {  // no row of this warpgroup sees a key of the item: zeros (what store_o gives such rows)
+      pwg::store_zero<D>(a, cur.b, cur.hkv, cur.row0 + rl0, rows_here, tig);
     }
+    // ---- the next item's Q rows on their way (cur's last Q.K has completed) ----
+    Ctx nxt;
+    if (nidx >= 0) {
+      const Item n = item_at<NK>(a, ncq, nidx);
+      nxt = Ctx::of<NK>(a, n, wg, warp);
+      load(n);
+    }
+    // ---- cur's tiles no row of this warpgroup sees: the first takes the pending P.V into its turn; the V is
+    // waited for before its slot goes back ----
+    if (t < cur.nkt && pend) {
+      turn();
+      issue_pending_pv();
+      pass();
+      give_back(empty_k(ks));
+      next_k();
+      pwg::wait_o<D>(o);
+      give_back(empty_v(vs));
+      next_v();
+      store_done(st);
+      zero_o();
+      pend = false;
+      mbar_wait(full_v(vs), vph);
+      give_back(empty_v(vs));
+      next_v();
+      ++t;
+    }
+    for (; t < cur.nkt; ++t) {
+      turn();
+      pass();
+      give_back(empty_k(ks));
+      next_k();
+      mbar_wait(full_v(vs), vph);
+      give_back(empty_v(vs));
+      next_v();
+    }
+    idx = nidx;
+    cur = nxt;
+    if (idx >= 0) stage_done();
+  }
+  if (pend) {  // the last item's last P.V
+    issue_pending_pv();
+    pwg::wait_o<D>(o);
+    give_back(empty_v(vs));
+    next_v();
+    store_done(st);
   }
   if (wg == 0) named_bar_sync(kTurnBar, 256);  // warpgroup 1's last pass (or its opening arrival)
 #else

@@ -156,9 +156,8 @@ template <int D, int NK>
 void ws_qk16(const GpuPlan& pl, const TileArgs& b, gpuStream_t s) {
   using I = pws::Inst<D, NK>;
   const TmaMaps tm = kv_maps(b, 2 * D, 2 * D);
-  const auto kernel = pl.ws_cross ? pws::prefill_ws_kernel<D, NK, I::SK, I::SV, true>
-                                  : pws::prefill_ws_kernel<D, NK, I::SK, I::SV, false>;
-  launch_planned(kernel, pl, s, b, pl.causal_tiles, pl.ws_items, int(pl.ws_snake), tm);
+  launch_planned(pws::prefill_ws_kernel<D, NK, I::SK, I::SV>, pl, s, b, pl.causal_tiles, pl.ws_items,
+                 int(pl.ws_snake), tm);
   GpuPlan c = pl;  // a block per SM, striding over the work items (most return at once: their head is unflagged)
   c.blocks = pl.ws_checked_blocks;
   c.threads = 256;

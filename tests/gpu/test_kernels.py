@@ -43,7 +43,6 @@ K16O = K16 + ",min_blocks=2"  # its overlapped schedule (2 blocks per SM, three 
 K16W = K16 + ",ws=1"
 K16W64 = K16W + ",ws_keys=64"  # its 64-key tiles at D 64 / 128 (128 by default there)
 K16W1 = K16W + ",ws_persist=0"  # a block per work item instead of one per SM walking them
-K16WI = K16W + ",ws_cross=0"  # its consumers' loop item by item (default: across items, ws_cross)
 # The contract's int8 Q.K on wgmma (S8W instances, 2 blocks per SM; V's float16 copy where V is quantized): the
 # reference's own numerics.
 S8W = ("qk_wgmma=1,v_dequant=1,min_blocks=2",)
@@ -51,7 +50,7 @@ S8W = ("qk_wgmma=1,v_dequant=1,min_blocks=2",)
 MMA_DECODE = ["staging=cp_async", "staging=tma", "staging=regs", "staging=bulk", "cluster=1", "warps=2,stages=1",
               "warps=8"]
 MMA_PREFILL = ["tma=0", "wgmma=0", "min_blocks=2", "m_tiles=2", "tma=0,stages=1", "v_scan=0", "v_scan=1",
-               "v_dequant=0", "v_dequant=1", K16, K16 + ",v_scan=0", K16O, K16W, K16W64, K16W1, K16WI,
+               "v_dequant=0", "v_dequant=1", K16, K16 + ",v_scan=0", K16O, K16W, K16W64, K16W1,
                *S8W]
 KERNEL_OF = {"kernel=simt": "decode_simt", "kernel=tile": "tile"}
 # q6_0 V has no tensor-core prefill of its own: it runs on its float16 copy (v_dequant), so v_dequant=0 takes the tile
@@ -568,12 +567,12 @@ def test_ws_deals_give_the_same_output(torch_cuda, D, S):
     (256, 2048, 2112, True),
     (64, 1000, 1064, True),
 ])
-def test_ws_cross_item_loop_gives_the_same_output(torch_cuda, D, Sq, Sk, causal):
-    """The warp-specialized prefill's consumers run their loop across work items by default (an item's first Q.K
-    issued with the item before's last P.V, its rows stored after it, the next item's Q copied in and quantized in
-    place); ws_cross=0 runs it item by item. Only the schedule changes: both give the same output bit for bit, and it
-    matches reference.attention (qk_f16). More items than SMs, so every block walks several; items whose first
-    warpgroup has tiles without work, rows that see no key, row chunks, no mask."""
+def test_ws_loop_across_items_matches_the_reference(torch_cuda, D, Sq, Sk, causal):
+    """The warp-specialized prefill's consumers run their loop across work items (an item's first Q.K issued with
+    the item before's last P.V, its rows stored after it, the next item's Q copied in and quantized in place): with
+    more items than SMs every block walks several, including items whose first warpgroup has tiles without work,
+    rows that see no key (exact zeros), row chunks and no mask. Against reference.attention (qk_f16), and bit-equal
+    from one call to the next."""
     torch = torch_cuda
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the QK16 prefill runs on sm_90a")
@@ -583,20 +582,16 @@ def test_ws_cross_item_loop_gives_the_same_output(torch_cuda, D, Sq, Sk, causal)
     kp, ks = R.pack_k(rng.standard_normal((B, Hkv, Sk, D)).astype(np.float16))
     v = rng.standard_normal((B, Hkv, Sk, D)).astype(np.float16)
     t = [to_device(torch, a) for a in (q, kp, ks, v, None)]
-    outs = {}
-    for loop in ("", ",ws_cross=0"):
-        plan, outs[loop] = _ws_persistent_out(torch, t, q.shape, K16W + loop, causal)
-        assert plan["cross"] == (loop == ""), (loop, plan)
-    assert np.array_equal(outs[""], outs[",ws_cross=0"]), f"ws D={D} Sq={Sq} Sk={Sk}: the loops across items and " \
-        "item by item differ"
+    outs = [_ws_persistent_out(torch, t, q.shape, K16W, causal)[1] for _ in range(2)]
+    assert np.array_equal(outs[0], outs[1]), f"ws D={D} Sq={Sq} Sk={Sk}: two calls differ"
     ref = R.attention(q, kp, ks, v, None, None, causal=int(causal), v_format="float", qk_f16=True)
-    check_nmse(outs[""], ref.astype(np.float16), AC.REF_TOL, f"ws cross D={D} Sq={Sq} Sk={Sk} causal={causal}")
+    check_nmse(outs[0], ref.astype(np.float16), AC.REF_TOL, f"ws D={D} Sq={Sq} Sk={Sk} causal={causal}")
     if causal and Sk < Sq:
-        assert not outs[""][:, :, :Sq - Sk].any(), "rows that see no key are not zeros"
+        assert not outs[0][:, :, :Sq - Sk].any(), "rows that see no key are not zeros"
 
 
 @pytest.mark.parametrize("D,overrides", [(128, K16), (128, K16O), (256, K16), (64, K16W), (128, K16W),
-                                         (128, K16W64), (256, K16W), (64, K16WI), (128, K16WI), (256, K16WI)])
+                                         (128, K16W64), (256, K16W)])
 def test_qk16_prefill_streams_and_graph(torch_cuda, D, overrides):
     """The QK16 prefill (K's float16 copy, its flags, V's copy and scan, then the kernel; at D = 256 the kernel with Q
     in shared memory) on four streams at once equals one call bit for bit, and captured into a CUDA graph and

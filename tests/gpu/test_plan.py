@@ -829,14 +829,13 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     """ws=1: the f16 Q.K prefill warp-specialized (prefill_ws.cuh) in place of a k_dequant plan (D 64 / 128 / 256) on
     sm_90a: work items of 128 rows, 3 warpgroups (2 consumers, 1 producer), one block per SM, persistent (as many
     blocks as SMs walk the items, odd rounds of items dealt right to left: `snake`; ws_snake=0: round-robin;
-    ws_persist=0: a block per item; `cross`: the consumers' loop across items, ws_cross=0 item by item); shared
-    memory: 2 Q tiles of 64 rows x 2 D bytes, SK K slots and SV V slots of key_tile rows x 2 D bytes, a full and an
-    empty mbarrier per slot, the swizzle slack. Key tiles of 128 with 3 + 3 slots at D = 128 (ws_keys=64: 64 with
-    4 + 4), 128 with 4 + 4 at D = 64, 64 with 2 + 3 at D = 256. V is always scanned (the kernel has no V check: the
-    flagged heads run on prefill_wg.cuh's checked instance), so the scratch ends with the V flags. The default at
-    D = 128 from 8192 keys on (kWsMinKeys), at D = 64 from 32768 (kWsMinKeysD64) and at D = 256 from 4096
-    (kWsMinKeysD256); elsewhere only when asked; never where k_dequant is not, off sm_90a, or where the block does
-    not fit."""
+    ws_persist=0: a block per item); shared memory: 2 Q tiles of
+    64 rows x 2 D bytes, SK K slots and SV V slots of key_tile rows x 2 D bytes, a full and an empty mbarrier per slot,
+    the swizzle slack. Key tiles of 128 with 3 + 3 slots at D = 128 (ws_keys=64: 64 with 4 + 4), 128 with 4 + 4 at
+    D = 64, 64 with 2 + 3 at D = 256. V is always scanned (the kernel has no V check: the flagged heads run on
+    prefill_wg.cuh's checked instance), so the scratch ends with the V flags. The default at D = 128 from 8192 keys
+    on (kWsMinKeys), at D = 64 from 32768 (kWsMinKeysD64) and at D = 256 from 4096 (kWsMinKeysD256); elsewhere only
+    when asked; never where k_dequant is not, off sm_90a, or where the block does not fit."""
     base = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=0")
     p = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=1")
     assert (p["ws"], p["k_dequant"], p["wgmma"], p["tma"], p["min_blocks"], p["v_scan"]) == \
@@ -851,10 +850,6 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     rr = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=1,ws_snake=0")
     assert not rr["snake"] and {k: v for k, v in rr.items() if k != "snake"} == \
         {k: v for k, v in p.items() if k != "snake"}, (rr, p)
-    # the consumers' loop across work items (default), ws_cross=0 item by item: the same plan otherwise
-    by_item = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=1,ws_cross=0")
-    assert p["cross"] and not by_item["cross"] and {k: v for k, v in by_item.items() if k != "cross"} == \
-        {k: v for k, v in p.items() if k != "cross"}, (by_item, p)
     # the checked companion (V-flagged heads only): a block per SM striding over the items either way
     assert p["checked_blocks"] == one_each["checked_blocks"] == 132, (p, one_each)
     few = plan(1, 8, 8, 256, 256, 128, v_format="float", overrides="k_dequant=1,ws=1")  # fewer items than SMs
@@ -911,7 +906,7 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
                 plan(1, 32, 8, 8192, 8192, 128, device=small, overrides="ws=1"),
                 plan(1, 24, 4, 8192, 8192, 256, v_format="float", overrides="ws=1", device=small)):
         assert not off.get("ws", False), off
-    for bad in ("ws=2", "ws_keys=96", "ws_keys=256", "ws_persist=2", "ws_snake=2", "ws_cross=2"):
+    for bad in ("ws=2", "ws_keys=96", "ws_keys=256", "ws_persist=2", "ws_snake=2"):
         with pytest.raises(native.NativeError, match="ws"):
             plan(1, 32, 8, 8192, 8192, 128, overrides=bad)
 
