@@ -19,7 +19,7 @@ tools=("$@")
 [[ ${#tools[@]} -gt 0 ]] || tools=(memcheck racecheck synccheck initcheck)
 command -v compute-sanitizer >/dev/null || { echo "sanitize_gpu: compute-sanitizer not found" >&2; exit 2; }
 select=(tests/gpu/test_ort_cuda.py tests/gpu/test_cache_cuda.py tests/gpu/test_properties_cuda.py)
-filter="sanitizer or split_k-B2 or one-length-run or split_merge_concurrent or nonfinite_v or fp16_max_v or prefill_v_scan"
+filter="sanitizer or split_k-B2 or one-length-run or split_merge_concurrent or nonfinite_v or fp16_max_v or prefill_v_scan or rotary_widths"
 cd "$root"
 status=0
 for tool in "${tools[@]}"; do

@@ -69,6 +69,79 @@ __device__ __forceinline__ float group32_sum(float v) {
   return v;
 }
 
+// Rotate-half with rot_half = 32 kStep: x[j] and x[j + kStep] are a pair (one cos / sin load for both).
+template <int kStep>
+__device__ __forceinline__ void rotate_half_step(float (&x)[kMaxHeadDim / 32], const Prologue& a, int64_t pos,
+                                                 int lane) {
+  const int64_t R = 32 * kStep;
+#pragma unroll
+  for (int j = 0; j < kStep; ++j) {
+    const int64_t k = pos * R + 32 * j + lane;
+    const float c = load_t(a.cos, a.half, k), sn = load_t(a.sin, a.half, k);
+    const float lo = x[j], hi = x[j + kStep];
+    // first of a pair: a*c - b*s; second: b*c + a*s (a = the first of the pair), as the CPU evaluates it
+    x[j] = __fsub_rn(__fmul_rn(lo, c), __fmul_rn(hi, sn));
+    x[j + kStep] = __fadd_rn(__fmul_rn(hi, c), __fmul_rn(lo, sn));
+  }
+}
+
+// One row (a token's head) per group of 32 lanes, value 32 j + lane in lane `lane`'s x[j]. The pair partner of a
+// rotation is in the same lane (rotate-half with rot_half a multiple of 32: x[j +- rot_half / 32]) or the
+// neighbouring one (interleaved: lane ^ 1), so the common layouts rotate in registers; another rot_half goes
+// through the group's own row of shared memory.
+template <bool kInterleaved, bool kInLanes>
+__device__ __forceinline__ void rotate_row(float (&x)[kMaxHeadDim / 32], float* row, const Prologue& a, int64_t pos,
+                                           int lane) {
+  const int nb = a.D / 32;
+  const int R = int(a.rot_half);
+  const void* cs = a.cos;
+  const void* sn_ = a.sin;
+  // first of a pair: a*c - b*s; second: b*c + a*s (a = the first of the pair), as the CPU evaluates it
+  if (kInterleaved) {
+#pragma unroll
+    for (int j = 0; j < kMaxHeadDim / 32; ++j) {
+      if (j >= nb) break;
+      const float other = gpu::shfl_xor(x[j], 1);  // every lane of the group shuffles
+      const int i = 32 * j + lane;
+      if (i >= 2 * R) continue;
+      const bool first = (lane & 1) == 0;
+      const float c = load_t(cs, a.half, pos * R + (i >> 1)), sn = load_t(sn_, a.half, pos * R + (i >> 1));
+      x[j] = first ? __fsub_rn(__fmul_rn(x[j], c), __fmul_rn(other, sn))
+                   : __fadd_rn(__fmul_rn(x[j], c), __fmul_rn(other, sn));
+    }
+  } else if (kInLanes) {
+    switch (R / 32) {  // the partner of x[j] (j < R / 32) is x[j + R / 32]: a constant step keeps x in registers
+      case 1: rotate_half_step<1>(x, a, pos, lane); break;
+      case 2: rotate_half_step<2>(x, a, pos, lane); break;
+      case 3: rotate_half_step<3>(x, a, pos, lane); break;
+      default: rotate_half_step<4>(x, a, pos, lane); break;  // 2 rot_half <= D <= 256
+    }
+  } else {
+    gpu::warp_sync();  // the group's previous row is read
+#pragma unroll
+    for (int j = 0; j < kMaxHeadDim / 32; ++j)
+      if (j < nb) row[32 * j + lane] = x[j];
+    gpu::warp_sync();
+#pragma unroll
+    for (int j = 0; j < kMaxHeadDim / 32; ++j) {
+      if (j >= nb) break;
+      const int i = 32 * j + lane;
+      if (i >= 2 * R) continue;
+      const bool first = i < R;
+      const int k = first ? i : i - R, partner = first ? i + R : i - R;
+      const float c = load_t(cs, a.half, pos * R + k), sn = load_t(sn_, a.half, pos * R + k);
+      const float other = row[partner];
+      x[j] = first ? __fsub_rn(__fmul_rn(x[j], c), __fmul_rn(other, sn))
+                   : __fadd_rn(__fmul_rn(x[j], c), __fmul_rn(other, sn));
+    }
+  }
+}
+
+// I: the item index type, uint32_t where the launch's items fit (a 64-bit division is a ~70-instruction routine,
+// paid per row: with it the index decode, not the row's work or its bytes, set this kernel's pace). Items go
+// token fastest, so a block's groups take consecutive tokens of one head: its Q rows and cache rows are one
+// contiguous run each. The loop strides by the grid (grid_for caps the blocks): every item is done at any size.
+template <typename I, int kRot>  // kRot: 0 none, 1 rotate-half in lanes, 2 interleaved, 3 through shared memory
 __global__ void __launch_bounds__(kThreads) prologue_kernel(Prologue a) {
   __shared__ float rows[kGroups][kMaxHeadDim];
 #if defined(D4A_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -77,108 +150,100 @@ __global__ void __launch_bounds__(kThreads) prologue_kernel(Prologue a) {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
   const int grp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t per_token = a.Hq + 2 * a.Hkv;
-  const int64_t item = int64_t(blockIdx.x) * kGroups + grp;
-  const int64_t tokens = a.nb * a.S;
-  const int64_t n_items = tokens * per_token;
+  const I per_token = I(a.Hq + 2 * a.Hkv), S = I(a.S), Hkv = I(a.Hkv);
+  const I tokens = I(a.nb) * S;
+  const I n_items = tokens * per_token;
   const int nb = a.D / 32;
-  // Every thread reaches the block barriers below; groups past the end (or a padding row's Q) only skip the work.
-  const bool live = item < n_items;
-  // Token fastest: a block's groups take consecutive tokens of one head, so their Q rows and cache rows are one
-  // contiguous run each (head fastest wrote a token's Q rows S x D values apart; H100, a 32k chunk of the 7B shape:
-  // 1.19 ms against 1.21-1.22, so the work per row, not the writes, sets this kernel's pace).
-  const int64_t token = live ? item % tokens : 0, slot = live ? item / tokens : 0;
-  const int64_t bl = token / a.S, s = token % a.S, b = a.b0 + bl;
-  const int kind = slot < a.Hkv ? 1 : slot < 2 * a.Hkv ? 2 : 0;  // 1 K, 2 V, 0 Q
-  const int64_t h = kind == 1 ? slot : kind == 2 ? slot - a.Hkv : slot - 2 * a.Hkv;
-  const bool work = live && (kind != 0 || s < a.q_rows_of[bl]);
-  const int64_t pos = token_start(a, bl) + s;
+  for (I item = I(blockIdx.x) * kGroups + grp; item < n_items; item += I(gridDim.x) * kGroups) {
+    const I slot = item / tokens, token = item - slot * tokens;
+    const I bl = token / S, s = token - bl * S;
+    const int64_t b = a.b0 + int64_t(bl);
+    const int kind = slot < Hkv ? 1 : slot < 2 * Hkv ? 2 : 0;  // 1 K, 2 V, 0 Q
+    const int64_t h = kind == 1 ? slot : kind == 2 ? slot - Hkv : slot - 2 * Hkv;
+    if (kind == 0 && int64_t(s) >= a.q_rows_of[bl]) continue;  // a padding row's Q: nothing reads it
+    const int64_t pos = token_start(a, bl) + int64_t(s);
 
-  float x[kMaxHeadDim / 32];
-  if (work) {
+    float x[kMaxHeadDim / 32];
     const void* src = kind == 0 || a.packed ? a.q : kind == 1 ? a.k : a.v;
     int64_t off;
     if (a.packed) {
       const int64_t first = kind == 0 ? 0 : kind == 1 ? a.Hq : a.Hq + a.Hkv;
-      off = ((b * a.S + s) * per_token + first + h) * a.D;
+      off = ((b * a.S + int64_t(s)) * int64_t(per_token) + first + h) * a.D;
     } else {
-      off = ((b * a.S + s) * (kind == 0 ? a.Hq : a.Hkv) + h) * a.D;
+      off = ((b * a.S + int64_t(s)) * (kind == 0 ? a.Hq : a.Hkv) + h) * a.D;
     }
-    for (int j = 0; j < nb; ++j) x[j] = load_t(src, a.half, off + 32 * j + lane);
+#pragma unroll
+    for (int j = 0; j < kMaxHeadDim / 32; ++j)
+      if (j < nb) x[j] = load_t(src, a.half, off + 32 * j + lane);
     const void* w = kind == 0 ? a.q_norm : kind == 1 ? a.k_norm : nullptr;
     if (w) {
       float ss = 0.f;
-      for (int j = 0; j < nb; ++j) ss += x[j] * x[j];
+#pragma unroll
+      for (int j = 0; j < kMaxHeadDim / 32; ++j)
+        if (j < nb) ss += x[j] * x[j];
       ss = group32_sum(ss);
       const float inv = 1.f / sqrtf(gpu::div_rn(ss, float(a.D)) + (kind == 0 ? a.q_eps : a.k_eps));
-      for (int j = 0; j < nb; ++j) x[j] = __fmul_rn(__fmul_rn(x[j], inv), load_t(w, a.half, 32 * j + lane));
+#pragma unroll
+      for (int j = 0; j < kMaxHeadDim / 32; ++j)
+        if (j < nb) x[j] = __fmul_rn(__fmul_rn(x[j], inv), load_t(w, a.half, 32 * j + lane));
     }
-  }
-  if (a.rotary) {  // a block-uniform branch: the barriers are reached by every thread
-    const bool rot = work && kind != 2;
-    if (rot)
-      for (int j = 0; j < nb; ++j) rows[grp][32 * j + lane] = x[j];
-    __syncthreads();
-    if (rot) {
-      const int64_t R = a.rot_half;
-      for (int j = 0; j < nb; ++j) {
-        const int64_t i = 32 * j + lane;
-        if (i >= 2 * R) continue;
-        int64_t k, partner;
-        bool first;
-        if (a.interleaved) { k = i >> 1; first = (i & 1) == 0; partner = i ^ 1; }
-        else { k = i < R ? i : i - R; first = i < R; partner = first ? i + R : i - R; }
-        const float c = load_t(a.cos, a.half, pos * R + k), sn = load_t(a.sin, a.half, pos * R + k);
-        const float other = rows[grp][partner];
-        // first: a*c - b*s; second: b*c + a*s (a = the first of the pair), as the CPU evaluates it
-        x[j] = first ? __fsub_rn(__fmul_rn(x[j], c), __fmul_rn(other, sn))
-                     : __fadd_rn(__fmul_rn(x[j], c), __fmul_rn(other, sn));
+    if (kRot != 0 && kind != 2) rotate_row<kRot == 2, kRot == 1>(x, rows[grp], a, pos, lane);
+    if (kind == 0) {
+      const int64_t qr = a.q_rows_of[bl];
+      const int64_t base = b * a.Hq * a.S * a.D + (h * qr + int64_t(s)) * a.D;
+#pragma unroll
+      for (int j = 0; j < kMaxHeadDim / 32; ++j) {
+        if (j >= nb) break;
+        if (a.half) static_cast<uint16_t*>(a.q_rows)[base + 32 * j + lane] = gpu::f2h(x[j]);
+        else static_cast<float*>(a.q_rows)[base + 32 * j + lane] = x[j];
+      }
+      continue;
+    }
+    const int lv = kind == 2 ? a.v_levels : 0;  // 0: q8_0 (K always)
+    const CacheRowMap& m = a.map;
+    const int64_t row_bytes = kind == 1 ? m.k_row : m.v_row;
+    const int64_t token_row = (b * a.Hkv + h) * a.L + pos;
+    // this part's payload (rows / pair: its row's start) and scales where the layout puts them (cache_layout.h):
+    // V's after V's payload, K's after K's (rows) or in the V row (pair), each in a run of its own (tight)
+    uint8_t* row = kind == 1 ? a.k_cache + m.k_pay_at(token_row) : a.v_cache + m.v_pay_at(token_row);
+    uint8_t* scales = kind == 2 ? a.v_cache + m.v_sc_at(token_row, a.n_rows)
+                                : (m.k_scales_in_v ? a.v_cache : a.k_cache) + m.k_sc_at(token_row, a.n_rows);
+#pragma unroll
+    for (int j = 0; j < kMaxHeadDim / 32; ++j) {
+      if (j >= nb) break;
+      const float amax = gpu::group32_max(gpu::abs_or_inf(x[j]));  // the non-finite policy, as PackK / PackV
+      float sc;
+      // lv is uniform in the group (kind and a.v_levels are), so every lane reaches signed_block_scale_half's
+      // shuffles
+      const uint16_t sh = lv ? gpu::signed_block_scale_half(x[j], amax, float(lv), sc)
+                             : gpu::block_scale_half(amax, 127.f, sc);
+      float q = sc == 0.f ? 0.f : rintf(gpu::div_rn(x[j], sc));
+      q = lv ? fminf(fmaxf(q, -float(lv)), float(lv) - 1.f) : fminf(fmaxf(q, -127.f), 127.f);
+      if (lv == 8) {
+        gpu::store_q4_block(row + 16 * j, lane, int(q) + 8);
+      } else if (lv == 32) {
+        gpu::store_q6_block(row + 24 * j, lane, int(q) + 32);
+      } else {
+        row[32 * j + lane] = uint8_t(int8_t(int(q)));
+      }
+      if (lane == 0) {
+        scales[2 * j] = uint8_t(sh & 0xff);
+        scales[2 * j + 1] = uint8_t(sh >> 8);
       }
     }
+    // zeros past this row's parts (in the pair layout the V row's tail, after K's scales, which the K group
+    // writes; the tight layout has none)
+    if (!m.split)
+      for (int64_t i = (kind == 1 ? m.k_zero_from : m.v_zero_from) + lane; i < row_bytes; i += 32) row[i] = 0;
   }
-  if (!work) return;  // no barrier below
-  if (kind == 0) {
-    const int64_t qr = a.q_rows_of[bl];
-    const int64_t base = b * a.Hq * a.S * a.D + (h * qr + s) * a.D;
-    for (int j = 0; j < nb; ++j) {
-      if (a.half) static_cast<uint16_t*>(a.q_rows)[base + 32 * j + lane] = gpu::f2h(x[j]);
-      else static_cast<float*>(a.q_rows)[base + 32 * j + lane] = x[j];
-    }
-    return;
-  }
-  const int lv = kind == 2 ? a.v_levels : 0;  // 0: q8_0 (K always)
-  const CacheRowMap& m = a.map;
-  const int64_t row_bytes = kind == 1 ? m.k_row : m.v_row;
-  const int64_t token_row = (b * a.Hkv + h) * a.L + pos;
-  // this part's payload (rows / pair: its row's start) and scales where the layout puts them (cache_layout.h): V's
-  // after V's payload, K's after K's (rows) or in the V row (pair), each in a run of its own (tight)
-  uint8_t* row = kind == 1 ? a.k_cache + m.k_pay_at(token_row) : a.v_cache + m.v_pay_at(token_row);
-  uint8_t* scales = kind == 2 ? a.v_cache + m.v_sc_at(token_row, a.n_rows)
-                              : (m.k_scales_in_v ? a.v_cache : a.k_cache) + m.k_sc_at(token_row, a.n_rows);
-  for (int j = 0; j < nb; ++j) {
-    const float amax = gpu::group32_max(gpu::abs_or_inf(x[j]));  // the non-finite policy, as PackK / PackV
-    float sc;
-    // lv is uniform in the group (kind and a.v_levels are), so every lane reaches signed_block_scale_half's shuffles
-    const uint16_t sh = lv ? gpu::signed_block_scale_half(x[j], amax, float(lv), sc)
-                           : gpu::block_scale_half(amax, 127.f, sc);
-    float q = sc == 0.f ? 0.f : rintf(gpu::div_rn(x[j], sc));
-    q = lv ? fminf(fmaxf(q, -float(lv)), float(lv) - 1.f) : fminf(fmaxf(q, -127.f), 127.f);
-    if (lv == 8) {
-      gpu::store_q4_block(row + 16 * j, lane, int(q) + 8);
-    } else if (lv == 32) {
-      gpu::store_q6_block(row + 24 * j, lane, int(q) + 32);
-    } else {
-      row[32 * j + lane] = uint8_t(int8_t(int(q)));
-    }
-    if (lane == 0) {
-      scales[2 * j] = uint8_t(sh & 0xff);
-      scales[2 * j + 1] = uint8_t(sh >> 8);
-    }
-  }
-  // zeros past this row's parts (in the pair layout the V row's tail, after K's scales, which the K group writes;
-  // the tight layout has none)
-  if (!m.split)
-    for (int64_t i = (kind == 1 ? m.k_zero_from : m.v_zero_from) + lane; i < row_bytes; i += 32) row[i] = 0;
+}
+
+template <typename I>
+void launch_prologue(const Prologue& a, unsigned grid, gpuStream_t s) {
+  if (!a.rotary) prologue_kernel<I, 0><<<grid, kThreads, 0, s>>>(a);
+  else if (a.interleaved) prologue_kernel<I, 2><<<grid, kThreads, 0, s>>>(a);
+  else if (a.rot_half > 0 && a.rot_half % 32 == 0) prologue_kernel<I, 1><<<grid, kThreads, 0, s>>>(a);
+  else prologue_kernel<I, 3><<<grid, kThreads, 0, s>>>(a);
 }
 
 // out[b, s, h * D + d] = rows[b][h][s][d] for s < q_rows(b), else 0. One thread per 16 bytes of a row (8 float16
@@ -277,7 +342,9 @@ void cache_attention_gpu(const CacheParams& c, const CacheGpuWork& l, void* scra
     a.seqlens = c.dev_seqlens;
     a.total = c.total.empty() ? 0 : c.total[0];  // device lengths: every total[b] is total_sequence_length
     const int64_t items = a.nb * c.S * (c.Hq + 2 * c.Hkv);
-    prologue_kernel<<<grid_for(items, kGroups), kThreads, 0, s>>>(a);
+    // uint32_t indices while the items and the grid's stride past them fit
+    if (items + int64_t(kGroups) * (1 << 20) < (int64_t(1) << 32)) launch_prologue<uint32_t>(a, grid_for(items, kGroups), s);
+    else launch_prologue<uint64_t>(a, grid_for(items, kGroups), s);
     D4A_GPU_CHECK(gpuGetLastError());
   }
 

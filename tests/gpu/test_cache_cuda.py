@@ -146,6 +146,46 @@ def test_q_and_k_norm_epsilons_are_separate(dtype):
         expect(f, swapped, out, _atol(dtype))
 
 
+@pytest.mark.parametrize("d, rot_half, inter, dtype", [
+    (256, 128, False, np.float16), (256, 64, True, np.float16), (192, 96, False, np.float32),
+    (128, 32, False, np.float32), (128, 48, False, np.float16), (128, 32, True, np.float32),
+    (64, 16, False, np.float16), (64, 32, True, np.float16),
+], ids=lambda v: v.__name__ if isinstance(v, type) else str(v))
+def test_rotary_widths_match_the_reference(d, rot_half, inter, dtype):
+    """The GPU prologue's rotations: rotate-half pairs of rot_half = 32, 64, 96 and 128 (in a lane's registers),
+    other widths (through shared memory) and interleaved pairs (neighbouring lanes), full and partial (rotary_dim <
+    D), for a prompt and a decode step against the reference."""
+    B, hq, hkv, S = 2, 4, 2, 9
+    sess = _session_uncached(cache_attention_model(dtype, num_heads=hq, kv_num_heads=hkv, rotary=True,
+                                                   interleaved=inter))
+    attrs = dict(num_heads=hq, kv_num_heads=hkv, do_rotary=1, rotary_interleaved=int(inter))
+    feeds = make_inputs(B, S, hq, hkv, d, dtype=dtype, rotary=True, rot_half=rot_half, seed=6)
+    out, f = run(sess, feeds, [S - 1, S - 4], S)
+    expect(f, attrs, out, _atol(dtype))
+    sf = make_inputs(B, 1, hq, hkv, d, dtype=dtype, rotary=True, rot_half=rot_half, seed=7)
+    sf.update({k: feeds[k] for k in ("cos_cache", "sin_cache")}, past_key=out[1], past_value=out[2])
+    out, f = run(sess, sf, [S, S - 3], S + 1)
+    expect(f, attrs, out, _atol(dtype))
+
+
+def test_a_prompt_of_more_rows_than_one_grid_covers():
+    """A prompt whose rows (tokens x (Hq + 2 Hkv) heads: 128 x 16 x 4112 = 8.42M) outnumber one grid of the
+    prologue's (2^20 blocks of 8 rows): the last Q heads' rows come after the grid's first pass and must still be
+    rotated into the query rows. Those heads' outputs (the last KV head's group) and the caches against the
+    reference of that group alone."""
+    B, S, hq, hkv, d = 128, 16, 4096, 8, 32
+    g = hq // hkv
+    sess = _session_uncached(cache_attention_model(np.float16, num_heads=hq, kv_num_heads=hkv, rotary=True))
+    feeds = make_inputs(B, S, hq, hkv, d, dtype=np.float16, rotary=True, seed=9, max_pos=S)
+    lens = [S - 1 - b % 5 for b in range(B)]
+    out, f = run(sess, feeds, lens, S)
+    last = dict(f, query=feeds["query"][..., (hq - g) * d:], key=feeds["key"][..., (hkv - 1) * d:],
+                value=feeds["value"][..., (hkv - 1) * d:], past_key=feeds["past_key"][:, hkv - 1:],
+                past_value=feeds["past_value"][:, hkv - 1:])
+    part = (out[0][..., (hq - g) * d:], out[1][:, hkv - 1:], out[2][:, hkv - 1:])
+    expect(last, dict(num_heads=g, kv_num_heads=1, do_rotary=1), part, _atol(np.float16))
+
+
 @pytest.mark.parametrize("attrs, inputs, match", [
     ({"causal": 0}, {}, "attribute 'causal' = 0: not supported"),
     ({"local_window_size": 128}, {}, "attribute 'local_window_size' = 128: not supported"),
