@@ -67,6 +67,16 @@ struct Inst {
   using L = Layout<D, NK, SK, SV>;
 };
 
+// kUniformDesc: the consumer's warpgroup index and each K slot's address broadcast from lane 0 (__shfl_sync), so ptxas
+// knows them warp-uniform and builds the Q.K wgmma descriptors in uniform registers. Without it (ks is carried through
+// loops whose trip counts ptxas sees as divergent, wg comes from threadIdx) every descriptor is built in vector
+// registers and moved over (R2UR), 4-8 more instructions per wgmma: with it the key loop's path per warp and tile
+// is 488 instead of 535 instructions at D = 256, 469 / 494 at D = 128, 511 / 531 at D = 64. Only D = 256 gains
+// time from it (H100, same process: 1.05-1.07x at 4k-32k keys); at D = 128 and 64 ptxas schedules the loop worse
+// and it lost 2-5 % (docs/performance.md).
+template <int D>
+constexpr bool kUniformDesc = D == 256;
+
 // Named barriers: 1 + w is consumer warpgroup w's turn to issue its GEMMs, 3 + w its Q tile being whole.
 constexpr int kTurnBar = 1, kQBar = 3;
 
@@ -149,7 +159,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kKeys = NK;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + smem_pad1024(smem_raw);
-  const int tid = threadIdx.x, wg = tid >> 7;  // warpgroups 0, 1: consumers; 2: the producer
+  // warpgroups 0, 1: consumers; 2: the producer (kUniformDesc: broadcast from lane 0, so ptxas knows it is uniform)
+  const int tid = threadIdx.x, wg = kUniformDesc<D> ? __shfl_sync(0xffffffffu, tid >> 7, 0) : tid >> 7;
   const int64_t rows_here = a.g * a.Sq;
 
   const unsigned bars = smem_u32(smem + L::OFF_BAR);
@@ -227,6 +238,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     named_bar_sync(kTurnBar + wg, 256);
   };
   auto pass = [&]() { named_bar_arrive(kTurnBar + 1 - wg, 256); };
+  auto k_tile = [&]() {  // the K slot's address (kUniformDesc: broadcast from lane 0)
+    const unsigned k = smem_u32(smem + L::OFF_K + ks * L::TILE);
+    return kUniformDesc<D> ? __shfl_sync(0xffffffffu, k, 0) : k;
+  };
   auto next_k = [&]() {
     if (++ks == SK) ks = 0, kph ^= 1u;
   };
@@ -310,7 +325,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // serialize every wgmma of the kernel)
         if (rescale) pwg::rescale_o<D>(o, alpha);
         turn();
-        pwg::qk_issue<D, kKeys>(s, q_addr, smem_u32(smem + L::OFF_K + ks * L::TILE));
+        pwg::qk_issue<D, kKeys>(s, q_addr, k_tile());
         mbar_wait(full_v(vs), vph);
         pwg::pv_issue<D, kKeys>(o, pa, smem_u32(smem + L::OFF_V + vs * L::TILE));
         pass();
@@ -331,7 +346,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       if (!pend) {  // tile 0's Q.K alone
         turn();
-        pwg::qk_issue<D, kKeys>(s, q_addr, smem_u32(smem + L::OFF_K + ks * L::TILE));
+        pwg::qk_issue<D, kKeys>(s, q_addr, k_tile());
         pass();
         wgmma_wait<0>();
         pwg::fence_s<kKeys>(s);
@@ -344,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       for (; t < cur.nw; ++t) {  // Q.K(t) with P.V(t - 1)
         turn();
-        pwg::qk_issue<D, kKeys>(s, q_addr, smem_u32(smem + L::OFF_K + ks * L::TILE));
+        pwg::qk_issue<D, kKeys>(s, q_addr, k_tile());
         issue_pending_pv();
         pass();
         wgmma_wait<1>();  // the Q.K (the older group) is done; the P.V may still run
