@@ -71,6 +71,22 @@ __device__ __forceinline__ void mask_tile(const TileArgs& a, float (&s)[NK / 8][
       mrow[h] = b * a.ms0 + hq * a.ms1 + i * a.ms2;
     }
   }
+  if (a.mask_kind == 0) {  // causal or Sk only: one compare of a constant column per logit (the diagonal's tile of
+                           // every item runs this, so its 64-bit column math and per-logit mask branch were paid
+                           // per item)
+    int lim[2];  // the last visible column of the tile, -1 .. NK
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t l = kmx[h] - j0 - 2 * tig;
+      lim[h] = l < 0 ? -1 : l > NK ? NK : int(l);
+    }
+#pragma unroll
+    for (int n = 0; n < NK / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (n * 8 + (e & 1) > lim[e >> 1]) s[n][e] = -INFINITY;
+    return;
+  }
 #pragma unroll
   for (int n = 0; n < NK / 8; ++n)
 #pragma unroll
