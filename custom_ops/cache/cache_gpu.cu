@@ -69,6 +69,12 @@ __device__ __forceinline__ float group32_sum(float v) {
   return v;
 }
 
+// One value of a rotated pair, as the CPU evaluates it: the pair's first a*c - b*s, its second b*c + a*s (x: this
+// value, other: its partner, a = the first of the pair).
+__device__ __forceinline__ float rotated(float x, float other, float c, float sn, bool first) {
+  return first ? __fsub_rn(__fmul_rn(x, c), __fmul_rn(other, sn)) : __fadd_rn(__fmul_rn(x, c), __fmul_rn(other, sn));
+}
+
 // Rotate-half with rot_half = 32 kStep: x[j] and x[j + kStep] are a pair (one cos / sin load for both).
 template <int kStep>
 __device__ __forceinline__ void rotate_half_step(float (&x)[kMaxHeadDim / 32], const Prologue& a, int64_t pos,
@@ -79,9 +85,8 @@ __device__ __forceinline__ void rotate_half_step(float (&x)[kMaxHeadDim / 32], c
     const int64_t k = pos * R + 32 * j + lane;
     const float c = load_t(a.cos, a.half, k), sn = load_t(a.sin, a.half, k);
     const float lo = x[j], hi = x[j + kStep];
-    // first of a pair: a*c - b*s; second: b*c + a*s (a = the first of the pair), as the CPU evaluates it
-    x[j] = __fsub_rn(__fmul_rn(lo, c), __fmul_rn(hi, sn));
-    x[j + kStep] = __fadd_rn(__fmul_rn(hi, c), __fmul_rn(lo, sn));
+    x[j] = rotated(lo, hi, c, sn, true);
+    x[j + kStep] = rotated(hi, lo, c, sn, false);
   }
 }
 
@@ -94,9 +99,6 @@ __device__ __forceinline__ void rotate_row(float (&x)[kMaxHeadDim / 32], float* 
                                            int lane) {
   const int nb = a.D / 32;
   const int R = int(a.rot_half);
-  const void* cs = a.cos;
-  const void* sn_ = a.sin;
-  // first of a pair: a*c - b*s; second: b*c + a*s (a = the first of the pair), as the CPU evaluates it
   if (kInterleaved) {
 #pragma unroll
     for (int j = 0; j < kMaxHeadDim / 32; ++j) {
@@ -104,10 +106,8 @@ __device__ __forceinline__ void rotate_row(float (&x)[kMaxHeadDim / 32], float* 
       const float other = gpu::shfl_xor(x[j], 1);  // every lane of the group shuffles
       const int i = 32 * j + lane;
       if (i >= 2 * R) continue;
-      const bool first = (lane & 1) == 0;
-      const float c = load_t(cs, a.half, pos * R + (i >> 1)), sn = load_t(sn_, a.half, pos * R + (i >> 1));
-      x[j] = first ? __fsub_rn(__fmul_rn(x[j], c), __fmul_rn(other, sn))
-                   : __fadd_rn(__fmul_rn(x[j], c), __fmul_rn(other, sn));
+      const float c = load_t(a.cos, a.half, pos * R + (i >> 1)), sn = load_t(a.sin, a.half, pos * R + (i >> 1));
+      x[j] = rotated(x[j], other, c, sn, (lane & 1) == 0);
     }
   } else if (kInLanes) {
     switch (R / 32) {  // the partner of x[j] (j < R / 32) is x[j + R / 32]: a constant step keeps x in registers
@@ -129,10 +129,8 @@ __device__ __forceinline__ void rotate_row(float (&x)[kMaxHeadDim / 32], float* 
       if (i >= 2 * R) continue;
       const bool first = i < R;
       const int k = first ? i : i - R, partner = first ? i + R : i - R;
-      const float c = load_t(cs, a.half, pos * R + k), sn = load_t(sn_, a.half, pos * R + k);
-      const float other = row[partner];
-      x[j] = first ? __fsub_rn(__fmul_rn(x[j], c), __fmul_rn(other, sn))
-                   : __fadd_rn(__fmul_rn(x[j], c), __fmul_rn(other, sn));
+      const float c = load_t(a.cos, a.half, pos * R + k), sn = load_t(a.sin, a.half, pos * R + k);
+      x[j] = rotated(x[j], row[partner], c, sn, first);
     }
   }
 }
@@ -342,9 +340,10 @@ void cache_attention_gpu(const CacheParams& c, const CacheGpuWork& l, void* scra
     a.seqlens = c.dev_seqlens;
     a.total = c.total.empty() ? 0 : c.total[0];  // device lengths: every total[b] is total_sequence_length
     const int64_t items = a.nb * c.S * (c.Hq + 2 * c.Hkv);
+    const unsigned grid = grid_for(items, kGroups);
     // uint32_t indices while the items and the grid's stride past them fit
-    if (items + int64_t(kGroups) * (1 << 20) < (int64_t(1) << 32)) launch_prologue<uint32_t>(a, grid_for(items, kGroups), s);
-    else launch_prologue<uint64_t>(a, grid_for(items, kGroups), s);
+    if (items + int64_t(grid) * kGroups < (int64_t(1) << 32)) launch_prologue<uint32_t>(a, grid, s);
+    else launch_prologue<uint64_t>(a, grid, s);
     D4A_GPU_CHECK(gpuGetLastError());
   }
 
