@@ -630,10 +630,11 @@ WsInst ws_inst() {
 void plan_ws(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, const PlanOverrides& ov) {
   // default: D = 128 over kWsMinKeys+ keys, D = 64 over kWsMinKeysD64+ keys and D = 256 over kWsMinKeysD256+ keys,
   // where it measured faster than the QK16 instance with 3 blocks per SM, or prefill_wg.cuh at D = 256 (D = 128,
-  // H100: 1.07x at 4k, 1.04x at 8k, 1.24x at 32k, 1.34x for a 16k chunk over 128k keys, 0.93x at 2k; D = 64:
-  // 1.06-1.09x at 32k (H100, H200), 1.13-1.25x for a 16k chunk over 128k keys (H100), 0.96x at 8k, 1.01x at 16k; D =
-  // 256 since the snake deal and 32-bit index math: 1.09x at 2k, 1.04-1.12x at 4k, 1.10x at 8k, 1.13-1.18x at 16k-32k,
-  // 0.97x at 1k (H100), docs/performance.md), unless an override asks for another instance or no V scan
+  // H100: 1.10x at 2k and 1.17x at 4k since the diagonal's mask, 1.04x at 8k, 1.24x at 32k, 1.34x for a 16k chunk
+  // over 128k keys; below 2048 keys no plan takes k_dequant by default; D = 64: 1.06-1.09x at 32k (H100, H200),
+  // 1.13-1.25x for a 16k chunk over 128k keys (H100), 1.01-1.03x at 8k and 16k since the diagonal's mask, 0.96x at
+  // 2k; D = 256 since the snake deal and 32-bit index math: 1.09x at 2k, 1.04-1.12x at 4k, 1.10x at 8k, 1.13-1.18x
+  // at 16k-32k, 0.97x at 1k (H100), docs/performance.md), unless an override asks for another instance or no V scan
   const bool other = ov.min_blocks != 0 || ov.m_tiles != 0 || ov.warps != 0 || ov.stages != 0 || ov.v_scan == 0;
   const int64_t from = p.D == 128 ? kWsMinKeys : p.D == 64 ? kWsMinKeysD64 : kWsMinKeysD256;
   const bool wanted = ov.ws == 1 || (ov.ws == -1 && !other && from > 0 && p.Sk >= from);

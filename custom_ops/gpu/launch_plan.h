@@ -90,8 +90,8 @@ struct PlanOverrides {
 // The warp-specialized f16 Q.K prefill (prefill_ws.cuh) is the default at D = 128 from kWsMinKeys keys on, at
 // D = 64 from kWsMinKeysD64 and at D = 256 from kWsMinKeysD256 (below them the QK16 instance with 3 blocks per SM,
 // or prefill_wg.cuh at D = 256, is faster: docs/performance.md).
-constexpr int64_t kWsMinKeys = 4096;
-constexpr int64_t kWsMinKeysD64 = 32768;
+constexpr int64_t kWsMinKeys = 2048;
+constexpr int64_t kWsMinKeysD64 = 8192;
 constexpr int64_t kWsMinKeysD256 = 2048;
 
 // The largest float16 copy of a quantized V the prefill dequantizes into (scratch): past it, the kernel converts

@@ -262,8 +262,8 @@ def test_tight_layout_holds_the_rows_layouts_values_on_cuda(case):
 @pytest.mark.parametrize("S, past", [(1, 4999), (512, 8000)], ids=["split_k-5000-keys", "prefill-512-over-8000"])
 def test_tight_layout_over_long_caches_on_cuda(S, past):
     """A long cache in the tight layout on CUDA: a decode step over 5000 keys (split_k) and a 512-token chunk over
-    8000 keys (the prefill at D = 128 from 4096 keys: its K / V float16 copies read from the tight runs), each on a
-    shared device buffer of 8704 rows: the rows layout's output and rows to the last bit."""
+    8000 keys (the f16 Q.K prefill at D = 128 from 2048 keys: its K / V float16 copies read from the tight runs),
+    each on a shared device buffer of 8704 rows: the rows layout's output and rows to the last bit."""
     B, hq, hkv, d, L = 2, 8, 2, 128, 8704
     rng = np.random.default_rng(7)
     k, v = (rng.standard_normal((B, hkv, L, d)).astype(np.float32) for _ in range(2))

@@ -81,13 +81,13 @@ def test_h200_d256_q4_0_streams_by_tma_in_3_warps():
 
 @pytest.mark.parametrize("v_format", ["float", "q8_0", "q4_0"])
 def test_h200_prefill_takes_wgmma(v_format):
-    """A long prefill at D = 128 on the H200: TMA and wgmma; 3 blocks per SM of 64 rows below 4096 keys, from there
+    """A long prefill at D = 128 on the H200: TMA and wgmma; 3 blocks per SM of 64 rows below 2048 keys, from there
     (and by default) the warp-specialized kernel, one persistent block per SM over 128-row items."""
-    p = plan(1, 32, 8, 2048, 2048, 128, v_format=v_format)
+    p = plan(1, 32, 8, 1024, 1024, 128, v_format=v_format)
     assert (p["route"], p["kernel"], p["tma"], p["wgmma"], p["min_blocks"], p["m_tiles"], p["ws"]) == \
         ("prefill", "prefill_mma", True, True, 3, 1, False)
-    assert p["blocks"] == 1 * 8 * 4 * (2048 // 64)  # causal tiles: B x Hkv x group x Sq / 64
-    for sk in (4096, 8192):
+    assert p["blocks"] == 1 * 8 * 4 * (1024 // 64)  # causal tiles: B x Hkv x group x Sq / 64
+    for sk in (2048, 4096, 8192):
         w = plan(1, 32, 8, sk, sk, 128, v_format=v_format)
         assert (w["kernel"], w["tma"], w["wgmma"], w["min_blocks"], w["ws"], w["persistent"]) == \
             ("prefill_mma", True, True, 1, True, True), w
@@ -770,7 +770,9 @@ def test_k_dequant_plans_the_f16_qk_prefill():
                  kv_layout=packed_layout(128, "q8_0", 140000))
     assert cache["k_dequant"] and cache["scratch_bytes"] == 2 * 4 * 140000 * 128 * 2 + 256 + 4 * 4, cache
     auto = plan(2, 32, 8, 2048, 2048, 128, v_format="float")
-    assert auto["k_dequant"] and not auto["ws"], auto  # the default at D = 128 (ws from 4096 keys on)
+    assert auto["k_dequant"] and auto["ws"], auto  # the default at D = 128 from 2048 keys: warp-specialized
+    qk16 = plan(2, 32, 8, 2048, 2048, 128, v_format="float", overrides="ws=0")
+    assert (qk16["k_dequant"], qk16["ws"], qk16["min_blocks"]) == (True, False, 3), qk16
     assert plan(1, 28, 4, 16384, 131072, 128, v_format="q4_0")["k_dequant"]  # a chunk over a long past
     for short in (plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=0"),
                   plan(1, 32, 8, 1024, 1024, 128, v_format="float"),  # under 2048 keys
@@ -834,8 +836,8 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     64 rows x 2 D bytes, SK K slots and SV V slots of key_tile rows x 2 D bytes, a full and an empty mbarrier per slot,
     the swizzle slack. Key tiles of 128 with 3 + 3 slots at D = 128 (ws_keys=64: 64 with 4 + 4), 128 with 4 + 4 at
     D = 64, 64 with 2 + 3 at D = 256. V is always scanned (the kernel has no V check: the flagged heads run on
-    prefill_wg.cuh's checked instance), so the scratch ends with the V flags. The default at D = 128 from 4096 keys
-    on (kWsMinKeys), at D = 64 from 32768 (kWsMinKeysD64) and at D = 256 from 2048 (kWsMinKeysD256); elsewhere only
+    prefill_wg.cuh's checked instance), so the scratch ends with the V flags. The default at D = 128 from 2048 keys
+    on (kWsMinKeys), at D = 64 from 8192 (kWsMinKeysD64) and at D = 256 from 2048 (kWsMinKeysD256); elsewhere only
     when asked; never where k_dequant is not, off sm_90a, or where the block does not fit."""
     base = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=0")
     p = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=1")
@@ -880,21 +882,23 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     assert d256["scratch_bytes"] == 4 * 8192 * 256 * 2 + 256 + 4 * 4, d256
     small = "sm=90a,sms=132,smem=200000"  # the wide D = 128 block does not fit, the 64-key one does
     assert plan(1, 32, 8, 8192, 8192, 128, device=small, overrides="ws=1,ws_keys=64")["ws"]
-    # the default: D = 128 from 4096 keys on, where no override asks for another instance or no V scan
+    # the default: D = 128 from 2048 keys on, where no override asks for another instance or no V scan
     assert plan(2, 32, 8, 8192, 8192, 128, v_format="float")["ws"]
     assert plan(1, 32, 8, 4096, 4096, 128, v_format="q8_0")["ws"]
+    assert plan(1, 32, 8, 2048, 2048, 128, v_format="q4_0")["ws"]
     assert plan(1, 28, 4, 16384, 131072, 128, v_format="q8_0")["ws"]  # a prompt chunk over a long past
-    # D = 64 from 32768 keys on (dense causal and a chunk over a long packed past)
+    # D = 64 from 8192 keys on (dense causal and a chunk over a long packed past)
     assert plan(1, 32, 8, 32768, 32768, 64, v_format="float")["ws"]
+    assert plan(1, 32, 8, 8192, 8192, 64, v_format="q8_0")["ws"]
     # D = 256 from 2048 keys on
     for d256_default in (plan(1, 24, 4, 2048, 2048, 256, v_format="float"),
                          plan(1, 24, 4, 32768, 32768, 256, v_format="q4_0")):
         assert (d256_default["ws"], d256_default["key_tile"], d256_default["stages"]) == (True, 64, 2), d256_default
     d64_chunk = plan(1, 14, 2, 16384, 131072, 64, v_format="q8_0", kv_layout=packed_layout(64, "q8_0", 140000))
     assert (d64_chunk["ws"], d64_chunk["key_tile"], d64_chunk["stages"]) == (True, 128, 4), d64_chunk
-    for off in (plan(2, 32, 8, 4095, 4095, 128, v_format="float"),  # under 4096 keys
-                plan(1, 32, 8, 8192, 8192, 64, v_format="float"),  # D = 64 under 32768 keys
-                plan(1, 32, 8, 32767, 32767, 64, v_format="float"),
+    for off in (plan(2, 32, 8, 2047, 2047, 128, v_format="float", overrides="k_dequant=1"),  # under 2048 keys
+                plan(1, 32, 8, 4096, 4096, 64, v_format="float"),  # D = 64 under 8192 keys
+                plan(1, 32, 8, 8191, 8191, 64, v_format="float"),
                 plan(1, 32, 8, 32768, 32768, 64, v_format="float", overrides="ws=0"),
                 plan(1, 24, 4, 2047, 2047, 256, v_format="float"),  # D = 256 under 2048 keys
                 plan(1, 24, 4, 32768, 32768, 256, v_format="float", overrides="ws=0"),
