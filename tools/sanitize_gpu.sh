@@ -5,7 +5,7 @@
 # Usage: tools/sanitize_gpu.sh [TOOL ...]       (default: memcheck racecheck synccheck initcheck)
 #   PYTHON   the interpreter with onnxruntime-gpu, torch, numpy, pytest (default python3)
 #   DOT4ATTN_LIBRARY  the CUDA build of libdot4attn_ops.so (as for tests/gpu)
-#   WORKERS  pytest-xdist worker processes, each one tracked by the sanitizer (default 8 where pytest-xdist is
+#   WORKERS  pytest-xdist worker processes (>= 1), each one tracked by the sanitizer (default 8 where pytest-xdist is
 #            installed, else one process). Each process's first test pays the tool's instrumentation of the library
 #            (20-60 s), so one process takes the set past 6 minutes where 8 take 64-87 s per tool (H100).
 #
@@ -26,6 +26,7 @@ select=(tests/gpu/test_ort_cuda.py tests/gpu/test_cache_cuda.py tests/gpu/test_p
 filter="sanitizer or split_k-B2 or one-length-run or split_merge_concurrent or nonfinite_v or fp16_max_v or prefill_v_scan or rotary_widths"
 cd "$root"
 workers=${WORKERS:-8}
+[[ $workers =~ ^[1-9][0-9]*$ ]] || { echo "sanitize_gpu: WORKERS must be an integer >= 1, got '$workers'" >&2; exit 2; }
 parallel=()
 "$python" -c "import xdist" 2>/dev/null && [[ $workers -gt 1 ]] && parallel=(-n "$workers")
 status=0
