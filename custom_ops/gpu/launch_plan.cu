@@ -662,6 +662,14 @@ void plan_ws(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, cons
   if (w.persistent) w.blocks = std::min<int64_t>(w.ws_items, std::max(dev.sms, 1));  // one block per SM
   w.ws_checked_blocks = std::min<int64_t>(w.ws_items, std::max(dev.sms, 1));
   w.ws_snake = ov.ws_snake != 0;
+  // Causal items over a past at least as long as the chunk (each weighs 1/2 to 1 of the heaviest) whose K and V
+  // rows far exceed L2: one KV head's items after another (pws::item_at), so the blocks at work stream one head's rows
+  // through L2, not all heads' (H100, (28, 4, 128): a 16k chunk over 96k-128k keys 1.03-1.04x, a 32k chunk over 128k
+  // 1.06x; 16k over 64k within the rounds' spread). With Sq = Sk the deal needs all heads at once to stay balanced
+  // ((32, 8, 128) 8k: 0.64x grouped; docs/performance.md).
+  const int64_t kv_bytes = p.B * p.Hkv * p.Sk * p.D * 4;  // K's and V's float16 rows
+  const bool grouped = w.causal_tiles > 0 && p.Sk - p.Sq >= p.Sq && kv_bytes >= kWsGroupMinBytes;
+  w.ws_group = ov.ws_group >= 0 ? ov.ws_group : grouped ? 1 : 0;
   if (!w.v_scan) w.scratch_bytes += size_t(p.B * p.Hkv) * sizeof(int);
   w.v_scan = true;
   w.ws = true;
@@ -920,13 +928,14 @@ PlanOverrides parse_plan_overrides(const char* s) {
     else if (k == "ws") ov.ws = to_int(k, v, 0, 1, kWhat);
     else if (k == "ws_persist") ov.ws_persist = to_int(k, v, 0, 1, kWhat);
     else if (k == "ws_snake") ov.ws_snake = to_int(k, v, 0, 1, kWhat);
+    else if (k == "ws_group") ov.ws_group = to_int(k, v, 0, 64, kWhat);
     else if (k == "ws_keys") {
       ov.ws_keys = to_int(k, v, 64, 128, kWhat);
       if (ov.ws_keys != 64 && ov.ws_keys != 128) fail(kWhat, "ws_keys: expected 64 or 128, got ", v);
     }
     else
       fail(kWhat, "unknown key '", k, "' (expected kernel, warps, stages, staging, cluster, m_tiles, min_blocks, tma, ",
-           "wgmma, split_waves, v_scan, v_dequant, k_dequant, qk_wgmma, ws, ws_keys, ws_persist, ws_snake)");
+           "wgmma, split_waves, v_scan, v_dequant, k_dequant, qk_wgmma, ws, ws_keys, ws_persist, ws_snake, ws_group)");
   }
   return ov;
 }
@@ -977,7 +986,7 @@ std::string plan_json(const GpuPlan& pl) {
   if (pl.ws)
     o << ", \"key_tile\": " << pl.key_tile << ", \"persistent\": " << (pl.persistent ? "true" : "false")
       << ", \"items\": " << pl.ws_items << ", \"checked_blocks\": " << pl.ws_checked_blocks
-      << ", \"snake\": " << (pl.ws_snake ? "true" : "false");
+      << ", \"snake\": " << (pl.ws_snake ? "true" : "false") << ", \"group\": " << pl.ws_group;
   o << ", \"smem_bytes\": " << pl.smem_bytes << ", \"n_splits\": " << pl.n_splits << ", \"split_len\": "
     << pl.split_len << ", \"n_chunks\": " << pl.n_chunks << ", \"blocks\": " << pl.blocks
     << ", \"scratch_bytes\": " << pl.scratch_bytes << ", \"strided\": " << (pl.strided ? "true" : "false")

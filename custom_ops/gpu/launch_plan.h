@@ -34,6 +34,9 @@
 //   ws_keys=64|128              its keys per tile (GpuPlan::key_tile; default 128 at D 64 / 128; D = 256 takes 64)
 //   ws_persist=0|1              its grid: one block per SM walking the work items (default), or one per item
 //   ws_snake=0|1                its persistent deal (pws::Deal): odd rounds right to left (default), or round-robin
+//   ws_group=0..64              its causal items' order: 0 position-major over all heads, n > 0 position-major within
+//                               groups of n (batch, KV head) pairs, one group after another (pws::item_at); default 1
+//                               for a chunk over a past as long whose K and V take kWsGroupMinBytes+, else 0
 // Host code only; no GPU runtime call here (device facts come in as a value).
 #pragma once
 
@@ -85,6 +88,7 @@ struct PlanOverrides {
   int ws_keys = 0;           // 0 auto, 64 or 128: that kernel's keys per tile (D 64 / 128)
   int ws_persist = -1;       // -1 auto (on), 0 off: that kernel's blocks walk its work items (one block per SM)
   int ws_snake = -1;         // -1 auto (on), 0 off: its persistent deal right to left in odd rounds (GpuPlan::ws_snake)
+  int ws_group = -1;         // -1 auto (kWsGroupMinBytes), n: causal items position-major within groups of n KV heads
 };
 
 // The warp-specialized f16 Q.K prefill (prefill_ws.cuh) is the default at D = 128 from kWsMinKeys keys on, at
@@ -93,6 +97,11 @@ struct PlanOverrides {
 constexpr int64_t kWsMinKeys = 2048;
 constexpr int64_t kWsMinKeysD64 = 8192;
 constexpr int64_t kWsMinKeysD256 = 2048;
+// Its causal items go one KV head after another (ws_group = 1) where the chunk has a past at least as long as itself
+// and the K and V float16 rows of all (batch, KV head) pairs take kWsGroupMinBytes or more, over three times the
+// H100 / H200's 50 MB of L2 (H100, the 7B shape's 16k chunk over 96k-128k keys: 1.03-1.04x; over 64k: within the
+// rounds' spread, docs/performance.md).
+constexpr int64_t kWsGroupMinBytes = int64_t(160) << 20;
 
 // The largest float16 copy of a quantized V the prefill dequantizes into (scratch): past it, the kernel converts
 // each V tile itself, as without the copy.
@@ -147,6 +156,7 @@ struct GpuPlan {
   int64_t ws_items = 0;
   int64_t ws_checked_blocks = 0;  // ws: the checked companion's blocks (one per SM, striding over the items)
   bool ws_snake = false;     // ws, persistent: odd rounds of work items dealt right to left (pws::Deal)
+  int ws_group = 0;          // ws, causal items: 0 position-major over all heads, n > 0 within groups of n KV heads
   bool strided = false;      // K / V rows strided (AttentionParams' row layout is not the dense one)
   std::string fallback;      // why the route's preferred kernel was not taken ("" when it was)
   PlanOverrides overrides;   // what the plan was made with (a refused cluster launch is planned again without)

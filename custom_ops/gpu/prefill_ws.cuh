@@ -90,11 +90,27 @@ struct Item {
   bool skip;
 };
 
+// Causal items (ncq > 0) in position-major order within groups of kv_group (batch, KV head) pairs, group after group
+// (kv_group = B Hkv: over all heads at once, pmma::item_chunk's order). Grouped, the blocks at work stream the K / V
+// rows of kv_group KV heads, not of all, through L2: where the items weigh about the same (a chunk over a longer past)
+// that is faster; where they do not (Sq = Sk), only the order over all heads keeps the deal balanced (launch_plan.cu).
+__device__ __forceinline__ void grouped_chunk(const TileArgs& a, int64_t ncq, int kv_group, int64_t idx, int64_t& bh,
+                                              int64_t& chunk) {
+  using I = uint32_t;
+  const I BH = I(a.B * a.Hkv), g = I(a.g), nc = I(ncq), gk = I(kv_group);
+  const I per = gk * g * nc, grp = I(idx) / per, r = I(idx) % per, first = grp * gk;
+  const I ug = (BH - first < gk ? BH - first : gk) * g;
+  const I level = r / ug, u = r % ug;
+  bh = first + u / g;
+  chunk = (u % g) * nc + (nc - 1 - level);
+}
+
 template <int NK>
-__device__ __forceinline__ Item item_at(const TileArgs& a, int64_t ncq, int64_t idx) {
+__device__ __forceinline__ Item item_at(const TileArgs& a, int64_t ncq, int kv_group, int64_t idx) {
   Item it;
   int64_t chunk;
-  pmma::item_chunk<uint32_t>(a, ncq, idx, it.bh, chunk);
+  if (ncq > 0) grouped_chunk(a, ncq, kv_group, idx, it.bh, chunk);
+  else pmma::item_chunk<uint32_t>(a, 0, idx, it.bh, chunk);
   it.skip = a.v_flags[it.bh] != 0;
   it.b = uint32_t(it.bh) / uint32_t(a.Hkv);
   it.hkv = uint32_t(it.bh) % uint32_t(a.Hkv);
@@ -159,6 +175,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kKeys = NK;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + smem_pad1024(smem_raw);
+  // bit 0 of `snake`: the snake deal; above it item_at's KV-head groups (0: all heads, one group)
+  const int kv_group = (snake >> 1) > 0 ? (snake >> 1) : int(a.B * a.Hkv);
   // warpgroups 0, 1: consumers; 2: the producer (kUniformDesc: broadcast from lane 0, so ptxas knows it is uniform)
   const int tid = threadIdx.x, wg = kUniformDesc<D> ? __shfl_sync(0xffffffffu, tid >> 7, 0) : tid >> 7;
   const int64_t rows_here = a.g * a.Sq;
@@ -185,10 +203,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     wg_regs_dec<kProducerRegs>();
     if (tid == 128 * kConsumers) {
       int64_t g = 0;  // tiles issued so far (the slots' phases run on across items)
-      for (Deal d(snake != 0); d.k * gridDim.x < n_items; ++d.k) {
+      for (Deal d((snake & 1) != 0); d.k * gridDim.x < n_items; ++d.k) {
         const int64_t idx = d.item();
         if (idx >= n_items) continue;  // the last round's hole
-        const Item it = item_at<NK>(a, ncq, idx);
+        const Item it = item_at<NK>(a, ncq, kv_group, idx);
         if (it.skip) continue;
         // the item's Q rows (contiguous: rows row0 .. row_end - 1 of its (batch, KV head)'s g Sq) toward L2 while the
         // consumers finish the item before, so their stage_q waits for L2, not DRAM
@@ -255,11 +273,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // quantized in place before the next item's first turn. So the item boundary is one more tile of the warpgroup's
   // pipeline, not a drain (last P.V, store, Q, first Q.K and softmax in sequence) that the ping-pong would pass on
   // to the other warpgroup (1-2 % at D 64 / 128, 5-7 % at D = 256 against a loop item by item, docs/performance.md).
-  Deal d(snake != 0);
+  Deal d((snake & 1) != 0);
   auto find = [&]() -> int64_t {  // the next item of this block's deal (the producer's walk), or -1
     for (; d.k * gridDim.x < n_items; ++d.k) {
       const int64_t idx = d.item();
-      if (idx >= n_items || item_at<NK>(a, ncq, idx).skip) continue;
+      if (idx >= n_items || item_at<NK>(a, ncq, kv_group, idx).skip) continue;
       ++d.k;
       return idx;
     }
@@ -306,7 +324,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int64_t idx = find();
   Ctx cur;
   if (idx >= 0) {
-    const Item it = item_at<NK>(a, ncq, idx);
+    const Item it = item_at<NK>(a, ncq, kv_group, idx);
     cur = Ctx::of<NK>(a, it, wg, warp);
     load(it);
     stage_done();
@@ -381,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---- the next item's Q rows on their way (cur's last Q.K has completed) ----
     Ctx nxt;
     if (nidx >= 0) {
-      const Item n = item_at<NK>(a, ncq, nidx);
+      const Item n = item_at<NK>(a, ncq, kv_group, nidx);
       nxt = Ctx::of<NK>(a, n, wg, warp);
       load(n);
     }

@@ -541,25 +541,28 @@ def _ws_persistent_out(torch, t, q_shape, overrides: str, causal: bool):
 @pytest.mark.parametrize("D,S", [(128, 4096), (64, 3000), (256, 4096)])
 def test_ws_deals_give_the_same_output(torch_cuda, D, S):
     """The warp-specialized prefill's persistent deal (which block takes which work item: odd rounds right to left by
-    default, or round-robin) changes only the order: both give the same output bit for bit, and that matches
+    default, or round-robin) and its causal items' order (position-major over all heads, or within groups of 1 or 3
+    KV heads, the last group short) change only the order: all give the same output bit for bit, and that matches
     reference.attention (qk_f16). Causal, more items than SMs, Sq a multiple of 128 or not (position-major items or
     row chunks), a last round that does not fill the grid."""
     torch = torch_cuda
-    q, kp, ks, v = _qk16_inputs(torch, 31, 1, 8, 2, S, D)
+    q, kp, ks, v = _qk16_inputs(torch, 31, 2, 8, 2, S, D)
     t = [to_device(torch, a) for a in (q, kp, ks, v, None)]
     outs = {}
-    for deal in ("", ",ws_snake=0"):
+    for deal in ("", ",ws_snake=0", ",ws_group=1", ",ws_group=3,ws_snake=0"):
         plan, outs[deal] = _ws_persistent_out(torch, t, q.shape, K16W + deal, True)
-        assert plan["snake"] == (deal == ""), (deal, plan)
+        assert plan["snake"] == ("snake" not in deal), (deal, plan)
+        assert plan["group"] == (int(deal.split("ws_group=")[1].split(",")[0]) if "group" in deal else 0), plan
     first = outs[""]
     for deal, o in outs.items():
-        assert np.array_equal(o, first), f"ws D={D} S={S}: round-robin differs from the snake deal"
+        assert np.array_equal(o, first), f"ws D={D} S={S}: the deal {deal!r} differs from the default one"
     ref = R.attention(q, kp, ks, v, None, None, causal=1, v_format="float", qk_f16=True)
     check_nmse(first, ref.astype(np.float16), AC.REF_TOL, f"ws deals D={D} S={S}")
 
 
 @pytest.mark.parametrize("D,Sq,Sk,causal", [
     (128, 4096, 4096, True),   # position-major items, every warpgroup's tiles all with work
+    (128, 1024, 3072, True),   # a chunk over a longer past, its items one KV head after another (ws_group=1)
     (128, 1000, 1064, True),   # a chunk over 64 keys more: the first warpgroup's last tile of an item has no work
     (64, 3000, 3000, True),    # row chunks
     (128, 700, 400, True),     # fewer keys than rows: the first 300 rows see none (zeros)
@@ -582,7 +585,11 @@ def test_ws_loop_across_items_matches_the_reference(torch_cuda, D, Sq, Sk, causa
     kp, ks = R.pack_k(rng.standard_normal((B, Hkv, Sk, D)).astype(np.float16))
     v = rng.standard_normal((B, Hkv, Sk, D)).astype(np.float16)
     t = [to_device(torch, a) for a in (q, kp, ks, v, None)]
-    outs = [_ws_persistent_out(torch, t, q.shape, K16W, causal)[1] for _ in range(2)]
+    grouped = causal and Sq % 128 == 0 and Sk - Sq >= Sq
+    runs = [_ws_persistent_out(torch, t, q.shape, K16W + (",ws_group=1" if grouped else ""), causal)
+            for _ in range(2)]
+    outs = [o for _, o in runs]
+    assert runs[0][0]["group"] == int(grouped), runs[0][0]
     assert np.array_equal(outs[0], outs[1]), f"ws D={D} Sq={Sq} Sk={Sk}: two calls differ"
     ref = R.attention(q, kp, ks, v, None, None, causal=int(causal), v_format="float", qk_f16=True)
     check_nmse(outs[0], ref.astype(np.float16), AC.REF_TOL, f"ws D={D} Sq={Sq} Sk={Sk} causal={causal}")

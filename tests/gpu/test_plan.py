@@ -912,9 +912,40 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
                 plan(1, 32, 8, 8192, 8192, 128, device=small, overrides="ws=1"),
                 plan(1, 24, 4, 8192, 8192, 256, v_format="float", overrides="ws=1", device=small)):
         assert not off.get("ws", False), off
-    for bad in ("ws=2", "ws_keys=96", "ws_keys=256", "ws_persist=2", "ws_snake=2"):
+    for bad in ("ws=2", "ws_keys=96", "ws_keys=256", "ws_persist=2", "ws_snake=2", "ws_group=65", "ws_group=-1"):
         with pytest.raises(native.NativeError, match="ws"):
             plan(1, 32, 8, 8192, 8192, 128, overrides=bad)
+
+
+def test_ws_orders_a_long_chunks_items_one_kv_head_after_another():
+    """The warp-specialized prefill's causal items run position-major over all heads (group 0) unless the chunk has a
+    past at least as long as itself and the K and V float16 rows of all (batch, KV head) pairs take
+    kWsGroupMinBytes (160 MiB) or more: then one KV head's items after another (group 1), so L2 serves one head's rows
+    to the blocks at work. ws_group=n asks for groups of n KV heads (0: all at once), nothing else changes."""
+    def group(B, Hq, Hkv, Sq, Sk, D, **kw):
+        p = plan(B, Hq, Hkv, Sq, Sk, D, v_format="q8_0", **kw)
+        assert p["ws"], p
+        return p["group"]
+
+    assert group(1, 28, 4, 16384, 131072, 128) == 1  # the 7B shape's last chunks: 256 MiB of K and V
+    assert group(1, 28, 4, 16384, 98304, 128) == 1   # 192 MiB
+    assert group(1, 28, 4, 32768, 131072, 128) == 1
+    assert group(1, 28, 4, 16384, 81920, 128) == 1   # 160 MiB, the threshold
+    assert group(1, 28, 4, 16384, 81792, 128) == 0   # just below it
+    assert group(1, 28, 4, 16384, 65536, 128) == 0   # 128 MiB: L2 serves position-major as well
+    assert group(2, 28, 4, 16384, 65536, 128) == 1   # two sequences: 256 MiB
+    assert group(1, 28, 4, 65536, 65536, 128) == 0   # Sq = Sk: heavy and light items, the deal needs all heads
+    assert group(1, 28, 4, 65536, 131072, 128) == 1  # a past as long as the chunk
+    assert group(1, 28, 4, 65600, 131136, 128) == 0  # Sq not a multiple of 128: row chunks, no position order
+    assert group(1, 28, 4, 16384, 131072, 128, causal=False) == 0
+    assert group(1, 28, 4, 16384, 16384, 128) == 0
+    assert group(1, 24, 4, 16384, 65536, 256) == 1   # D = 256: 256 MiB
+    assert group(1, 14, 2, 16384, 131072, 64) == 0   # the 0.5B shape: 64 MiB
+    auto = plan(1, 28, 4, 16384, 131072, 128, v_format="q8_0")
+    for n in (0, 1, 3):
+        forced = plan(1, 28, 4, 16384, 131072, 128, v_format="q8_0", overrides=f"ws_group={n}")
+        assert forced["group"] == n and {k: v for k, v in forced.items() if k != "group"} == \
+            {k: v for k, v in auto.items() if k != "group"}, (forced, auto)
 
 
 def test_qk_wgmma_plans_the_int8_wgmma_qk_only_where_asked():
