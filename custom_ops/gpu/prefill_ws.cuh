@@ -168,15 +168,15 @@ struct Deal {
 // them), so the producer loads the next item's first tiles while the consumers store this one's rows.
 template <int D, int NK, int SK, int SV>
 __global__ void __launch_bounds__(kThreads, 1)
-    prefill_ws_kernel(const TileArgs a, const int64_t ncq, const int64_t n_items, const int snake,
+    prefill_ws_kernel(const TileArgs a, const int64_t ncq, const int64_t n_items, const int order,
                       const __grid_constant__ TmaMaps tm) {
 #if defined(D4A_WGMMA)
   using L = Layout<D, NK, SK, SV>;
   constexpr int kKeys = NK;
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + smem_pad1024(smem_raw);
-  // bit 0 of `snake`: the snake deal; above it item_at's KV-head groups (0: all heads, one group)
-  const int kv_group = (snake >> 1) > 0 ? (snake >> 1) : int(a.B * a.Hkv);
+  // `order`, bit 0: the snake deal (Deal); above it item_at's KV-head groups (0: all heads, one group)
+  const int kv_group = (order >> 1) > 0 ? (order >> 1) : int(a.B * a.Hkv);
   // warpgroups 0, 1: consumers; 2: the producer (kUniformDesc: broadcast from lane 0, so ptxas knows it is uniform)
   const int tid = threadIdx.x, wg = kUniformDesc<D> ? __shfl_sync(0xffffffffu, tid >> 7, 0) : tid >> 7;
   const int64_t rows_here = a.g * a.Sq;
@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     wg_regs_dec<kProducerRegs>();
     if (tid == 128 * kConsumers) {
       int64_t g = 0;  // tiles issued so far (the slots' phases run on across items)
-      for (Deal d((snake & 1) != 0); d.k * gridDim.x < n_items; ++d.k) {
+      for (Deal d((order & 1) != 0); d.k * gridDim.x < n_items; ++d.k) {
         const int64_t idx = d.item();
         if (idx >= n_items) continue;  // the last round's hole
         const Item it = item_at<NK>(a, ncq, kv_group, idx);
@@ -273,7 +273,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // quantized in place before the next item's first turn. So the item boundary is one more tile of the warpgroup's
   // pipeline, not a drain (last P.V, store, Q, first Q.K and softmax in sequence) that the ping-pong would pass on
   // to the other warpgroup (1-2 % at D 64 / 128, 5-7 % at D = 256 against a loop item by item, docs/performance.md).
-  Deal d((snake & 1) != 0);
+  Deal d((order & 1) != 0);
   auto find = [&]() -> int64_t {  // the next item of this block's deal (the producer's walk), or -1
     for (; d.k * gridDim.x < n_items; ++d.k) {
       const int64_t idx = d.item();
@@ -447,7 +447,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   (void)a;
   (void)ncq;
   (void)n_items;
-  (void)snake;
+  (void)order;
   (void)tm;
   __trap();
 #endif

@@ -157,7 +157,7 @@ void ws_qk16(const GpuPlan& pl, const TileArgs& b, gpuStream_t s) {
   using I = pws::Inst<D, NK>;
   const TmaMaps tm = kv_maps(b, 2 * D, 2 * D);
   launch_planned(pws::prefill_ws_kernel<D, NK, I::SK, I::SV>, pl, s, b, pl.causal_tiles, pl.ws_items,
-                 int(pl.ws_snake) | (pl.ws_group << 1), tm);
+                 int(pl.ws_snake) | (pl.ws_group << 1), tm);  // the kernel's `order`: the deal, the KV-head groups
   GpuPlan c = pl;  // a block per SM, striding over the work items (most return at once: their head is unflagged)
   c.blocks = pl.ws_checked_blocks;
   c.threads = 256;
