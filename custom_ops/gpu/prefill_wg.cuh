@@ -239,6 +239,30 @@ __device__ __forceinline__ int tile_byte(int r, int b) {
   return tma_row_byte<2 * D, kKeys>(r, b);
 }
 
+// max |x| over a 32-block of float16 values held by four neighbouring lanes, 8 each (abs_or_inf's: +inf where the
+// block holds a NaN or an Inf). On the halves' bits: with the sign cleared their unsigned order is that of the
+// magnitudes, and a NaN or Inf is >= 0x7c00; two halves per instruction, one conversion at the end.
+__device__ __forceinline__ float block_amax_halves(const uint4 xv) {
+#if defined(D4A_HIP)
+  const __half2* h = reinterpret_cast<const __half2*>(&xv);
+  float amax = 0.f;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const float2 f = __half22float2(h[u]);
+    amax = fmaxf(amax, fmaxf(abs_or_inf(f.x), abs_or_inf(f.y)));
+  }
+  amax = fmaxf(amax, shfl_xor(amax, 1));
+  return fmaxf(amax, shfl_xor(amax, 2));
+#else
+  constexpr uint32_t kMag = 0x7fff7fffu;
+  uint32_t m = __vmaxu2(__vmaxu2(xv.x & kMag, xv.y & kMag), __vmaxu2(xv.z & kMag, xv.w & kMag));
+  m = __vmaxu2(m, __shfl_xor_sync(0xffffffffu, m, 1));
+  m = __vmaxu2(m, __shfl_xor_sync(0xffffffffu, m, 2));
+  const uint32_t top = max(m & 0xffffu, m >> 16);
+  return top >= 0x7c00u ? INFINITY : h2f(uint16_t(top));
+#endif
+}
+
 // One lane's 8 float16 values of Q (a quarter of a 32-block: four neighbouring lanes hold the block), quantized as the
 // contract says (int8 levels per 32-block, float32 block scale) and returned as float16 (level * scale, one rounding:
 // the QK16 mode's Q). All 32 lanes take part (the block's max over the four lanes).
@@ -251,20 +275,15 @@ __device__ __forceinline__ uint4 quantize_q_piece(const uint4 xv) {
     x[2 * u] = f.x;
     x[2 * u + 1] = f.y;
   }
-  float amax = 0.f;
-#pragma unroll
-  for (int u = 0; u < 8; ++u) amax = fmaxf(amax, abs_or_inf(x[u]));  // +inf for a NaN / Inf block
-  amax = fmaxf(amax, shfl_xor(amax, 1));                              // four lanes hold one 32-block
-  amax = fmaxf(amax, shfl_xor(amax, 2));
+  const float amax = block_amax_halves(xv);  // the 32-block's (four lanes'); +inf for a NaN / Inf block
   float dv;
   const float sc = q_block_scale(amax, dv);  // NaN for a non-finite block (dv = 0: levels 0)
+  float q[8] = {};
+  if (dv != 0.f) q_levels<8>(x, dv, q);
   uint32_t w[4];
 #pragma unroll
   for (int u = 0; u < 8; u += 2) {
-    float q0 = dv == 0.f ? 0.f : rintf(div_rn(x[u], dv));
-    float q1 = dv == 0.f ? 0.f : rintf(div_rn(x[u + 1], dv));
-    q0 = fminf(fmaxf(q0, -127.f), 127.f);
-    q1 = fminf(fmaxf(q1, -127.f), 127.f);
+    const float q0 = fminf(fmaxf(q[u], -127.f), 127.f), q1 = fminf(fmaxf(q[u + 1], -127.f), 127.f);
     w[u / 2] = pack_h2(q0 * sc, q1 * sc);
   }
   return make_uint4(w[0], w[1], w[2], w[3]);

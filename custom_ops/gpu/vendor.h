@@ -202,6 +202,40 @@ __device__ __forceinline__ float div_rn(float a, float b) {
 #endif
 }
 
+// Levels rint(x / dv) of a block's values (dv > 0 finite, |x / dv| <= 127 (1 + 2^-24): dv = div_rn(amax, 127), |x| <=
+// amax), bit for bit those of rintf(div_rn(x, dv)), at a multiply each: with inv = dv's correctly rounded reciprocal,
+// x inv is within 2^-16 of x / dv and div_rn's quotient within 2^-17, so both round to the same integer unless x inv
+// lies within 2^-13 of a half-integer; then (under 1 value in 1000) all N take the true division. Why: the prefill
+// kernels quantize Q inside their work items (the warp-specialized one between two items, on its consumers' path),
+// where a division with its slow-path branch per value made a 16-byte piece ~245 instructions in a chain of branches;
+// with this rule and the block max on the halves' bits (prefill_wg.cuh) about half as many, and the prefill
+// 1.02x / 1.04x faster at 8k / 2k keys (docs/performance.md). The decode kernels quantize one row per head and keep the division.
+// tests/ops/test_q_level_rule.py checks the rule against the division on every float16 value;
+// test_prefill_q_levels_are_the_contracts (tests/gpu/test_kernels.py) the kernels' levels.
+template <int N>
+__device__ __forceinline__ void q_levels(const float (&x)[N], float dv, float (&q)[N]) {
+#if defined(D4A_HIP)
+  const float inv = 1.f / dv;  // correctly rounded under HIP's defaults (div_rn)
+#else
+  const float inv = __frcp_rn(dv);
+#endif
+  bool near = false;
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+#if defined(D4A_HIP)
+    const float r = x[u] * inv;
+#else
+    const float r = __fmul_rn(x[u], inv);
+#endif
+    q[u] = rintf(r);
+    near |= fabsf(fabsf(r - q[u]) - 0.5f) < 0x1p-13f;
+  }
+  if (near) {
+#pragma unroll
+    for (int u = 0; u < N; ++u) q[u] = rintf(div_rn(x[u], dv));
+  }
+}
+
 // ---- non-finite policy (docs/ops.md, "Non-finite and out-of-range values"), the CPU's common/quantize.h -------
 // |x| for a block max that is +inf exactly when the block holds a NaN or +-Inf (fmaxf alone drops a NaN).
 __device__ __forceinline__ float abs_or_inf(float x) {

@@ -496,6 +496,64 @@ def _qk16_inputs(torch, seed: int, B: int, Hq: int, Hkv: int, S: int, D: int):
     return q, kp, ks, rng.standard_normal((B, Hkv, S, D)).astype(np.float16)
 
 
+def _q_levels_rows(rng: np.random.Generator, rows: int, D: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q rows whose 32-blocks have fixed maxima AMAX (one element +-amax, placed at random) and values where rounding
+    a quotient to a level is hardest: exact half-level ties (amax 127 / 8: level steps of 1 / 8), float16 values whose
+    float32 quotient lies within 2^-9 of a half-integer (the GPU's fast rule takes the true division within 2^-13),
+    and uniform values. Returns the rows and each block's level step dv (the quantization's divisor)."""
+    amax = np.array([15.875, 3.7, 0.011, 250.3], dtype=np.float16)[: D // 32].astype(np.float32)
+    dv = (amax / np.float32(127)).astype(np.float32)
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    finite = h[np.isfinite(h)].astype(np.float32)
+    q = np.empty((rows, D), np.float32)
+    for b, (a, d) in enumerate(zip(amax, dv)):
+        cand = finite[np.abs(finite) < a]
+        r = (cand / d).astype(np.float32)
+        near = cand[np.abs(np.abs(r - np.rint(r)) - 0.5) < 2.0 ** -9]
+        ties = ((rng.integers(-127, 127, 4096) + 0.5) * d).astype(np.float32)
+        pool = [near, ties[np.float16(ties).astype(np.float32) == ties], rng.uniform(-a, a, 4096).astype(np.float32)]
+        pool = np.concatenate([p for p in pool if p.size])
+        blk = rng.choice(pool, size=(rows, 32))
+        blk[np.arange(rows), rng.integers(0, 32, rows)] = a * rng.choice([-1, 1], rows)
+        q[:, 32 * b: 32 * b + 32] = blk
+    return q.astype(np.float16), dv
+
+
+@pytest.mark.parametrize("overrides", [K16W, K16, K16O, ""])
+def test_prefill_q_levels_are_the_contracts(torch_cuda, overrides):
+    """Q's int8 levels as the kernels compute them inside the prefill (gpu/vendor.h q_levels: a multiply by the
+    reciprocal, the true division near half-levels) equal the contract's (reference.quantize_q: float32 division,
+    round half to even). K's key j is column j of the identity times c_j and V the identity, so output element (i, j)
+    is the softmax weight of logit Q[i, j] c_j: c_j makes one level 0.02 (so a level one off moves that output by 2 %),
+    logits stay within +-2.6, every weight >= 1e-4 (float16 keeps them to 0.05 %). Rows with exact half-level ties and
+    near-ties; against reference.attention (qk_f16 where the plan takes K's float16 copy), every weight within 0.5 %;
+    the default plan too (the int8 Q.K off sm_90a)."""
+    torch = torch_cuda
+    if torch.cuda.get_device_capability()[0] != 9 and overrides:
+        pytest.skip("the QK16 prefill runs on sm_90a")
+    D, B, Hq, Hkv, Sq = 128, 1, 2, 1, 320
+    rng = np.random.default_rng(43)
+    q2, dv = _q_levels_rows(rng, B * Hq * Sq, D)
+    q = q2.reshape(B, Hq, Sq, D)
+    scale = np.float32(1 / np.sqrt(D))
+    c = (0.02 / (scale * np.repeat(dv, 32))).astype(np.float16)
+    kp, ks = R.pack_k((np.eye(D, dtype=np.float32) * c.astype(np.float32)).astype(np.float16)[None, None])
+    v = np.eye(D, dtype=np.float16)[None, None]
+    t = [to_device(torch, a) for a in (q, kp, ks, v, None)]
+    out = torch.full(q.shape, float("nan"), dtype=torch.float16, device="cuda")
+    plan = native.TorchAttention(*t, out, v_format="float", route="prefill", causal=False,
+                                 overrides=overrides)(return_plan=True)
+    torch.cuda.synchronize()
+    assert plan.get("k_dequant", False) == bool(overrides) or not overrides, plan
+    qk_f16 = bool(plan.get("k_dequant", False))
+    ref = R.attention(q, kp, ks, v, None, None, causal=0, v_format="float", qk_f16=qk_f16).astype(np.float32)
+    assert ref.min() >= 1e-4, ref.min()
+    rel = np.abs(out.cpu().numpy().astype(np.float32) / ref - 1)
+    i = np.unravel_index(np.argmax(rel), rel.shape)
+    assert rel.max() <= 5e-3, (f"plan {plan}: weight {i} off by {rel.max():.2%} (one level is 2 %): Q[{i[:3]}] = "
+                               f"{q[i[:3]][i[3]]!r}, level {R.quantize_q(q)[0][i[:3]][i[3]]}")
+
+
 @pytest.mark.parametrize("S", [1500, 1536])  # row chunks in (batch, KV head) order; position-major causal items
 @pytest.mark.parametrize("v_format,D", [("float", 128), ("q8_0", 64)])
 def test_ws_checked_companion_walks_several_items_per_block(torch_cuda, v_format, D, S):
