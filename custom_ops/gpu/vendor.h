@@ -209,8 +209,8 @@ __device__ __forceinline__ float div_rn(float a, float b) {
 // kernels quantize Q inside their work items (the warp-specialized one between two items, on its consumers' path),
 // where a division with its slow-path branch per value made a 16-byte piece ~245 instructions in a chain of branches;
 // with this rule and the block max on the halves' bits (prefill_wg.cuh) about half as many, and the prefill
-// 1.02x / 1.04x faster at 8k / 2k keys (docs/performance.md). The decode kernels quantize one row per head and keep
-// the division.
+// 1.02x / 1.04x faster at 8k / 2k keys (docs/performance.md). The decode kernels (one row per head) and the tile
+// kernel (the fallback) keep the division.
 // tests/ops/test_q_level_rule.py checks the rule against the division on every float16 value;
 // test_prefill_q_levels_are_the_contracts (tests/gpu/test_kernels.py) the kernels' levels.
 template <int N>
