@@ -142,11 +142,9 @@ __device__ __forceinline__ void rotate_row(float (&x)[kMaxHeadDim / 32], float* 
 template <typename I, int kRot>  // kRot: 0 none, 1 rotate-half in lanes, 2 interleaved, 3 through shared memory
 __global__ void __launch_bounds__(kThreads) prologue_kernel(Prologue a) {
   __shared__ float rows[kGroups][kMaxHeadDim];
-#if defined(D4A_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // The decode that follows may start now (AttentionParams::follows_prologue): it streams the older keys while this
   // kernel runs and waits for its completion before reading Q and the new rows.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
+  gpu::pdl_launch_dependents();
   const int grp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const I per_token = I(a.Hq + 2 * a.Hkv), S = I(a.S), Hkv = I(a.Hkv);
   const I tokens = I(a.nb) * S;

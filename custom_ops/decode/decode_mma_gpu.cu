@@ -42,8 +42,7 @@ bool launch_cluster(Kernel kern, const GpuPlan& pl, const TileArgs& a, const Tma
 template <class Kernel>
 void launch_mma(Kernel kern, const GpuPlan& pl, gpuStream_t s, const TileArgs& a, const TmaMaps& tm) {
   if (!a.pdl) return launch_planned(kern, pl, s, a, tm);
-  set_dynamic_smem(reinterpret_cast<const void*>(kern), pl.smem_bytes);
-  launch_dependent(kern, unsigned(pl.blocks), unsigned(pl.threads), size_t(pl.smem_bytes), s, a, tm);
+  launch_planned_dependent(kern, pl, s, a, tm);
 }
 
 // The plan's instance with dense (SR false) or strided (SR true) row addressing.

@@ -32,6 +32,17 @@ void launch_planned(Kernel kern, const GpuPlan& plan, gpuStream_t s, const Args&
   D4A_GPU_CHECK(gpuGetLastError());
 }
 
+#if defined(D4A_CUDA)
+// launch_planned as the programmatic dependent of the stream's previous kernel (vendor.h, launch_dependent): its blocks
+// may launch while that kernel finishes, so the kernel calls pdl_wait before it reads what that kernel wrote or writes
+// anything. Only for kernels of sm_90 plans: compiled for an older architecture pdl_wait is empty.
+template <class Kernel, class... Args>
+void launch_planned_dependent(Kernel kern, const GpuPlan& plan, gpuStream_t s, const Args&... args) {
+  set_dynamic_smem(reinterpret_cast<const void*>(kern), plan.smem_bytes);
+  launch_dependent(kern, unsigned(plan.blocks), unsigned(plan.threads), size_t(plan.smem_bytes), s, args...);
+}
+#endif
+
 // decode/decode_gpu.cu (instances: decode/decode_instances.h): a plan of the decode kernels or of the decode /
 // split_k tile kernel (split_k stage 1 when a.part_acc is set). False only when the device refused a cluster launch
 // (the caller plans again without).

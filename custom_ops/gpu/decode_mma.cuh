@@ -645,7 +645,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
           issue_first(s0, j);
         }
       }
-      asm volatile("griddepcontrol.wait;\n" ::: "memory");
+      pdl_wait();
     }
 #endif
     const QRow<D> q = q_load<D>(a, b, hkv, int(row0), nrows, w, lane);
@@ -1023,7 +1023,7 @@ __global__ void __launch_bounds__(kMaxThreads) decode_mma_kernel(const TileArgs 
   // split_k: the merge kernel may launch once every block got here (it waits for this grid's completion:
   // programmatic dependent launch), so its blocks arrive during the combines below. Triggered at the start of the
   // kernel, they would sit resident through the whole key walk, which makes long walks (128k keys) slower.
-  if (a.part_acc != nullptr) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  if (a.part_acc != nullptr) pdl_launch_dependents();
 #endif
 
   // ---- combine the warps in shared memory, then the rows / partials ----

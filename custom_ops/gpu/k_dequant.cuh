@@ -43,9 +43,14 @@ __device__ __forceinline__ bool k_run_scales_big(const TileArgs& a, int64_t r0, 
 // the same pass: one launch where there were two. Flags: B * Hkv ints each, zeroed before.
 template <int D>
 __global__ void __launch_bounds__(kScanThreads) kv_scan_kernel(const TileArgs a, int* kflags, int* vflags) {
+  pdl_launch_dependents();  // the K copy's blocks may launch now (they wait for this kernel's end)
   for_each_key_run(a, [&](int64_t bh, int64_t r0, int nk) {
-    if (k_run_scales_big<D>(a, r0, nk)) kflags[bh] = 1;
-    if (vflags != nullptr && v_run_nonfinite<D>(a, r0, nk)) vflags[bh] = 1;
+    // both checks before either store: a flag store between the K scales' loads and V's would hold V's loads back
+    // (the compiler cannot tell the buffers apart), two round trips to memory per run instead of one
+    const bool k_big = k_run_scales_big<D>(a, r0, nk);
+    const bool v_bad = vflags != nullptr && v_run_nonfinite<D>(a, r0, nk);
+    if (k_big) kflags[bh] = 1;
+    if (v_bad) vflags[bh] = 1;
   });
 }
 
@@ -69,6 +74,8 @@ __device__ __forceinline__ uint4 k_piece_f16(uint2 w, uint16_t sb, float mul) {
 // K rows into float16 rows (K's layout, 2 D bytes apart in out), times 2^-8 in a flagged head.
 template <int D>
 __global__ void __launch_bounds__(kScanThreads) k_dequant_kernel(const TileArgs a, const int* flags, uint8_t* out) {
+  pdl_wait();  // a programmatic dependent of the scan (dequant_k): its flags are complete from here on
+  pdl_launch_dependents();
   rows_to_f16<D>(
       a, out, [&](int64_t bh) { return flags[bh] != 0 ? 0.00390625f : 1.f; },
       [&](int64_t r, int c) {  // 8 int8 values and the scale of their block (8 c) / 32
@@ -92,8 +99,7 @@ inline void dequant_k(const TileArgs& a, uint8_t* out, int* kflags, int* vflags,
     constexpr int D = decltype(d)::value;
     kv_scan_kernel<D><<<grid, kScanThreads, 0, s>>>(a, kflags, vflags);
     D4A_GPU_CHECK(gpuGetLastError());
-    k_dequant_kernel<D><<<grid, kScanThreads, 0, s>>>(a, kflags, out);
-    D4A_GPU_CHECK(gpuGetLastError());
+    launch_dependent(k_dequant_kernel<D>, grid, unsigned(kScanThreads), 0, s, a, static_cast<const int*>(kflags), out);
   });
 }
 

@@ -763,14 +763,11 @@ __global__ void __launch_bounds__(kThreads, MINB)
       amax = fmaxf(amax, shfl_xor(amax, 2));
       float dv;
       const float sc = q_block_scale(amax, dv);  // NaN for a non-finite block (dv = 0: q = 0)
-      float ql[8] = {};
-      if (dv != 0.f) q_levels<8>(x, dv, ql);
+      float ql[8];
+      q_block_levels<8>(x, dv, ql);
       uint32_t w[2] = {0u, 0u};
 #pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const float qv = fminf(fmaxf(ql[u], -127.f), 127.f);
-        w[u >> 2] |= (uint32_t(int(qv)) & 0xffu) << (8 * (u & 3));
-      }
+      for (int u = 0; u < 8; ++u) w[u >> 2] |= (uint32_t(int(ql[u])) & 0xffu) << (8 * (u & 3));
       *reinterpret_cast<uint2*>(qw + r * Tr::QSTR + c8 * 8) = make_uint2(w[0], w[1]);
       if ((c8 & 3) == 0) SQ[(warp * RW + r) * NB + c8 / 4] = sc;
     }

@@ -278,14 +278,11 @@ __device__ __forceinline__ uint4 quantize_q_piece(const uint4 xv) {
   const float amax = block_amax_halves(xv);  // the 32-block's (four lanes'); +inf for a NaN / Inf block
   float dv;
   const float sc = q_block_scale(amax, dv);  // NaN for a non-finite block (dv = 0: levels 0)
-  float q[8] = {};
-  if (dv != 0.f) q_levels<8>(x, dv, q);
+  float q[8];
+  q_block_levels<8>(x, dv, q);
   uint32_t w[4];
 #pragma unroll
-  for (int u = 0; u < 8; u += 2) {
-    const float q0 = fminf(fmaxf(q[u], -127.f), 127.f), q1 = fminf(fmaxf(q[u + 1], -127.f), 127.f);
-    w[u / 2] = pack_h2(q0 * sc, q1 * sc);
-  }
+  for (int u = 0; u < 8; u += 2) w[u / 2] = pack_h2(q[u] * sc, q[u + 1] * sc);
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
@@ -580,6 +577,7 @@ __global__ void __launch_bounds__(128 * NWG, 1)
     return true;
   };
   if constexpr (STRIDE) {
+    pdl_wait();  // a programmatic dependent of the warp-specialized kernel (ws_qk16): launched before that one ends
     if (a.v_flags != nullptr) {  // most calls flag no head: one look at every flag, not one (in turn) per item
       bool mine = false;
       for (int64_t h = tid; h < a.B * a.Hkv; h += kThreads) mine |= (a.v_flags[h] != 0) == VC;

@@ -198,6 +198,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_init_fence();
   }
   __syncthreads();
+  pdl_wait();  // a programmatic dependent of K's copy (ws_qk16): the copy and the flags are complete from here on
+  pdl_launch_dependents();  // the checked companion may launch (it waits for this kernel's end)
 
   if (wg == kConsumers) {  // ---- the producer: one thread issues every tile's copies, item after item ----
     wg_regs_dec<kProducerRegs>();

@@ -237,6 +237,20 @@ __device__ __forceinline__ void q_levels(const float (&x)[N], float dv, float (&
   }
 }
 
+// A Q block's stored levels: 0 for a non-finite block (q_block_scale's dv = 0), else q_levels clamped to +-127 (the
+// bound can be passed by 2^-24 relative, see above). One place for the prefill kernels' two Q quantizers.
+template <int N>
+__device__ __forceinline__ void q_block_levels(const float (&x)[N], float dv, float (&q)[N]) {
+  if (dv == 0.f) {
+#pragma unroll
+    for (int u = 0; u < N; ++u) q[u] = 0.f;
+    return;
+  }
+  q_levels<N>(x, dv, q);
+#pragma unroll
+  for (int u = 0; u < N; ++u) q[u] = fminf(fmaxf(q[u], -127.f), 127.f);
+}
+
 // ---- non-finite policy (docs/ops.md, "Non-finite and out-of-range values"), the CPU's common/quantize.h -------
 // |x| for a block max that is +inf exactly when the block holds a NaN or +-Inf (fmaxf alone drops a NaN).
 __device__ __forceinline__ float abs_or_inf(float x) {
@@ -286,6 +300,22 @@ __device__ __forceinline__ float normalise(float o, float l) { return l == 0.f ?
 // float16 outputs: finite values saturate at +-65504 (never inf from a finite row), NaN stays NaN.
 __device__ __forceinline__ float sat_half(float y) { return y == y ? fminf(fmaxf(y, -65504.f), 65504.f) : y; }
 __device__ __forceinline__ uint16_t f2h_out(float y) { return f2h(sat_half(y)); }
+
+// ---- programmatic dependent launch (sm_90+) ---------------------------------------------------------------------
+// A kernel launched as a programmatic dependent (launch_dependent, below) may start while the kernel before it in the
+// stream still runs: pdl_wait waits until that kernel has completed and its writes are visible (at once for a kernel
+// launched without the attribute; empty off sm_90); pdl_launch_dependents lets the next such kernel start launching
+// its blocks (its own pdl_wait still waits for this kernel's end).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(D4A_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(D4A_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 
 // ---- asynchronous 16-byte global -> shared copy ----------------------------------------------------------------
 // cp.async on NVIDIA sm_80+ (zero-fills when `valid` is false); elsewhere a plain copy, so that the same
@@ -374,7 +404,7 @@ __device__ __forceinline__ void cp_async_wait_stages(int nst) {
 namespace dot4attn {
 namespace gpu {
 // Launches kern as a programmatic dependent of the previous kernel in stream s (sm_90): it may start before that
-// kernel ends, so it must execute griddepcontrol.wait before it reads that kernel's results.
+// kernel ends, so it must call pdl_wait before it reads that kernel's results.
 template <class Kernel, class... Args>
 void launch_dependent(Kernel kern, unsigned grid, unsigned block, size_t smem, cudaStream_t s, const Args&... args) {
   cudaLaunchConfig_t cfg = {};

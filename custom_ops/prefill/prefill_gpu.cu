@@ -151,18 +151,21 @@ void wg_qk16(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s)
 // The warp-specialized QK16 kernel (prefill_ws.cuh, D 64 / 128 / 256) on b's K and V as float16 rows, V already
 // scanned into b.v_flags (in dequant_k's pass): the unflagged heads on it (a block per SM walking the work items, or a
 // block per item) and the flagged ones on prefill_wg.cuh's checked instance (two warpgroups of the same 128 rows per
-// block, a block per SM striding over the items; its own block size and shared memory).
+// block, a block per SM striding over the items; its own block size and shared memory). Both launch as programmatic
+// dependents, as K's copy does after the scan (dequant_k): each kernel's launch overlaps the end of the one before.
+// Why: at 2k keys the gaps between the call's five launches were ~12 us of 122 (1.036x with, docs/performance.md).
 template <int D, int NK>
 void ws_qk16(const GpuPlan& pl, const TileArgs& b, gpuStream_t s) {
   using I = pws::Inst<D, NK>;
   const TmaMaps tm = kv_maps(b, 2 * D, 2 * D);
-  launch_planned(pws::prefill_ws_kernel<D, NK, I::SK, I::SV>, pl, s, b, pl.causal_tiles, pl.ws_items,
-                 int(pl.ws_snake) | (pl.ws_group << 1), tm);  // the kernel's `order`: the deal, the KV-head groups
+  const int order = int(pl.ws_snake) | (pl.ws_group << 1);  // the kernel's `order`: the deal, the KV-head groups
+  launch_planned_dependent(pws::prefill_ws_kernel<D, NK, I::SK, I::SV>, pl, s, b, pl.causal_tiles, pl.ws_items, order,
+                           tm);
   GpuPlan c = pl;  // a block per SM, striding over the work items (most return at once: their head is unflagged)
   c.blocks = pl.ws_checked_blocks;
   c.threads = 256;
   c.smem_bytes = pwg::Layout<D, 2>::bytes;
-  launch_planned(pwg::prefill_wg_kernel<D, 2, true, true>, c, s, b, pl.causal_tiles, tm);
+  launch_planned_dependent(pwg::prefill_wg_kernel<D, 2, true, true>, c, s, b, pl.causal_tiles, tm);
 }
 
 void ws_d(const GpuPlan& pl, const TileArgs& a, gpuStream_t s) {

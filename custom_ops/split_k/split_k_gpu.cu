@@ -105,10 +105,7 @@ __global__ void __launch_bounds__(kMergeThreads)
                  int n_splits, int D, int half, void* out) {
   __shared__ float4 go[kMergeThreads];
   __shared__ float2 gml[kMergeThreads];
-#if defined(D4A_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // Launched early (programmatic dependent launch, see run_split_k): wait until stage 1 is complete and visible.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+  pdl_wait();  // launched early (programmatic dependent launch, see run_split_k): stage 1 complete and visible
   const int64_t row = blockIdx.x;
   const int t = threadIdx.x, c4n = D / 4, groups = kMergeThreads / c4n;
   const int grp = t / c4n, c = t % c4n;
