@@ -153,7 +153,7 @@ void wg_qk16(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s)
 // block per item) and the flagged ones on prefill_wg.cuh's checked instance (two warpgroups of the same 128 rows per
 // block, a block per SM striding over the items; its own block size and shared memory). Both launch as programmatic
 // dependents, as K's copy does after the scan (dequant_k): each kernel's launch overlaps the end of the one before.
-// Why: at 2k keys the gaps between the call's five launches were ~12 us of 122 (1.036x with, docs/performance.md).
+// Why: at 2k keys the gaps between the five launches were ~12 us of 122; overlapped, 1.036x (docs/performance.md).
 template <int D, int NK>
 void ws_qk16(const GpuPlan& pl, const TileArgs& b, gpuStream_t s) {
   using I = pws::Inst<D, NK>;
