@@ -9,8 +9,8 @@ overrides of its calls (docs/gpu.md), added to --overrides. Every build is loade
 several live in one process and each call goes through its own build's C entry (dot4attn.native.TorchAttention).
 A case is Hq,Hkv,D,Sq,Sk[,V[,full]]: batch 1, random query (x3), K packed as q8_0, V float16 (`f16`) or packed as
 `q8_0` / `q4_0`, causal unless `full`. Rounds interleave the entries (and cuDNN's SDPA with --cudnn), each round
-timing --repeats calls with L2 flushed before each (dot4attn.bench.cuda's timer); an entry's time is the median of
-its rounds' medians, its spread (max - min) / median over the rounds. x = the first entry's time / the entry's:
+timing --repeats calls with L2 flushed before each (dot4attn.bench.cuda's timer) and starting one entry further on;
+an entry's time is the median of its rounds' medians, its spread (max - min) / median over the rounds. x = the first entry's time / the entry's:
 above 1, faster than the first. An entry whose output is not bit-equal to the first entry's is marked DIFFERS
 (builds or overrides that should compute the same thing must).
 """
@@ -145,8 +145,10 @@ def run(cases: list[Case], entries: list[Entry], common: str, rounds: int, repea
             if cudnn:
                 fns.append(("cudnn", None, bc._sdpa(torch, "cudnn", q, k, v, c.causal)))
             times = {n: [] for n, _, _ in fns}
-            for _ in range(rounds):
-                for n, lib, fn in fns:
+            for r in range(rounds):
+                # each round starts one entry further on: an entry timed right after a long one runs on a hotter
+                # GPU (at the power cap, lower clocks), which a fixed order charges to the same entry every round
+                for n, lib, fn in fns[r % len(fns):] + fns[:r % len(fns)]:
                     if lib is not None:
                         builds.use(lib)
                     times[n].append(timer(fn))
