@@ -10,9 +10,9 @@ several live in one process and each call goes through its own build's C entry (
 A case is Hq,Hkv,D,Sq,Sk[,V[,full]]: batch 1, random query (x3), K packed as q8_0, V float16 (`f16`) or packed as
 `q8_0` / `q4_0`, causal unless `full`. Rounds interleave the entries (and cuDNN's SDPA with --cudnn), each round
 timing --repeats calls with L2 flushed before each (dot4attn.bench.cuda's timer) and starting one entry further on;
-an entry's time is the median of its rounds' medians, its spread (max - min) / median over the rounds. x = the first entry's time / the entry's:
-above 1, faster than the first. An entry whose output is not bit-equal to the first entry's is marked DIFFERS
-(builds or overrides that should compute the same thing must).
+an entry's time is the median of its rounds' medians, its spread (max - min) / median over the rounds. x = the first
+entry's time / the entry's: above 1, faster than the first. An entry whose output is not bit-equal to the first
+entry's is marked DIFFERS (builds or overrides that should compute the same thing must).
 """
 from __future__ import annotations
 
