@@ -87,6 +87,14 @@ def joined(*overrides: str) -> str:
     return ",".join(o for o in overrides if o)
 
 
+def round_order(items: list, r: int) -> list:
+    """The order of round r: items from r % len(items) on, then the rest. Over len(items) rounds each item is timed
+    once in every place, so an entry timed right after a long one (on a hotter GPU at the power cap, lower clocks)
+    is not always the same entry."""
+    k = r % len(items)
+    return items[k:] + items[:k]
+
+
 class Builds:
     """Each library loaded once under a file name of its own (an .xz unpacked into a temporary file)."""
 
@@ -146,9 +154,7 @@ def run(cases: list[Case], entries: list[Entry], common: str, rounds: int, repea
                 fns.append(("cudnn", None, bc._sdpa(torch, "cudnn", q, k, v, c.causal)))
             times = {n: [] for n, _, _ in fns}
             for r in range(rounds):
-                # each round starts one entry further on: an entry timed right after a long one runs on a hotter
-                # GPU (at the power cap, lower clocks), which a fixed order charges to the same entry every round
-                for n, lib, fn in fns[r % len(fns):] + fns[:r % len(fns)]:
+                for n, lib, fn in round_order(fns, r):
                     if lib is not None:
                         builds.use(lib)
                     times[n].append(timer(fn))

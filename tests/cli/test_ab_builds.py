@@ -1,4 +1,4 @@
-"""tools/ab_builds.py's argument parsing (no GPU needed); the timing itself runs on a CUDA GPU only."""
+"""tools/ab_builds.py's argument parsing and round order (no GPU needed); the timing itself runs on a CUDA GPU only."""
 import argparse
 import importlib.util
 import sys
@@ -44,3 +44,13 @@ def test_duplicate_entry_names_are_refused(capsys):
     with pytest.raises(SystemExit):
         ab.main(["--case", "32,8,128,8192,8192", "a=x.so", "a=y.so"])
     assert "distinct" in capsys.readouterr().err
+
+
+def test_rounds_put_every_entry_in_every_place():
+    entries = ["old", "new", "cudnn"]
+    orders = [ab.round_order(entries, r) for r in range(6)]
+    assert orders[0] == entries  # the first round keeps the given order
+    for place in range(len(entries)):
+        assert sorted(o[place] for o in orders[:3]) == sorted(entries)  # each entry once per place in 3 rounds
+    assert orders[3:] == orders[:3]
+    assert all(sorted(o) == sorted(entries) for o in orders)  # every round times every entry once
