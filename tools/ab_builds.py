@@ -13,6 +13,10 @@ timing --repeats calls with L2 flushed before each (dot4attn.bench.cuda's timer)
 an entry's time is the median of its rounds' medians, its spread (max - min) / median over the rounds. x = the first
 entry's time / the entry's: above 1, faster than the first. An entry whose output is not bit-equal to the first
 entry's is marked DIFFERS (builds or overrides that should compute the same thing must).
+
+With --kernels N each entry's calls are then profiled one by one (torch.profiler, L2 flushed and the GPU idle before
+each call): per entry, the median span of a call (its first kernel's start to its last one's end) and of each of
+its kernels, so the attention kernel alone is set apart from the passes around it (and cuDNN's from its own).
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import lzma
 import shutil
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -125,7 +130,69 @@ class Builds:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def run(cases: list[Case], entries: list[Entry], common: str, rounds: int, repeats: int, cudnn: bool) -> list[dict]:
+def short_kernel_name(name: str) -> str:
+    """A kernel's name without its return type, namespaces, template and call arguments."""
+    base = name.split("<")[0].split("(")[0].strip()
+    return base.split()[-1].split("::")[-1] if base else name
+
+
+def split_calls(events: list[tuple[str, float, float]], is_flush) -> list[list[tuple[str, float, float]]]:
+    """GPU events (name, start, end) in time order -> the events of each call: the runs between two flushes."""
+    calls, cur = [], None
+    for ev in sorted(events, key=lambda e: e[1]):
+        if is_flush(ev[0]):
+            if cur:
+                calls.append(cur)
+            cur = []
+        elif cur is not None:
+            cur.append(ev)
+    if cur:
+        calls.append(cur)
+    return calls
+
+
+def call_kernels(calls: list[list[tuple[str, float, float]]]) -> dict[str, float]:
+    """Median span of a call and median time of each of its kernels (in call order), us, over the calls that ran
+    the first call's kernels (a library's plan is fixed per call; cuDNN's may differ: those calls are left out)."""
+    import numpy as np
+
+    names = [e[0] for e in calls[0]]
+    same = [c for c in calls if [e[0] for e in c] == names]
+    out = {"span": float(np.median([c[-1][2] - c[0][1] for c in same])), "calls": len(same)}
+    for i, name in enumerate(names):
+        out[f"{i}:{short_kernel_name(name)}"] = float(np.median([c[i][2] - c[i][1] for c in same]))
+    return out
+
+
+FLUSH_KERNEL = "FillFunctor<unsigned char>"  # the timer's L2 flush (a uint8 buffer's zero_)
+
+
+def profile_kernels(torch, timer, fn, n: int) -> dict[str, float]:
+    """call_kernels of n calls of fn, each after an L2 flush and a synchronize (the GPU idle before it)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch's note that a profile keeps only its last cycle
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                timer.flush.zero_()
+                torch.cuda.synchronize()
+                fn()
+                torch.cuda.synchronize()
+            timer.flush.zero_()  # closes the last call's run
+            torch.cuda.synchronize()
+        events = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+                  if e.device_type.name == "CUDA"]
+    calls = split_calls(events, lambda name: FLUSH_KERNEL in name)
+    if len(calls) != n:
+        raise SystemExit(f"ab_builds --kernels: expected {n} calls between the flushes, found {len(calls)}")
+    return call_kernels(calls)
+
+
+def run(cases: list[Case], entries: list[Entry], common: str, rounds: int, repeats: int, cudnn: bool,
+        kernels: int = 0) -> list[dict]:
     import numpy as np
     import torch
 
@@ -171,6 +238,13 @@ def run(cases: list[Case], entries: list[Entry], common: str, rounds: int, repea
                 rows.append(row)
                 print(f"{row['case']:36s} {n:10s} {med:10.1f} us  x={row['x']:6.3f}  spread={row['spread']:5.3f}"
                       f"{'  DIFFERS' if row.get('differs') else ''}  {row.get('kernel', '')}", flush=True)
+            for n, lib, fn in fns if kernels else ():
+                if lib is not None:
+                    builds.use(lib)
+                k = profile_kernels(torch, timer, fn, kernels)
+                rows.append({"case": c.label(), "entry": n, "kernels": k})
+                parts = "  ".join(f"{name} {t:.1f}" for name, t in k.items() if ":" in name)
+                print(f"{c.label():36s} {n:10s} span {k['span']:10.1f} us ({k['calls']} calls)  {parts}", flush=True)
     finally:
         builds.close()
     return rows
@@ -186,13 +260,15 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=10, help="timed calls per entry and round")
     ap.add_argument("--cudnn", action="store_true", help="time torch SDPA's cuDNN backend in the same rounds")
+    ap.add_argument("--kernels", type=int, default=0, metavar="N",
+                    help="then profile N calls of each entry one by one: the call's span and each kernel's time")
     args = ap.parse_args(argv)
     names = [e.name for e in args.entries]
     if len(set(names)) != len(names) or "cudnn" in names:
         ap.error(f"entry names must be distinct and not 'cudnn', got {', '.join(names)}")
-    if args.rounds < 1 or args.repeats < 1:
-        ap.error("--rounds and --repeats must be >= 1")
-    run(args.cases, args.entries, args.overrides, args.rounds, args.repeats, args.cudnn)
+    if args.rounds < 1 or args.repeats < 1 or args.kernels < 0:
+        ap.error("--rounds and --repeats must be >= 1, --kernels >= 0")
+    run(args.cases, args.entries, args.overrides, args.rounds, args.repeats, args.cudnn, args.kernels)
     return 0
 
 

@@ -353,6 +353,32 @@ __device__ __forceinline__ uint32_t hsub2_u(uint32_t a, uint32_t b) {
   return *reinterpret_cast<const uint32_t*>(&x);
 }
 
+// The largest of s[n][e], s[n][e + 1] over the N groups of an m16n8 C fragment row (e = 0: the thread's first row,
+// 2: its second), as a tree. Why: it is the softmax's first step after the Q.K, on a tile's critical path (in
+// prefill_ws.cuh while only the other consumer warpgroup's GEMMs run); a chain (what ptxas makes of a loop of fmaxf)
+// waits about N times for the max before, the tree log2(2 N) times. Same result: fmaxf drops a NaN whatever the
+// order, and a row of NaN logits (all its keys poisoned) gives NaN where the chain from -inf gave -inf, which the
+// softmaxes treat alike (no compare with it holds, fmaxf with it keeps the running max). 1-2 % at 8k keys (D 64 /
+// 128) in prefill_ws.cuh, level at 32k and at D = 256 (docs/performance.md, "A tree for the row maximum").
+template <int W, int N>
+__device__ __forceinline__ void fold_max(float (&x)[N]) {  // x[n] = max(x[n], x[n + W]), then W / 2, ... 1
+  if constexpr (W >= 1) {
+#pragma unroll
+    for (int n = 0; n < W; ++n) x[n] = fmaxf(x[n], x[n + W]);
+    fold_max<W / 2>(x);
+  }
+}
+
+template <int N>
+__device__ __forceinline__ float tree_max(const float (&s)[N][4], int e) {
+  static_assert((N & (N - 1)) == 0, "tree_max: a power of two of groups");
+  float x[N];
+#pragma unroll
+  for (int n = 0; n < N; ++n) x[n] = fmaxf(s[n][e], s[n][e + 1]);
+  fold_max<N / 2>(x);
+  return x[0];
+}
+
 }  // namespace gpu
 }  // namespace dot4attn
 

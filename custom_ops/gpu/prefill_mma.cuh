@@ -1070,12 +1070,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     float alpha[NH];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        mx[0] = fmaxf(mx[0], fmaxf(S[mt][n][0], S[mt][n][1]));
-        mx[1] = fmaxf(mx[1], fmaxf(S[mt][n][2], S[mt][n][3]));
-      }
+      float mx[2] = {tree_max(S[mt], 0), tree_max(S[mt], 2)};
       float mu[2];
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {

@@ -108,32 +108,6 @@ __device__ __forceinline__ void mask_tile(const TileArgs& a, float (&s)[NK / 8][
     }
 }
 
-// The largest of s[n][e], s[n][e + 1] over the N groups (e = 0: the thread's first row, 2: its second), as a tree.
-// Why: it is the softmax's first step after the Q.K, on the critical path of a consumer warpgroup's tile while only
-// the other warpgroup's GEMMs run; a chain (what ptxas makes of a loop of fmaxf) waits about N times for the max
-// before, the tree log2(2 N) times. Same result: fmaxf drops a NaN whatever the order, and a row of NaN logits (all
-// its keys poisoned) gives NaN where the chain from -inf gave -inf, which update() treats alike (no compare with it
-// holds). 1-2 % at 8k keys (D 64 / 128), level at 32k and at D = 256 (docs/performance.md, "A tree for the row
-// maximum").
-template <int W, int N>
-__device__ __forceinline__ void fold_max(float (&x)[N]) {  // x[n] = max(x[n], x[n + W]), then W / 2, ... 1
-  if constexpr (W >= 1) {
-#pragma unroll
-    for (int n = 0; n < W; ++n) x[n] = fmaxf(x[n], x[n + W]);
-    fold_max<W / 2>(x);
-  }
-}
-
-template <int N>
-__device__ __forceinline__ float tree_max(const float (&s)[N][4], int e) {
-  static_assert((N & (N - 1)) == 0, "tree_max: a power of two of groups");
-  float x[N];
-#pragma unroll
-  for (int n = 0; n < N; ++n) x[n] = fmaxf(s[n][e], s[n][e + 1]);
-  fold_max<N / 2>(x);
-  return x[0];
-}
-
 // The online softmax of a thread's two rows (a quad shares a row), in log2 units: the running max m (with the lazy
 // rule of prefill_mma.cuh: it moves only when a tile's max passes it by more than 2^kMaxSlack, so O is rescaled on
 // few tiles) and the running sum l of this thread's columns (the quad's sum is taken at the end).

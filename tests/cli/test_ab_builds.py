@@ -54,3 +54,30 @@ def test_rounds_put_every_entry_in_every_place():
         assert sorted(o[place] for o in orders[:3]) == sorted(entries)  # each entry once per place in 3 rounds
     assert orders[3:] == orders[:3]
     assert all(sorted(o) == sorted(entries) for o in orders)  # every round times every entry once
+
+
+def test_kernel_names_lose_their_templates_and_namespaces():
+    name = "void dot4attn::gpu::pws::prefill_ws_kernel<128, 128, 3, 3>(dot4attn::gpu::TileArgs, int)"
+    assert ab.short_kernel_name(name) == "prefill_ws_kernel"
+    assert ab.short_kernel_name("Memset (Device)") == "Memset"
+    assert ab.short_kernel_name("sm90_xmma_fprop") == "sm90_xmma_fprop"
+
+
+def test_profiled_calls_are_the_runs_between_flushes_and_their_medians():
+    flush = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<unsigned char>>"
+    events = [("before", 0.0, 1.0), (flush, 1.0, 2.0),
+              ("scan", 10.0, 12.0), ("attn", 13.0, 113.0), (flush, 120.0, 121.0),
+              ("attn", 140.0, 236.0), ("scan", 130.0, 133.0), (flush, 240.0, 241.0),  # out of order: sorted
+              ("scan", 250.0, 254.0), ("attn", 255.0, 355.0), ("other", 356.0, 357.0)]
+    calls = ab.split_calls(events, lambda n: ab.FLUSH_KERNEL in n)
+    assert [[e[0] for e in c] for c in calls] == [["scan", "attn"], ["scan", "attn"], ["scan", "attn", "other"]]
+    k = ab.call_kernels(calls)
+    assert k["calls"] == 2  # the third call ran another kernel list: left out
+    assert k["span"] == (103.0 + 106.0) / 2
+    assert k["0:scan"] == 2.5 and k["1:attn"] == 98.0
+
+
+def test_negative_kernel_counts_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        ab.main(["--case", "32,8,128,8192,8192", "--kernels", "-1", "a=x.so"])
+    assert "--kernels" in capsys.readouterr().err
