@@ -1,5 +1,6 @@
 // NVIDIA tensor-core and shared-memory primitives (sm_80+) shared by the tensor-core prefill (prefill_mma.cuh)
-// and decode (decode_mma.cuh) kernels: ldmatrix, the int8 and f16 mma.sync shapes they use, ex2 and half2 helpers.
+// and decode (decode_mma.cuh) kernels: ldmatrix, the int8 and f16 mma.sync shapes they use, ex2 and half2 helpers,
+// and the row maximum of an m16n8 C fragment (tree_max, also the warp-specialized prefill's).
 // CUDA only; HIP builds never include the kernels that use them.
 #pragma once
 
