@@ -8,50 +8,41 @@
 // K (the packed rows read, 2 D bytes per key written), small next to a long prefill that reads each K tile once per
 // block of query rows.
 //
+// One pass (kv_copy_kernel) reads every K row once: it writes the copy, checks the K scales (below), and in the same
+// pass converts a q8_0 / q4_0 / q6_0 V into its float16 copy (v_dequant.cuh's conversion) and scans V (or that copy)
+// for NaN / Inf (v_scan.cuh's check) where the plan asks. Why one pass: these were three launches (V copy, scan, K
+// copy, the K copy waiting for the scan's flags), each a ramp and a tail of their own; at 8k keys (32, 8, 128) they
+// took 22-27 us of a ~950 us call (H100), ~2.5 % (docs/performance.md).
+//
 // Values: k * sk, one float16 rounding. Where a (batch, KV head) holds a K scale past 515.5 (only K packed from
 // float32 values beyond float16's range: 127 * 515.5 is the largest product below float16's 65520), every value of
 // that head is stored times 2^-8 (the same float16 values shifted, but for the few that fall into float16's subnormal
-// range) and the prefill multiplies that head's logits by 2^8 (flags[bh] != 0): nothing is clamped. A NaN scale makes its 32
-// values NaN, so the key's logit is NaN in every row that sees it, as the int8 Q.K makes it (docs/ops.md,
-// "Non-finite and out-of-range values").
+// range) and the prefill multiplies that head's logits by 2^8 (flags[bh] != 0): nothing is clamped. A NaN scale
+// makes its 32 values NaN, so the key's logit is NaN in every row that sees it, as the int8 Q.K makes it
+// (docs/ops.md, "Non-finite and out-of-range values"). Whether a head holds such a scale is only known once all of
+// its keys are read, so the pass writes every head unshifted and the last block to finish a head's runs (a counter
+// per head) rewrites that head's copy shifted where one of them found such a scale: a second read of that head's K,
+// by one block, only for K that float16 cannot hold.
 #pragma once
 
 #include <cstdint>
 
 #include "gpu/attention_tile.cuh"
+#include "gpu/kv_rows.cuh"
+#include "gpu/v_dequant.cuh"
 #include "gpu/v_scan.cuh"
 
-#if defined(D4A_CUDA)
+#if defined(D4A_HAS_PREFILL_MMA)  // CUDA: V's conversion is the tensor-core prefill's
 namespace dot4attn {
 namespace gpu {
 
 // The largest K scale whose values (|k| <= 127) stay finite in float16: 515.5 (float16 bits 0x6007).
 constexpr uint32_t kKScaleLimitBits = 0x6007u;
 
-// Whether one of this thread's K scales of the run at r0 (nk keys) is finite and past the limit.
-template <int D>
-__device__ __forceinline__ bool k_run_scales_big(const TileArgs& a, int64_t r0, int nk) {
-  bool big = false;
-  for_each_run_piece<D / 32>(nk, [&](int, int j, int blk) {
-    const uint32_t m = a.ks[(r0 + j) * a.ks_stride + blk] & 0x7fffu;  // |scale| bits: ordered like the values
-    big |= m > kKScaleLimitBits && m < 0x7c00u;
-  });
-  return big;
-}
-
-// kflags[bh] = 1 where a finite K scale of (b, kv head) bh is past the limit; with vflags, the V scan (v_scan.cuh) in
-// the same pass: one launch where there were two. Flags: B * Hkv ints each, zeroed before.
-template <int D>
-__global__ void __launch_bounds__(kScanThreads) kv_scan_kernel(const TileArgs a, int* kflags, int* vflags) {
-  pdl_launch_dependents();  // the K copy's blocks may launch now (they wait for this kernel's end)
-  for_each_key_run(a, [&](int64_t bh, int64_t r0, int nk) {
-    // both checks before either store: a flag store between the K scales' loads and V's would hold V's loads back
-    // (the compiler cannot tell the buffers apart), two round trips to memory per run instead of one
-    const bool k_big = k_run_scales_big<D>(a, r0, nk);
-    const bool v_bad = vflags != nullptr && v_run_nonfinite<D>(a, r0, nk);
-    if (k_big) kflags[bh] = 1;
-    if (v_bad) vflags[bh] = 1;
-  });
+// Whether a finite K scale (float16 bits) is past the limit.
+__device__ __forceinline__ bool k_scale_big(uint32_t sb) {
+  const uint32_t m = sb & 0x7fffu;  // |scale| bits: ordered like the values
+  return m > kKScaleLimitBits && m < 0x7c00u;
 }
 
 // 8 values of K (one 16-byte piece of the float16 row): k * sk (* 2^-8), exact in float32 (7 + 11 significant bits),
@@ -71,38 +62,107 @@ __device__ __forceinline__ uint4 k_piece_f16(uint2 w, uint16_t sb, float mul) {
   return make_uint4(h[0], h[1], h[2], h[3]);
 }
 
-// K rows into float16 rows (K's layout, 2 D bytes apart in out), times 2^-8 in a flagged head.
-template <int D>
-__global__ void __launch_bounds__(kScanThreads) k_dequant_kernel(const TileArgs a, const int* flags, uint8_t* out) {
-  pdl_wait();  // a programmatic dependent of the scan (dequant_k): its flags are complete from here on
-  pdl_launch_dependents();
-  rows_to_f16<D>(
-      a, out, [&](int64_t bh) { return flags[bh] != 0 ? 0.00390625f : 1.f; },
-      [&](int64_t r, int c) {  // 8 int8 values and the scale of their block (8 c) / 32
-        const uint2 w = *reinterpret_cast<const uint2*>(a.k + r * a.k_stride + 8 * c);
-        return make_uint4(w.x, w.y, a.ks[r * a.ks_stride + c / 4], 0u);
-      },
-      [&](uint4 raw, int, float mul) { return k_piece_f16(make_uint2(raw.x, raw.y), uint16_t(raw.z), mul); });
+// Piece c of K row r: its 8 int8 values (x, y) and the scale of their block (8 c) / 32 (z).
+__device__ __forceinline__ uint4 k_piece_bytes(const TileArgs& a, int64_t r, int c) {
+  const uint2 w = *reinterpret_cast<const uint2*>(a.k + r * a.k_stride + 8 * c);
+  return make_uint4(w.x, w.y, a.ks[r * a.ks_stride + c / 4], 0u);
 }
 
-// Enqueues the scan and the conversion of a's K into out (float16 rows in K's layout) and kflags (B * Hkv ints). With
-// vflags (B * Hkv ints after kflags in the same scratch), a's float16 V is scanned in the scan's pass
-// (scan_v_nonfinite's flags).
-inline void dequant_k(const TileArgs& a, uint8_t* out, int* kflags, int* vflags, gpuStream_t s) {
+// The bytes of a V piece as the pass loads them: a float16 V's 16 bytes (w), or a quantized V's bytes and scale.
+struct VRaw {
+  uint4 w;
+  uint16_t sb;
+};
+
+// K (into k_out, float16 rows in K's layout, 2 D bytes apart) and V: with VK = kVF16 V is read only where vflags is
+// set (scanned); with a quantized VK it is converted into v_out (float16 rows in the same layout) and the converted
+// rows scanned where vflags is set. flags: kflags (B Hkv ints: the head's copy is K times 2^-8), then B Hkv run
+// counters, all zeroed before; vflags (B Hkv ints, zeroed) or null.
+template <int D, int VK>
+__global__ void __launch_bounds__(kScanThreads)
+    kv_copy_kernel(const TileArgs a, int* kflags, int* vflags, uint8_t* k_out, uint8_t* v_out) {
+  pdl_launch_dependents();  // the prefill's blocks may launch now (they wait for this kernel's end)
+  constexpr int PR = D / 8, N = kRunPieces<PR>;
+  const int64_t runs = (a.Sk + kRowKeys - 1) / kRowKeys;  // per (batch, KV head)
+  unsigned* runs_done = reinterpret_cast<unsigned*>(kflags + a.B * a.Hkv);
+  const bool read_v = VK != kVF16 || vflags != nullptr;
+  __shared__ bool last;
+  for_each_key_run(a, [&](int64_t bh, int64_t r0, int nk) {
+    // every load of the run before any store (the compiler cannot tell the buffers apart: a store between two loads
+    // would hold the second back, kv_rows.cuh)
+    uint4 kr[N];
+    VRaw vr[N];
+    for_each_run_piece<PR>(nk, [&](int i, int j, int c) {
+      kr[i] = k_piece_bytes(a, r0 + j, c);
+      if (!read_v) return;
+      const uint8_t* src = static_cast<const uint8_t*>(a.v) + (r0 + j) * a.v_stride;
+      if constexpr (VK == kVF16) vr[i] = VRaw{*reinterpret_cast<const uint4*>(src + 16 * c), 0};
+      else vr[i] = VRaw{v_piece_bytes<VK>(src, c), a.vs[(r0 + j) * a.vs_stride + c / 4]};
+    });
+    bool k_big = false;
+    uint32_t nf = 0;
+    for_each_run_piece<PR>(nk, [&](int i, int j, int c) {
+      const uint32_t sb = kr[i].z;
+      k_big |= k_scale_big(sb);
+      *reinterpret_cast<uint4*>(k_out + (r0 + j) * (2 * D) + 16 * c) =
+          k_piece_f16(make_uint2(kr[i].x, kr[i].y), uint16_t(sb), 1.f);
+      if constexpr (VK == kVF16) {
+        if (read_v) nf = v_nonfinite_acc<kVF16>(nf, vr[i].w);
+      } else {
+        const uint4 o = v_piece_f16<VK>(vr[i].w, c, vr[i].sb);
+        *reinterpret_cast<uint4*>(v_out + (r0 + j) * (2 * D) + 16 * c) = o;
+        nf = v_nonfinite_acc<kVF16>(nf, o);
+      }
+    });
+    if (k_big) kflags[bh] = 1;
+    if (vflags != nullptr && v_nonfinite(nf)) vflags[bh] = 1;
+    // The last block to finish a run of head bh sees every flag store and copy store of the head's other runs (each
+    // block's stores, then its counter increment behind a fence) and, where a run found a scale past the limit,
+    // writes the head's copy again times 2^-8 (over the unshifted rows: ordered after them by the same fences).
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      last = atomicAdd(&runs_done[bh], 1u) == unsigned(runs - 1);
+      if (last) __threadfence();
+    }
+    __syncthreads();
+    if (last && *static_cast<volatile int*>(kflags + bh) != 0) {
+      for (int64_t j0 = 0; j0 < a.Sk; j0 += kRowKeys) {
+        const int64_t q0 = bh * a.kv_rows + j0;
+        const int n = int(a.Sk - j0 < kRowKeys ? a.Sk - j0 : kRowKeys);
+        uint4 raw[N];
+        for_each_run_piece<PR>(n, [&](int i, int j, int c) { raw[i] = k_piece_bytes(a, q0 + j, c); });
+        for_each_run_piece<PR>(n, [&](int i, int j, int c) {
+          *reinterpret_cast<uint4*>(k_out + (q0 + j) * (2 * D) + 16 * c) =
+              k_piece_f16(make_uint2(raw[i].x, raw[i].y), uint16_t(raw[i].z), 0.00390625f);
+        });
+      }
+    }
+  });
+}
+
+// Enqueues the pass over a's K and V (a: the call's own arguments): K into k_out and kflags (B Hkv ints, the run
+// counters after them in the same scratch); with v_out, a's quantized V (kind v_source) into v_out; with vflags (B Hkv
+// ints after the counters in the same scratch), V or its copy scanned (scan_v_nonfinite's flags).
+inline void copy_kv(const TileArgs& a, uint8_t* k_out, int* kflags, int* vflags, uint8_t* v_out, int v_source,
+                    gpuStream_t s) {
   const size_t heads = size_t(a.B * a.Hkv);
-  // one memset over both flag arrays (vflags follows kflags after its padding)
+  // one memset over the flags and counters (vflags follows the counters after their padding)
   const size_t zero = vflags ? size_t(reinterpret_cast<uint8_t*>(vflags + heads) - reinterpret_cast<uint8_t*>(kflags))
-                             : heads * sizeof(int);
+                             : 2 * heads * sizeof(int);
   D4A_GPU_CHECK(gpuMemsetAsync(kflags, 0, zero, s));
   const unsigned grid = row_pass_blocks(a);
+  const int vk = v_out ? v_source : kVF16;
   with_head_dim(a.D, [&](auto d) {
     constexpr int D = decltype(d)::value;
-    kv_scan_kernel<D><<<grid, kScanThreads, 0, s>>>(a, kflags, vflags);
-    D4A_GPU_CHECK(gpuGetLastError());
-    launch_dependent(k_dequant_kernel<D>, grid, unsigned(kScanThreads), 0, s, a, static_cast<const int*>(kflags), out);
+    if (vk == kVF16) kv_copy_kernel<D, kVF16><<<grid, kScanThreads, 0, s>>>(a, kflags, vflags, k_out, v_out);
+    else if (vk == kVQ8) kv_copy_kernel<D, kVQ8><<<grid, kScanThreads, 0, s>>>(a, kflags, vflags, k_out, v_out);
+    else if (vk == kVQ4) kv_copy_kernel<D, kVQ4><<<grid, kScanThreads, 0, s>>>(a, kflags, vflags, k_out, v_out);
+    else kv_copy_kernel<D, kVQ6><<<grid, kScanThreads, 0, s>>>(a, kflags, vflags, k_out, v_out);
   });
+  D4A_GPU_CHECK(gpuGetLastError());
 }
 
 }  // namespace gpu
 }  // namespace dot4attn
-#endif  // D4A_CUDA
+#endif  // D4A_HAS_PREFILL_MMA

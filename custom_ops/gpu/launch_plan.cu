@@ -433,11 +433,12 @@ size_t f16_copy_bytes(const AttentionParams& p) {
   return (size_t(p.B * p.Hkv) * size_t(p.head_rows()) * size_t(p.D) * 2 + 255) / 256 * 256;
 }
 
-// The plan takes K's float16 copy (k_dequant.cuh) of `bytes`: then one flag per (batch, KV head), after the V copy.
+// The plan takes K's float16 copy (k_dequant.cuh) of `bytes`: then one flag and one run counter per (batch, KV head),
+// after the V copy.
 void take_k_copy(GpuPlan& pl, const AttentionParams& p, size_t bytes) {
   pl.k_dequant = true;
   pl.k_dequant_bytes = bytes;
-  pl.k_flag_bytes = (size_t(p.B * p.Hkv) * sizeof(int) + 255) / 256 * 256;
+  pl.k_flag_bytes = (2 * size_t(p.B * p.Hkv) * sizeof(int) + 255) / 256 * 256;
   pl.scratch_bytes += bytes + pl.k_flag_bytes;
 }
 

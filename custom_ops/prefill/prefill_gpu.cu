@@ -149,10 +149,10 @@ void wg_qk16(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s)
 }
 
 // The warp-specialized QK16 kernel (prefill_ws.cuh, D 64 / 128 / 256) on b's K and V as float16 rows, V already
-// scanned into b.v_flags (in dequant_k's pass): the unflagged heads on it (a block per SM walking the work items, or a
+// scanned into b.v_flags (in K's pass, copy_kv): the unflagged heads on it (a block per SM walking the work items, or a
 // block per item) and the flagged ones on prefill_wg.cuh's checked instance (two warpgroups of the same 128 rows per
 // block, a block per SM striding over the items; its own block size and shared memory). Both launch as programmatic
-// dependents, as K's copy does after the scan (dequant_k): each kernel's launch overlaps the end of the one before.
+// dependents: each kernel's launch overlaps the end of the one before.
 // Why: at 2k keys the gaps between the five launches were ~12 us of 122; overlapped, 1.036x (docs/performance.md).
 template <int D, int NK>
 void ws_qk16(const GpuPlan& pl, const TileArgs& b, gpuStream_t s) {
@@ -227,8 +227,10 @@ void run_prefill(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_
   if (pl.kernel == KernelKind::kPrefillMma) {
     uint8_t* sc = static_cast<uint8_t*>(scratch);  // [V copy][K copy, K flags][V scan flags], as the plan sized them
     TileArgs b = a;
+    uint8_t* v_copy = nullptr;
     if (pl.v_dequant) {  // q8_0 / q4_0 / q6_0 V into float16 rows first (v_dequant.cuh), then a float16-V instance
-      dequant_v(a, pl.v_source, sc, s);
+      v_copy = sc;
+      if (!pl.k_dequant) dequant_v(a, pl.v_source, v_copy, s);  // else in K's pass
       b.vk = kVF16;
       b.v = sc;
       b.vs = nullptr;
@@ -241,7 +243,7 @@ void run_prefill(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_
       int* kflags = reinterpret_cast<int*>(sc + pl.k_dequant_bytes);
       sc += pl.k_dequant_bytes + pl.k_flag_bytes;
       int* vflags = pl.ws ? reinterpret_cast<int*>(sc) : nullptr;  // ws: V (or its copy) scanned in the K pass
-      dequant_k(b, k_copy, kflags, vflags, s);
+      copy_kv(a, k_copy, kflags, vflags, v_copy, pl.v_source, s);  // with V's copy and scan, one pass
       b.k = reinterpret_cast<const int8_t*>(k_copy);
       b.k_stride = 2 * a.D;
       b.ks = nullptr;

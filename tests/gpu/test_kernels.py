@@ -443,6 +443,50 @@ def test_v_dequant_prefill_matches_the_kernels_own_conversion(torch_cuda, v_form
     assert torch.equal(torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0))
 
 
+@pytest.mark.parametrize("v_format,D,overrides", [("q8_0", 128, K16W), ("q4_0", 128, K16W), ("q4_0", 64, K16W),
+                                                   ("q8_0", 256, K16W), ("q6_0", 128, K16W),
+                                                   ("q8_0", 128, K16 + ",ws=0")])  # the QK16 instance
+def test_v_copy_in_ks_pass_is_vs_float16_values(torch_cuda, v_format, D, overrides):
+    """With K's float16 copy (k_dequant=1) a quantized V is converted in the same pass as K (k_dequant.cuh,
+    copy_kv): the QK16 prefill on that V gives, bit for bit, its output on V handed over as float16 rows of the
+    values the conversion must make (level * scale rounded once to float16; +-65504 where a finite scale is past the
+    float16 limit; NaN for a NaN / Inf scale), poisoned keys and a head of K past float16 included."""
+    torch = torch_cuda
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the QK16 prefill runs on sm_90a")
+    rng = np.random.default_rng(5)
+    B, Hq, Hkv, S = 1, 8, 2, 3000  # 47 runs of 64 keys per head, the last one partial
+    q = rng.standard_normal((B, Hq, S, D)).astype(np.float16)
+    k = rng.standard_normal((B, Hkv, S, D)).astype(np.float32)
+    k[:, 1] *= 2e5  # head 1: K scales past 515.5, its copy times 2^-8
+    kp, ks = R.pack_k(k)
+    vp, vs = R.pack_v(rng.standard_normal((B, Hkv, S, D)).astype(np.float16), v_format)
+    vs[0, 0, 2500, 0] = np.float16("nan")
+    vs[0, 1, 1000, D // 32 - 1] = 9000.0  # past the float16 limit of every format
+    vs[0, 1, 2999, 0] = np.float16("inf")
+    with np.errstate(over="ignore", invalid="ignore"):
+        vals = (R.levels(vp, v_format).astype(np.float32).reshape(B, Hkv, S, D // 32, 32)
+                * vs.astype(np.float32)[..., None]).astype(np.float16)
+        # a finite scale's products overflow only past its format's limit: clamped there
+        vals = np.where(np.isfinite(vs)[..., None], np.clip(vals, -65504, 65504), np.float16("nan"))
+        vals = vals.reshape(B, Hkv, S, D)
+    assert np.abs(vals[0, 1, 1000, -32:].astype(np.float32)).max() == 65504  # the block's largest level overflows
+    outs, plans = [], []
+    for value, scales, fmt in ((vp, vs, v_format), (vals.astype(np.float16), None, "float")):
+        t = [to_device(torch, a) for a in (q, kp, ks, value, scales)]
+        out = torch.full(q.shape, float("nan"), dtype=torch.float16, device="cuda")
+        plans.append(native.TorchAttention(*t, out, v_format=fmt, route="prefill",
+                                           overrides=overrides)(return_plan=True))
+        torch.cuda.synchronize()
+        outs.append(out)
+    assert plans[0]["k_dequant"] and plans[0]["v_dequant"] and plans[1]["k_dequant"], plans
+    assert plans[0]["ws"] == plans[1]["ws"] == ("ws=1" in overrides), plans
+    a, b = outs
+    assert torch.isnan(a[0, :4, 2500:]).all() and not torch.isnan(a[0, :4, :2500]).any()  # head 0's NaN, from 2500 on
+    assert torch.equal(torch.isnan(a), torch.isnan(b))
+    assert torch.equal(torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0))
+
+
 @pytest.mark.parametrize("v_format,D,overrides", [("float", 128, K16), ("q8_0", 128, K16), ("float", 128, K16O),
                                                    ("q8_0", 128, K16O), ("q4_0", 64, K16O), ("float", 64, K16O),
                                                    ("float", 256, K16), ("q8_0", 256, K16), ("float", 128, K16W),
