@@ -7,7 +7,8 @@
 // cvt_q8 / cvt_q4, level * scale rounded once to float16, clamped to +-65504 where the scale is past the float16
 // limit), into rows the float16-V instance reads instead; a non-finite scale makes its 32 values NaN, which the
 // float16 path treats as the quantized one treats that scale (the key is V-poisoned, vendor.h "The V side"). So the
-// output is the same as the quantized instance's, bit for bit.
+// output is the same as the quantized instance's, bit for bit. Where the plan copies K too (k_dequant), the same
+// conversion (v_piece_f16) runs in K's pass instead (k_dequant.cuh, kv_copy_kernel) and this kernel does not.
 #pragma once
 
 #include <cstdint>

@@ -5,8 +5,9 @@
 //     NaN / Inf (gpu/v_scan.cuh), then runs the unflagged heads on an instance without the V check and the flagged
 //     ones on the checked instance; a long q8_0 / q4_0 V call first converts V once into float16 rows
 //     (gpu/v_dequant.cuh) and runs the float16-V instance on them; with k_dequant (long calls on sm_90a) K is
-//     converted once into float16 rows too (gpu/k_dequant.cuh) and the QK16 instance runs the Q.K on f16 wgmma
-//     (D 64 / 128), or at D = 256 the kernel with Q in shared memory (gpu/prefill_wg.cuh);
+//     converted once into float16 rows too (gpu/k_dequant.cuh: one pass for K's copy, V's copy and V's scan) and the
+//     QK16 instance runs the Q.K on f16 wgmma (D 64 / 128), or at D = 256 the kernel with Q in shared memory
+//     (gpu/prefill_wg.cuh);
 //   * the tile kernel (gpu/attention_tile.cuh; every other case, and HIP): a block owns 64 rows of one (batch, KV
 //     head) row space and walks the keys in 64-key tiles (32-key tiles, and 32 rows at D = 256, where that block does
 //     not fit the shared memory: AMD's 64 KB LDS); with causal masking it stops at the last key its rows can
