@@ -11,8 +11,10 @@
 // One pass (kv_copy_kernel) reads every K row once: it writes the copy, checks the K scales (below), and in the same
 // pass converts a q8_0 / q4_0 / q6_0 V into its float16 copy (v_dequant.cuh's conversion) and scans V (or that copy)
 // for NaN / Inf (v_scan.cuh's check) where the plan asks. Why one pass: these were three launches (V copy, scan, K
-// copy, the K copy waiting for the scan's flags), each a ramp and a tail of their own; at 8k keys (32, 8, 128) they
-// took 22-27 us of a ~950 us call (H100), ~2.5 % (docs/performance.md).
+// copy, the K copy waiting for the scan's flags), each with a ramp and a tail of its own, and the V copy written,
+// then read back by the scan. With a quantized V the passes now take a fifth to a quarter less (8k keys, (32, 8,
+// 128): 24.0 us against 29.1, H100); with float16 V the pass moves the same bytes as the scan and copy did and takes
+// the same time (docs/performance.md, "One pass before the prefill").
 //
 // Values: k * sk, one float16 rounding. Where a (batch, KV head) holds a K scale past 515.5 (only K packed from
 // float32 values beyond float16's range: 127 * 515.5 is the largest product below float16's 65520), every value of
