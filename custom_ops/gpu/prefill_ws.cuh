@@ -37,7 +37,11 @@ namespace pws {
 constexpr int kBox = pwg::kKeys;  // rows per tensor-copy box (the K / V maps'), and Q rows per warpgroup (64)
 constexpr int kConsumers = 2;      // consumer warpgroups per block (64 rows each)
 constexpr int kThreads = 128 * (kConsumers + 1);
-constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 <= 65536 (launched at 168 each)
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 128 x 24 + 256 x 240 = 64512 = 384 x 168 (the launch's)
+// The registers setmaxnreg moves are the block's as launched (65536 / 384 rounded down to 8: 168 a thread): consumers
+// asking for more than the producer gave back wait in setmaxnreg.inc for ever (a hang, not an error).
+static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= (65536 / kThreads) / 8 * 8 * kThreads,
+              "pws: the warpgroups' register limits exceed the block's launch allocation");
 
 // Shared memory of the block (offsets from a 1024-byte aligned base: the swizzle period; the launcher adds the slack).
 // Tiles of NK keys (64 or 128) in SK K slots and SV V slots.
