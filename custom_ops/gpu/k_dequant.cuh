@@ -132,12 +132,9 @@ __global__ void __launch_bounds__(kScanThreads)
       for (int64_t j0 = 0; j0 < a.Sk; j0 += kRowKeys) {
         const int64_t q0 = bh * a.kv_rows + j0;
         const int n = int(a.Sk - j0 < kRowKeys ? a.Sk - j0 : kRowKeys);
-        uint4 raw[N];
-        for_each_run_piece<PR>(n, [&](int i, int j, int c) { raw[i] = k_piece_bytes(a, q0 + j, c); });
-        for_each_run_piece<PR>(n, [&](int i, int j, int c) {
-          *reinterpret_cast<uint4*>(k_out + (q0 + j) * (2 * D) + 16 * c) =
-              k_piece_f16(make_uint2(raw[i].x, raw[i].y), uint16_t(raw[i].z), 0.00390625f);
-        });
+        run_to_f16<D>(
+            k_out, q0, n, [&](int64_t r, int c) { return k_piece_bytes(a, r, c); },
+            [](const uint4& raw, int) { return k_piece_f16(make_uint2(raw.x, raw.y), uint16_t(raw.z), 0.00390625f); });
       }
     }
   });

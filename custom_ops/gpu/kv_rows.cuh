@@ -51,19 +51,24 @@ __device__ __forceinline__ void for_each_key_run(const TileArgs& a, F&& f) {
   }
 }
 
-// Every piece of the rows converted into 16 bytes of out (float16 rows, 2 D bytes apart, the rows' own indices): per
-// run, ctx = prep(bh) once; this thread's pieces loaded (raw = load(r, c)) before any is converted (cvt(raw, c, ctx))
-// and stored.
+// Rows r0 .. r0 + nk - 1 converted into 16-byte pieces of out (float16 rows, 2 D bytes apart, the rows' own
+// indices): this thread's pieces loaded (raw = load(r, c)) before any is converted (cvt(raw, c)) and stored.
+template <int D, typename Load, typename Cvt>
+__device__ __forceinline__ void run_to_f16(uint8_t* out, int64_t r0, int nk, Load&& load, Cvt&& cvt) {
+  constexpr int PR = D / 8, N = kRunPieces<PR>;
+  decltype(load(r0, 0)) raw[N];
+  for_each_run_piece<PR>(nk, [&](int i, int j, int c) { raw[i] = load(r0 + j, c); });
+  for_each_run_piece<PR>(nk, [&](int i, int j, int c) {
+    *reinterpret_cast<uint4*>(out + (r0 + j) * (2 * D) + 16 * c) = cvt(raw[i], c);
+  });
+}
+
+// Every run of the block's rows through run_to_f16, with ctx = prep(bh) once per run (cvt(raw, c, ctx)).
 template <int D, typename Prep, typename Load, typename Cvt>
 __device__ __forceinline__ void rows_to_f16(const TileArgs& a, uint8_t* out, Prep&& prep, Load&& load, Cvt&& cvt) {
-  constexpr int PR = D / 8, N = kRunPieces<PR>;
   for_each_key_run(a, [&](int64_t bh, int64_t r0, int nk) {
     const auto ctx = prep(bh);
-    decltype(load(r0, 0)) raw[N];
-    for_each_run_piece<PR>(nk, [&](int i, int j, int c) { raw[i] = load(r0 + j, c); });
-    for_each_run_piece<PR>(nk, [&](int i, int j, int c) {
-      *reinterpret_cast<uint4*>(out + (r0 + j) * (2 * D) + 16 * c) = cvt(raw[i], c, ctx);
-    });
+    run_to_f16<D>(out, r0, nk, load, [&](const auto& raw, int c) { return cvt(raw, c, ctx); });
   });
 }
 
