@@ -142,22 +142,25 @@ __global__ void __launch_bounds__(kScanThreads)
 
 // Enqueues the pass over a's K and V (a: the call's own arguments): K into k_out and kflags (B Hkv ints, the run
 // counters after them in the same scratch); with v_out, a's quantized V (kind v_source) into v_out; with vflags (B Hkv
-// ints after the counters in the same scratch), V or its copy scanned (scan_v_nonfinite's flags).
-inline void copy_kv(const TileArgs& a, uint8_t* k_out, int* kflags, int* vflags, uint8_t* v_out, int v_source,
-                    gpuStream_t s) {
+// ints after the counters in the same scratch) zeroed: with scan_v V or its copy scanned into them (scan_v_nonfinite's
+// flags), else B Hkv ints after them zeroed too (the flags of a ws kernel that skips no head: ws_late_scan).
+inline void copy_kv(const TileArgs& a, uint8_t* k_out, int* kflags, int* vflags, bool scan_v, uint8_t* v_out,
+                    int v_source, gpuStream_t s) {
   const size_t heads = size_t(a.B * a.Hkv);
   // one memset over the flags and counters (vflags follows the counters after their padding)
-  const size_t zero = vflags ? size_t(reinterpret_cast<uint8_t*>(vflags + heads) - reinterpret_cast<uint8_t*>(kflags))
+  const size_t vwords = size_t(scan_v ? 1 : 2) * heads;  // the V flags, and without the scan the ws kernel's zeros
+  const size_t zero = vflags ? size_t(reinterpret_cast<uint8_t*>(vflags + vwords) - reinterpret_cast<uint8_t*>(kflags))
                              : 2 * heads * sizeof(int);
   D4A_GPU_CHECK(gpuMemsetAsync(kflags, 0, zero, s));
   const unsigned grid = row_pass_blocks(a);
   const int vk = v_out ? v_source : kVF16;
+  int* const vscan = scan_v ? vflags : nullptr;
   with_head_dim(a.D, [&](auto d) {
     constexpr int D = decltype(d)::value;
-    if (vk == kVF16) kv_copy_kernel<D, kVF16><<<grid, kScanThreads, 0, s>>>(a, kflags, vflags, k_out, v_out);
-    else if (vk == kVQ8) kv_copy_kernel<D, kVQ8><<<grid, kScanThreads, 0, s>>>(a, kflags, vflags, k_out, v_out);
-    else if (vk == kVQ4) kv_copy_kernel<D, kVQ4><<<grid, kScanThreads, 0, s>>>(a, kflags, vflags, k_out, v_out);
-    else kv_copy_kernel<D, kVQ6><<<grid, kScanThreads, 0, s>>>(a, kflags, vflags, k_out, v_out);
+    if (vk == kVF16) kv_copy_kernel<D, kVF16><<<grid, kScanThreads, 0, s>>>(a, kflags, vscan, k_out, v_out);
+    else if (vk == kVQ8) kv_copy_kernel<D, kVQ8><<<grid, kScanThreads, 0, s>>>(a, kflags, vscan, k_out, v_out);
+    else if (vk == kVQ4) kv_copy_kernel<D, kVQ4><<<grid, kScanThreads, 0, s>>>(a, kflags, vscan, k_out, v_out);
+    else kv_copy_kernel<D, kVQ6><<<grid, kScanThreads, 0, s>>>(a, kflags, vscan, k_out, v_out);
   });
   D4A_GPU_CHECK(gpuGetLastError());
 }

@@ -671,7 +671,12 @@ void plan_ws(GpuPlan& pl, const AttentionParams& p, const DeviceFacts& dev, cons
   const int64_t kv_bytes = p.B * p.Hkv * p.Sk * p.D * 4;  // K's and V's float16 rows
   const bool grouped = w.causal_tiles > 0 && p.Sk - p.Sq >= p.Sq && kv_bytes >= kWsGroupMinBytes;
   w.ws_group = ov.ws_group >= 0 ? ov.ws_group : grouped ? 1 : 0;
+  // The call's own float16 V: scanned behind the kernel, on the SMs its blocks leave at its end (the kernel runs every
+  // head, and the checked companion runs the flagged ones again), not in K's pass before it, where reading V takes
+  // ~40 % of the pass. A quantized V's copy is scanned in K's pass, in registers, as it is written (k_dequant.cuh).
+  w.ws_late_scan = !w.v_dequant && ov.ws_late_scan != 0;
   if (!w.v_scan) w.scratch_bytes += size_t(p.B * p.Hkv) * sizeof(int);
+  if (w.ws_late_scan) w.scratch_bytes += size_t(p.B * p.Hkv) * sizeof(int);  // the kernel's flags: zeros
   w.v_scan = true;
   w.ws = true;
   pl = w;
@@ -930,13 +935,15 @@ PlanOverrides parse_plan_overrides(const char* s) {
     else if (k == "ws_persist") ov.ws_persist = to_int(k, v, 0, 1, kWhat);
     else if (k == "ws_snake") ov.ws_snake = to_int(k, v, 0, 1, kWhat);
     else if (k == "ws_group") ov.ws_group = to_int(k, v, 0, 64, kWhat);
+    else if (k == "ws_late_scan") ov.ws_late_scan = to_int(k, v, 0, 1, kWhat);
     else if (k == "ws_keys") {
       ov.ws_keys = to_int(k, v, 64, 128, kWhat);
       if (ov.ws_keys != 64 && ov.ws_keys != 128) fail(kWhat, "ws_keys: expected 64 or 128, got ", v);
     }
     else
       fail(kWhat, "unknown key '", k, "' (expected kernel, warps, stages, staging, cluster, m_tiles, min_blocks, tma, ",
-           "wgmma, split_waves, v_scan, v_dequant, k_dequant, qk_wgmma, ws, ws_keys, ws_persist, ws_snake, ws_group)");
+           "wgmma, split_waves, v_scan, v_dequant, k_dequant, qk_wgmma, ws, ws_keys, ws_persist, ws_snake, ws_group, "
+           "ws_late_scan)");
   }
   return ov;
 }
@@ -987,7 +994,8 @@ std::string plan_json(const GpuPlan& pl) {
   if (pl.ws)
     o << ", \"key_tile\": " << pl.key_tile << ", \"persistent\": " << (pl.persistent ? "true" : "false")
       << ", \"items\": " << pl.ws_items << ", \"checked_blocks\": " << pl.ws_checked_blocks
-      << ", \"snake\": " << (pl.ws_snake ? "true" : "false") << ", \"group\": " << pl.ws_group;
+      << ", \"snake\": " << (pl.ws_snake ? "true" : "false") << ", \"group\": " << pl.ws_group
+      << ", \"late_scan\": " << (pl.ws_late_scan ? "true" : "false");
   o << ", \"smem_bytes\": " << pl.smem_bytes << ", \"n_splits\": " << pl.n_splits << ", \"split_len\": "
     << pl.split_len << ", \"n_chunks\": " << pl.n_chunks << ", \"blocks\": " << pl.blocks
     << ", \"scratch_bytes\": " << pl.scratch_bytes << ", \"strided\": " << (pl.strided ? "true" : "false")

@@ -34,6 +34,8 @@
 //   ws_keys=64|128              its keys per tile (GpuPlan::key_tile; default 128 at D 64 / 128; D = 256 takes 64)
 //   ws_persist=0|1              its grid: one block per SM walking the work items (default), or one per item
 //   ws_snake=0|1                its persistent deal (pws::Deal): odd rounds right to left (default), or round-robin
+//   ws_late_scan=0|1            the call's own float16 V scanned for NaN / Inf after that kernel, which then runs every
+//                               head (1, default), or in K's pass before it, so that it skips the flagged heads
 //   ws_group=0..64              its causal items' order: 0 position-major over all heads, n > 0 position-major within
 //                               groups of n (batch, KV head) pairs, one group after another (pws::item_at); default 1
 //                               for a chunk over a past as long whose K and V take kWsGroupMinBytes+, else 0
@@ -89,6 +91,7 @@ struct PlanOverrides {
   int ws_persist = -1;       // -1 auto (on), 0 off: that kernel's blocks walk its work items (one block per SM)
   int ws_snake = -1;         // -1 auto (on), 0 off: its persistent deal right to left in odd rounds (GpuPlan::ws_snake)
   int ws_group = -1;         // -1 auto (kWsGroupMinBytes), n: causal items position-major within groups of n KV heads
+  int ws_late_scan = -1;     // -1 auto (on for float16 V), 0 off: V scanned behind the ws kernel (GpuPlan)
 };
 
 // The warp-specialized f16 Q.K prefill (prefill_ws.cuh) is the default at D = 128 from kWsMinKeys keys on, at
@@ -157,6 +160,7 @@ struct GpuPlan {
   int64_t ws_checked_blocks = 0;  // ws: the checked companion's blocks (one per SM, striding over the items)
   bool ws_snake = false;     // ws, persistent: odd rounds of work items dealt right to left (pws::Deal)
   int ws_group = 0;          // ws, causal items: 0 position-major over all heads, n > 0 within groups of n KV heads
+  bool ws_late_scan = false;  // ws, the call's float16 V: scanned behind the kernel (v_scan.cuh), which runs all heads
   bool strided = false;      // K / V rows strided (AttentionParams' row layout is not the dense one)
   std::string fallback;      // why the route's preferred kernel was not taken ("" when it was)
   PlanOverrides overrides;   // what the plan was made with (a refused cluster launch is planned again without)

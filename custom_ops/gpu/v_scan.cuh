@@ -1,4 +1,5 @@
-// Which (batch, KV head)s hold a NaN / Inf in their float16 V, found once before a long tensor-core prefill.
+// Which (batch, KV head)s hold a NaN / Inf in their float16 V, found once before a long tensor-core prefill (behind the
+// warp-specialized one: v_scan_after_kernel).
 //
 // The tensor-core prefill reads every V tile of a (batch, KV head) once per block of its query rows (hundreds of
 // times at 8k keys). Checking each tile for a V-poisoned key there (vendor.h, "The V side") costs the wgmma path a
@@ -40,6 +41,22 @@ __global__ void __launch_bounds__(kScanThreads) v_nonfinite_scan_kernel(const Ti
   });
 }
 
+// The scan behind the warp-specialized prefill (GpuPlan::ws_late_scan), a programmatic dependent of it: its blocks take
+// the SMs that the prefill's blocks leave as they end (the prefill runs every head, unflagged or not), and the checked
+// companion, a programmatic dependent of this kernel, runs the flagged heads again over the prefill's rows. Block 0
+// waits for the prefill's end before it returns, so that this kernel ends after the prefill and the companion, which
+// waits for this kernel's end, writes after the prefill's every store. flags: B * Hkv ints, zeroed before.
+// Why: in the pass before the prefill V took ~40 % of its bytes at 8k keys; the prefill's last items leave SMs idle
+// (~2 % of its SM time at (32, 8, 128) 8k, docs/performance.md).
+template <int D>
+__global__ void __launch_bounds__(kScanThreads) v_scan_after_kernel(const TileArgs a, int* flags) {
+  pdl_launch_dependents();  // the companion may launch (it waits for this kernel's end)
+  for_each_key_run(a, [&](int64_t bh, int64_t r0, int nk) {
+    if (v_run_nonfinite<D>(a, r0, nk)) flags[bh] = 1;
+  });
+  if (blockIdx.x == 0) pdl_wait();
+}
+
 // The head sizes of the tensor-core prefill (the passes' rows are a compile-time number of 16-byte pieces).
 template <typename F>
 inline void with_head_dim(int64_t D, F&& f) {
@@ -58,6 +75,16 @@ inline void scan_v_nonfinite(const TileArgs& a, int* flags, gpuStream_t s) {
   });
   D4A_GPU_CHECK(gpuGetLastError());
 }
+
+#if defined(D4A_CUDA)
+// Enqueues the scan behind the warp-specialized prefill (v_scan_after_kernel), a programmatic dependent of it.
+inline void scan_v_after(const TileArgs& a, int* flags, gpuStream_t s) {
+  with_head_dim(a.D, [&](auto d) {
+    launch_dependent(v_scan_after_kernel<decltype(d)::value>, row_pass_blocks(a), unsigned(kScanThreads), size_t(0), s,
+                     a, flags);
+  });
+}
+#endif
 
 }  // namespace gpu
 }  // namespace dot4attn

@@ -149,19 +149,26 @@ void wg_qk16(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_t s)
   launch_planned(pwg::prefill_wg_kernel<256, NWG, true>, pl, s, a, pl.causal_tiles, tm);
 }
 
-// The warp-specialized QK16 kernel (prefill_ws.cuh, D 64 / 128 / 256) on b's K and V as float16 rows, V already
-// scanned into b.v_flags (in K's pass, copy_kv): the unflagged heads on it (a block per SM walking the work items, or a
-// block per item) and the flagged ones on prefill_wg.cuh's checked instance (two warpgroups of the same 128 rows per
-// block, a block per SM striding over the items; its own block size and shared memory). Both launch as programmatic
-// dependents: each kernel's launch overlaps the end of the one before.
+// The warp-specialized QK16 kernel (prefill_ws.cuh, D 64 / 128 / 256) on b's K and V as float16 rows, V scanned into
+// b.v_flags: the unflagged heads on it (a block per SM walking the work items, or a block per item) and the flagged
+// ones on prefill_wg.cuh's checked instance (two warpgroups of the same 128 rows per block, a block per SM striding
+// over the items; its own block size and shared memory). V is scanned in K's pass (copy_kv), or with ws_late_scan
+// behind the kernel, which then runs every head, the flagged ones again on the checked instance after the scan (the
+// call's own float16 V). All launch as programmatic dependents: each kernel's launch overlaps the end of the one
+// before.
 // Why: at 2k keys the gaps between the five launches were ~12 us of 122; overlapped, 1.036x (docs/performance.md).
 template <int D, int NK>
 void ws_qk16(const GpuPlan& pl, const TileArgs& b, gpuStream_t s) {
   using I = pws::Inst<D, NK>;
   const TmaMaps tm = kv_maps(b, 2 * D, 2 * D);
   const int order = int(pl.ws_snake) | (pl.ws_group << 1);  // the kernel's `order`: the deal, the KV-head groups
-  launch_planned_dependent(pws::prefill_ws_kernel<D, NK, I::SK, I::SV>, pl, s, b, pl.causal_tiles, pl.ws_items, order,
+  // ws_late_scan: V scanned after the kernel, which then skips no head: its flags are the zeros after the scan's (a
+  // null pointer and a check in the kernel's item lookup made the D = 64 kernel 4.5 % slower, H100)
+  TileArgs w = b;
+  if (pl.ws_late_scan) w.v_flags = b.v_flags + b.B * b.Hkv;
+  launch_planned_dependent(pws::prefill_ws_kernel<D, NK, I::SK, I::SV>, pl, s, w, pl.causal_tiles, pl.ws_items, order,
                            tm);
+  if (pl.ws_late_scan) scan_v_after(b, const_cast<int*>(b.v_flags), s);
   GpuPlan c = pl;  // a block per SM, striding over the work items (most return at once: their head is unflagged)
   c.blocks = pl.ws_checked_blocks;
   c.threads = 256;
@@ -243,8 +250,9 @@ void run_prefill(const GpuPlan& pl, const TileArgs& a, void* scratch, gpuStream_
       uint8_t* k_copy = sc;
       int* kflags = reinterpret_cast<int*>(sc + pl.k_dequant_bytes);
       sc += pl.k_dequant_bytes + pl.k_flag_bytes;
-      int* vflags = pl.ws ? reinterpret_cast<int*>(sc) : nullptr;  // ws: V (or its copy) scanned in the K pass
-      copy_kv(a, k_copy, kflags, vflags, v_copy, pl.v_source, s);  // with V's copy and scan, one pass
+      int* vflags = pl.ws ? reinterpret_cast<int*>(sc) : nullptr;  // ws: V's flags (and zeros), zeroed in the K pass
+      // with V's copy and scan (unless V is scanned after the ws kernel: ws_late_scan), one pass
+      copy_kv(a, k_copy, kflags, vflags, !pl.ws_late_scan, v_copy, pl.v_source, s);
       b.k = reinterpret_cast<const int8_t*>(k_copy);
       b.k_stride = 2 * a.D;
       b.ks = nullptr;

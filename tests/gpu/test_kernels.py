@@ -630,6 +630,34 @@ def test_ws_checked_companion_walks_several_items_per_block(torch_cuda, v_format
                f"ws checked companion {v_format} D={D} S={S} plan={plan}")
 
 
+@pytest.mark.parametrize("D,S,causal", [(128, 3000, True), (64, 1536, True), (256, 2000, False), (128, 700, False)])
+def test_ws_v_scan_after_the_kernel_matches_ks_pass(torch_cuda, D, S, causal):
+    """The warp-specialized prefill's float16 V scanned behind the kernel (ws_late_scan, the default: the kernel runs
+    every head, the checked companion the flagged ones again once the scan has flagged them) and in K's pass before it
+    (ws_late_scan=0: the kernel skips the flagged heads) give the same output bits, with NaN / Inf V in three heads of
+    eight (one in a partial last tile), K past float16 in another, and more work items than blocks."""
+    torch = torch_cuda
+    q, kp, ks, v = _qk16_inputs(torch, 31, 2, 16, 4, S, D)
+    v[0, 1, S // 2, 5] = np.float16("inf")
+    v[1, 3, 300, D - 1] = np.float16("nan")
+    v[1, 0, S - 1, 0] = np.float16("-inf")
+    k = R.pack_k(np.random.default_rng(3).standard_normal((2, 4, S, D)).astype(np.float32) * 2e5)
+    kp[0, 2], ks[0, 2] = k[0][0, 2], k[1][0, 2]  # head 2 of batch 0: K scales past 515.5
+    t = [to_device(torch, a) for a in (q, kp, ks, v, None)]
+    outs, plans = [], []
+    for ov in (K16W, K16W + ",ws_late_scan=0"):
+        out = torch.full(q.shape, float("nan"), dtype=torch.float16, device="cuda")
+        plans.append(native.TorchAttention(*t, out, v_format="float", route="prefill", causal=causal,
+                                           overrides=ov)(return_plan=True))
+        torch.cuda.synchronize()
+        outs.append(out)
+    assert plans[0]["late_scan"] and not plans[1]["late_scan"] and plans[0]["items"] > plans[0]["blocks"], plans
+    a, b = outs
+    assert torch.isnan(a[1, 12:]).any() and not torch.isnan(a[0, :4]).any()  # flagged heads' rows, clean ones'
+    assert torch.equal(torch.isnan(a), torch.isnan(b))
+    assert torch.equal(torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0))
+
+
 def _ws_persistent_out(torch, t, q_shape, overrides: str, causal: bool):
     """One call of the warp-specialized prefill on the device inputs t (q, K payload, K scales, float16 V, None) with
     more work items than blocks, so every block walks several: (its plan, its output as numpy)."""
@@ -700,12 +728,15 @@ def test_ws_loop_across_items_matches_the_reference(torch_cuda, D, Sq, Sk, causa
         assert not outs[0][:, :, :Sq - Sk].any(), "rows that see no key are not zeros"
 
 
-@pytest.mark.parametrize("D,overrides", [(128, K16), (128, K16O), (256, K16), (64, K16W), (128, K16W),
-                                         (128, K16W64), (256, K16W)])
-def test_qk16_prefill_streams_and_graph(torch_cuda, D, overrides):
+@pytest.mark.parametrize("D,overrides,v_format", [
+    (128, K16, "q8_0"), (128, K16O, "q8_0"), (256, K16, "q8_0"), (64, K16W, "q8_0"), (128, K16W, "q8_0"),
+    (128, K16W64, "q8_0"), (256, K16W, "q8_0"),
+    (64, K16W, "float"), (128, K16W, "float"), (256, K16W, "float")])  # float16 V: scanned after the ws kernel
+def test_qk16_prefill_streams_and_graph(torch_cuda, D, overrides, v_format):
     """The QK16 prefill (K's float16 copy, its flags, V's copy and scan, then the kernel; at D = 256 the kernel with Q
-    in shared memory) on four streams at once equals one call bit for bit, and captured into a CUDA graph and
-    replayed it matches the reference (qk_f16)."""
+    in shared memory; with float16 V the warp-specialized kernel, the V scan behind it and the checked companion) on
+    four streams at once equals one call bit for bit, and captured into a CUDA graph and replayed it matches the
+    reference (qk_f16)."""
     torch = torch_cuda
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the QK16 prefill runs on sm_90a")
@@ -713,13 +744,15 @@ def test_qk16_prefill_streams_and_graph(torch_cuda, D, overrides):
     B, Hq, Hkv, S = 1, 8, 2, 2000
     q = (rng.standard_normal((B, Hq, S, D)) * 3).astype(np.float16)
     kp, ks = R.pack_k(rng.standard_normal((B, Hkv, S, D)).astype(np.float16))
-    value, vs = R.pack_v(rng.standard_normal((B, Hkv, S, D)).astype(np.float16), "q8_0")
-    ref = R.attention(q, kp, ks, value, vs, None, causal=1, v_format="q8_0", qk_f16=True)
+    v = rng.standard_normal((B, Hkv, S, D)).astype(np.float16)
+    value, vs = (v, None) if v_format == "float" else R.pack_v(v, v_format)
+    ref = R.attention(q, kp, ks, value, vs, None, causal=1, v_format=v_format, qk_f16=True)
     t = [to_device(torch, a) for a in (q, kp, ks, value, vs)]
-    new = lambda: native.TorchAttention(*t, torch.empty_like(t[0]), v_format="q8_0", route="prefill",  # noqa: E731
+    new = lambda: native.TorchAttention(*t, torch.empty_like(t[0]), v_format=v_format, route="prefill",  # noqa: E731
                                         overrides=overrides)
     p = native.gpu_plan(new().call)
     assert p["k_dequant"] and p["ws"] == overrides.startswith(K16W), p
+    assert p.get("late_scan", False) == (v_format == "float"), p
 
     def same_bits(out, want):
         assert torch.equal(out, want), "QK16 prefill graph replay differs from a direct call"

@@ -103,12 +103,15 @@ def test_h200_prefill_takes_wgmma(v_format):
     ("float", 8192, 8192, "wgmma=0", False), ("float", 8192, 8192, "min_blocks=2", False)])  # no unchecked instance
 def test_prefill_v_scan_and_its_scratch(v_format, sq, sk, overrides, scan):
     """The V scan's flags follow K's float16 copy where the f16 Q.K runs (the long float16-V calls at 3 blocks per SM;
-    test_k_dequant_* below) and stand alone otherwise."""
+    test_k_dequant_* below; the warp-specialized kernel's, which scans V after it, add as many zero flags) and stand
+    alone otherwise."""
     p = plan(2, 32, 8, sq, sk, 128, v_format=v_format, overrides=overrides)
     k16 = v_format == "float" and sk >= 2048 and overrides in ("", "v_scan=0")
     assert p["k_dequant"] == k16, p
     k_copy = 2 * 8 * sk * 128 * 2 + 256 if k16 else 0
-    assert (p["kernel"], p["v_scan"], p["scratch_bytes"]) == ("prefill_mma", scan, k_copy + (2 * 8 * 4 if scan else 0))
+    flags = (2 * 8 * 4 if scan else 0) * (2 if p.get("late_scan") else 1)
+    assert p.get("late_scan", False) == (p["ws"] and v_format == "float"), p
+    assert (p["kernel"], p["v_scan"], p["scratch_bytes"]) == ("prefill_mma", scan, k_copy + flags)
 
 
 @pytest.mark.parametrize("v_format", ["q8_0", "q4_0"])
@@ -836,9 +839,11 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     64 rows x 2 D bytes, SK K slots and SV V slots of key_tile rows x 2 D bytes, a full and an empty mbarrier per slot,
     the swizzle slack. Key tiles of 128 with 3 + 3 slots at D = 128 (ws_keys=64: 64 with 4 + 4), 128 with 4 + 4 at
     D = 64, 64 with 2 + 3 at D = 256. V is always scanned (the kernel has no V check: the flagged heads run on
-    prefill_wg.cuh's checked instance), so the scratch ends with the V flags. The default at D = 128 from 2048 keys
-    on (kWsMinKeys), at D = 64 from 8192 (kWsMinKeysD64) and at D = 256 from 2048 (kWsMinKeysD256); elsewhere only
-    when asked; never where k_dequant is not, off sm_90a, or where the block does not fit."""
+    prefill_wg.cuh's checked instance), so the scratch ends with the V flags; the call's own float16 V behind the
+    kernel (`late_scan`; ws_late_scan=0: in K's pass before it), a quantized V's copy in K's pass. The default at
+    D = 128 from 2048 keys on (kWsMinKeys), at D = 64 from 8192 (kWsMinKeysD64) and at D = 256 from 2048
+    (kWsMinKeysD256); elsewhere only when asked; never where k_dequant is not, off sm_90a, or where the block does not
+    fit."""
     base = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=0")
     p = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=1")
     assert (p["ws"], p["k_dequant"], p["wgmma"], p["tma"], p["min_blocks"], p["v_scan"]) == \
@@ -849,7 +854,12 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     assert (p["n_chunks"], p["items"], p["blocks"], p["persistent"]) == (1, 2 * 8 * 4 * (8192 // 128), 132, True), p
     one_each = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=1,ws_persist=0")
     assert (one_each["blocks"], one_each["items"], one_each["persistent"]) == (p["items"], p["items"], False)
-    assert p["snake"], p
+    assert p["snake"] and p["late_scan"], p
+    early = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=1,ws_late_scan=0")
+    # the late scan's kernel reads B Hkv zero flags after the scan's (it skips no head)
+    assert not early["late_scan"] and p["scratch_bytes"] == early["scratch_bytes"] + 2 * 8 * 4, (early, p)
+    assert {k: v for k, v in early.items() if k not in ("late_scan", "scratch_bytes")} == \
+        {k: v for k, v in p.items() if k not in ("late_scan", "scratch_bytes")}, (early, p)
     rr = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=1,ws_snake=0")
     assert not rr["snake"] and {k: v for k, v in rr.items() if k != "snake"} == \
         {k: v for k, v in p.items() if k != "snake"}, (rr, p)
@@ -857,7 +867,7 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     assert p["checked_blocks"] == one_each["checked_blocks"] == 132, (p, one_each)
     few = plan(1, 8, 8, 256, 256, 128, v_format="float", overrides="k_dequant=1,ws=1")  # fewer items than SMs
     assert (few["items"], few["blocks"], few["checked_blocks"]) == (16, 16, 16), few
-    assert p["scratch_bytes"] == base["scratch_bytes"] == 2 * 8 * 8192 * 128 * 2 + 256 + 2 * 8 * 4, p
+    assert p["scratch_bytes"] == base["scratch_bytes"] + 2 * 8 * 4 == 2 * 8 * 8192 * 128 * 2 + 256 + 2 * 2 * 8 * 4, p
     assert not base["ws"] and "key_tile" not in base
     narrow = plan(2, 32, 8, 8192, 8192, 128, v_format="float", overrides="k_dequant=1,ws=1,ws_keys=64")
     assert (narrow["key_tile"], narrow["stages"]) == (64, 4), narrow
@@ -867,10 +877,12 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     cache = plan(1, 28, 4, 16384, 131072, 128, v_format="q4_0", overrides="ws=1",
                  kv_layout=packed_layout(128, "q4_0", 140000))
     assert (cache["ws"], cache["v_dequant"], cache["k_dequant"], cache["rows_per_block"]) == (True, True, True, 128)
+    q8 = plan(1, 32, 8, 8192, 8192, 128, v_format="q8_0", overrides="ws=1")
+    assert not cache["late_scan"] and not q8["late_scan"], (cache, q8)
     assert cache["scratch_bytes"] == 2 * (4 * 140000 * 128 * 2) + 256 + 4 * 4, cache
     # short: no V scan in the k_dequant plan, so ws adds the flags
     short = plan(1, 32, 8, 1024, 1024, 128, v_format="float", overrides="k_dequant=1,ws=1")
-    assert short["ws"] and short["v_scan"] and short["scratch_bytes"] == 8 * 1024 * 128 * 2 + 256 + 8 * 4, short
+    assert short["ws"] and short["v_scan"] and short["scratch_bytes"] == 8 * 1024 * 128 * 2 + 256 + 2 * 8 * 4, short
     d64 = plan(1, 32, 8, 4096, 4096, 64, v_format="q4_0", overrides="ws=1")
     assert (d64["ws"], d64["v_dequant"], d64["rows_per_block"], d64["key_tile"], d64["stages"]) == \
         (True, True, 128, 128, 4), d64
@@ -879,7 +891,7 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
     assert (d256["ws"], d256["rows_per_block"], d256["threads"], d256["key_tile"], d256["stages"]) == \
         (True, 128, 384, 64, 2), d256
     assert d256["smem_bytes"] == 2 * 64 * 512 + 5 * 64 * 512 + 16 * 5 + 1024, d256
-    assert d256["scratch_bytes"] == 4 * 8192 * 256 * 2 + 256 + 4 * 4, d256
+    assert d256["scratch_bytes"] == 4 * 8192 * 256 * 2 + 256 + 2 * 4 * 4, d256
     small = "sm=90a,sms=132,smem=200000"  # the wide D = 128 block does not fit, the 64-key one does
     assert plan(1, 32, 8, 8192, 8192, 128, device=small, overrides="ws=1,ws_keys=64")["ws"]
     # the default: D = 128 from 2048 keys on, where no override asks for another instance or no V scan
@@ -912,7 +924,8 @@ def test_ws_plans_the_warp_specialized_f16_qk_prefill_only_where_asked():
                 plan(1, 32, 8, 8192, 8192, 128, device=small, overrides="ws=1"),
                 plan(1, 24, 4, 8192, 8192, 256, v_format="float", overrides="ws=1", device=small)):
         assert not off.get("ws", False), off
-    for bad in ("ws=2", "ws_keys=96", "ws_keys=256", "ws_persist=2", "ws_snake=2", "ws_group=65", "ws_group=-1"):
+    for bad in ("ws=2", "ws_keys=96", "ws_keys=256", "ws_persist=2", "ws_snake=2", "ws_group=65", "ws_group=-1",
+                "ws_late_scan=2"):
         with pytest.raises(native.NativeError, match="ws"):
             plan(1, 32, 8, 8192, 8192, 128, overrides=bad)
 
