@@ -76,30 +76,38 @@ struct VRaw {
   uint16_t sb;
 };
 
-// K (into k_out, float16 rows in K's layout, 2 D bytes apart) and V: with VK = kVF16 V is read only where vflags is
-// set (scanned); with a quantized VK it is converted into v_out (float16 rows in the same layout) and the converted
-// rows scanned where vflags is set. flags: kflags (B Hkv ints: the head's copy is K times 2^-8), then B Hkv run
-// counters, all zeroed before; vflags (B Hkv ints, zeroed) or null.
-template <int D, int VK>
-__global__ void __launch_bounds__(kScanThreads)
+// Blocks per SM the pass is compiled for. Why: each thread loads all its pieces of a run before it stores any, so the
+// bytes in flight per SM, and with them the pass's speed, grow with the blocks that fit; at the default register
+// budget K's copy alone (float16 V scanned elsewhere) held 123 registers at D = 128, 2 blocks per SM. These are the
+// most blocks that compile without spills (ptxas: K alone 56 / 64 registers at D 64 / 128, with V 60-80, D = 256 128).
+template <int D, int VK, bool READ_V>
+constexpr int kKvCopyMinBlocks = D == 256 ? 2 : (VK == kVF16 && !READ_V) ? 4 : 3;
+
+// K (into k_out, float16 rows in K's layout, 2 D bytes apart) and V: with VK = kVF16 V is read only with READ_V, and
+// scanned into vflags; with a quantized VK (READ_V) it is converted into v_out (float16 rows in the same layout) and
+// the converted rows scanned where vflags is set. flags: kflags (B Hkv ints: the head's copy is K times 2^-8), then B
+// Hkv run counters, all zeroed before; vflags (B Hkv ints, zeroed) or null.
+template <int D, int VK, bool READ_V>
+__global__ void __launch_bounds__(kScanThreads, kKvCopyMinBlocks<D, VK, READ_V>)
     kv_copy_kernel(const TileArgs a, int* kflags, int* vflags, uint8_t* k_out, uint8_t* v_out) {
+  static_assert(READ_V || VK == kVF16, "a quantized V is always read: its float16 copy is the prefill's V");
   pdl_launch_dependents();  // the prefill's blocks may launch now (they wait for this kernel's end)
   constexpr int PR = D / 8, N = kRunPieces<PR>;
   const int64_t runs = (a.Sk + kRowKeys - 1) / kRowKeys;  // per (batch, KV head)
   unsigned* runs_done = reinterpret_cast<unsigned*>(kflags + a.B * a.Hkv);
-  const bool read_v = VK != kVF16 || vflags != nullptr;
   __shared__ bool last;
   for_each_key_run(a, [&](int64_t bh, int64_t r0, int nk) {
     // every load of the run before any store (the compiler cannot tell the buffers apart: a store between two loads
     // would hold the second back, kv_rows.cuh)
     uint4 kr[N];
-    VRaw vr[N];
+    VRaw vr[READ_V ? N : 1];
     for_each_run_piece<PR>(nk, [&](int i, int j, int c) {
       kr[i] = k_piece_bytes(a, r0 + j, c);
-      if (!read_v) return;
-      const uint8_t* src = static_cast<const uint8_t*>(a.v) + (r0 + j) * a.v_stride;
-      if constexpr (VK == kVF16) vr[i] = VRaw{*reinterpret_cast<const uint4*>(src + 16 * c), 0};
-      else vr[i] = VRaw{v_piece_bytes<VK>(src, c), a.vs[(r0 + j) * a.vs_stride + c / 4]};
+      if constexpr (READ_V) {
+        const uint8_t* src = static_cast<const uint8_t*>(a.v) + (r0 + j) * a.v_stride;
+        if constexpr (VK == kVF16) vr[i] = VRaw{*reinterpret_cast<const uint4*>(src + 16 * c), 0};
+        else vr[i] = VRaw{v_piece_bytes<VK>(src, c), a.vs[(r0 + j) * a.vs_stride + c / 4]};
+      }
     });
     bool k_big = false;
     uint32_t nf = 0;
@@ -109,7 +117,7 @@ __global__ void __launch_bounds__(kScanThreads)
       *reinterpret_cast<uint4*>(k_out + (r0 + j) * (2 * D) + 16 * c) =
           k_piece_f16(make_uint2(kr[i].x, kr[i].y), uint16_t(sb), 1.f);
       if constexpr (VK == kVF16) {
-        if (read_v) nf = v_nonfinite_acc<kVF16>(nf, vr[i].w);
+        if constexpr (READ_V) nf = v_nonfinite_acc<kVF16>(nf, vr[i].w);
       } else {
         const uint4 o = v_piece_f16<VK>(vr[i].w, c, vr[i].sb);
         *reinterpret_cast<uint4*>(v_out + (r0 + j) * (2 * D) + 16 * c) = o;
@@ -157,10 +165,11 @@ inline void copy_kv(const TileArgs& a, uint8_t* k_out, int* kflags, int* vflags,
   int* const vscan = scan_v ? vflags : nullptr;
   with_head_dim(a.D, [&](auto d) {
     constexpr int D = decltype(d)::value;
-    if (vk == kVF16) kv_copy_kernel<D, kVF16><<<grid, kScanThreads, 0, s>>>(a, kflags, vscan, k_out, v_out);
-    else if (vk == kVQ8) kv_copy_kernel<D, kVQ8><<<grid, kScanThreads, 0, s>>>(a, kflags, vscan, k_out, v_out);
-    else if (vk == kVQ4) kv_copy_kernel<D, kVQ4><<<grid, kScanThreads, 0, s>>>(a, kflags, vscan, k_out, v_out);
-    else kv_copy_kernel<D, kVQ6><<<grid, kScanThreads, 0, s>>>(a, kflags, vscan, k_out, v_out);
+    const auto go = [&](auto kern) { kern<<<grid, kScanThreads, 0, s>>>(a, kflags, vscan, k_out, v_out); };
+    if (vk == kVF16) return vscan ? go(kv_copy_kernel<D, kVF16, true>) : go(kv_copy_kernel<D, kVF16, false>);
+    if (vk == kVQ8) return go(kv_copy_kernel<D, kVQ8, true>);
+    if (vk == kVQ4) return go(kv_copy_kernel<D, kVQ4, true>);
+    go(kv_copy_kernel<D, kVQ6, true>);
   });
   D4A_GPU_CHECK(gpuGetLastError());
 }
