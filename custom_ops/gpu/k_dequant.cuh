@@ -15,7 +15,7 @@
 // then read back by the scan. With a quantized V the passes now take a fifth to a quarter less (8k keys, (32, 8,
 // 128): 24.0 us against 29.1, H100); with float16 V the pass moves the same bytes as the scan and copy did and takes
 // the same time (docs/performance.md, "One pass before the prefill"), so the warp-specialized prefill's float16 V is
-// scanned behind that kernel instead (v_scan.cuh, v_scan_after_kernel) and its pass copies K alone.
+// scanned behind that kernel instead (v_scan.cuh, scan_v_after) and its pass copies K alone.
 //
 // Values: k * sk, one float16 rounding. Where a (batch, KV head) holds a K scale past 515.5 (only K packed from
 // float32 values beyond float16's range: 127 * 515.5 is the largest product below float16's 65520), every value of

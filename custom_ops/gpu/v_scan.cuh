@@ -1,5 +1,5 @@
 // Which (batch, KV head)s hold a NaN / Inf in their float16 V, found once before a long tensor-core prefill (behind the
-// warp-specialized one: v_scan_after_kernel).
+// warp-specialized one: scan_v_after).
 //
 // The tensor-core prefill reads every V tile of a (batch, KV head) once per block of its query rows (hundreds of
 // times at 8k keys). Checking each tile for a V-poisoned key there (vendor.h, "The V side") costs the wgmma path a
@@ -34,27 +34,22 @@ __device__ __forceinline__ bool v_run_nonfinite(const TileArgs& a, int64_t r0, i
 }
 
 // flags: B * Hkv ints, zeroed before; a thread that finds a NaN / Inf stores its head's flag (the same value: rare).
-template <int D>
+// BEHIND: the scan behind the warp-specialized prefill (GpuPlan::ws_late_scan), a programmatic dependent of it: its
+// blocks take the SMs that the prefill's blocks leave as they end (the prefill runs every head, unflagged or not), and
+// the checked companion, a programmatic dependent of this kernel, runs the flagged heads again over the prefill's rows.
+// Block 0 waits for the prefill's end before it returns, so that this kernel ends after the prefill and the companion,
+// which waits for this kernel's end, writes after the prefill's every store. Why behind: in the pass before the
+// prefill V took ~40 % of its bytes at 8k keys; the prefill's last items leave SMs idle (~2 % of its SM time at (32,
+// 8, 128) 8k, docs/performance.md).
+template <int D, bool BEHIND>
 __global__ void __launch_bounds__(kScanThreads) v_nonfinite_scan_kernel(const TileArgs a, int* flags) {
+  if constexpr (BEHIND) pdl_launch_dependents();  // the companion may launch (it waits for this kernel's end)
   for_each_key_run(a, [&](int64_t bh, int64_t r0, int nk) {
     if (v_run_nonfinite<D>(a, r0, nk)) flags[bh] = 1;
   });
-}
-
-// The scan behind the warp-specialized prefill (GpuPlan::ws_late_scan), a programmatic dependent of it: its blocks take
-// the SMs that the prefill's blocks leave as they end (the prefill runs every head, unflagged or not), and the checked
-// companion, a programmatic dependent of this kernel, runs the flagged heads again over the prefill's rows. Block 0
-// waits for the prefill's end before it returns, so that this kernel ends after the prefill and the companion, which
-// waits for this kernel's end, writes after the prefill's every store. flags: B * Hkv ints, zeroed before.
-// Why: in the pass before the prefill V took ~40 % of its bytes at 8k keys; the prefill's last items leave SMs idle
-// (~2 % of its SM time at (32, 8, 128) 8k, docs/performance.md).
-template <int D>
-__global__ void __launch_bounds__(kScanThreads) v_scan_after_kernel(const TileArgs a, int* flags) {
-  pdl_launch_dependents();  // the companion may launch (it waits for this kernel's end)
-  for_each_key_run(a, [&](int64_t bh, int64_t r0, int nk) {
-    if (v_run_nonfinite<D>(a, r0, nk)) flags[bh] = 1;
-  });
-  if (blockIdx.x == 0) pdl_wait();
+  if constexpr (BEHIND) {
+    if (blockIdx.x == 0) pdl_wait();
+  }
 }
 
 // The head sizes of the tensor-core prefill (the passes' rows are a compile-time number of 16-byte pieces).
@@ -71,17 +66,18 @@ inline void with_head_dim(int64_t D, F&& f) {
 inline void scan_v_nonfinite(const TileArgs& a, int* flags, gpuStream_t s) {
   D4A_GPU_CHECK(gpuMemsetAsync(flags, 0, size_t(a.B * a.Hkv) * sizeof(int), s));
   with_head_dim(a.D, [&](auto d) {
-    v_nonfinite_scan_kernel<decltype(d)::value><<<row_pass_blocks(a), kScanThreads, 0, s>>>(a, flags);
+    v_nonfinite_scan_kernel<decltype(d)::value, false><<<row_pass_blocks(a), kScanThreads, 0, s>>>(a, flags);
   });
   D4A_GPU_CHECK(gpuGetLastError());
 }
 
 #if defined(D4A_CUDA)
-// Enqueues the scan behind the warp-specialized prefill (v_scan_after_kernel), a programmatic dependent of it.
+// Enqueues the scan behind the warp-specialized prefill (v_nonfinite_scan_kernel<D, true>), a programmatic dependent
+// of it.
 inline void scan_v_after(const TileArgs& a, int* flags, gpuStream_t s) {
   with_head_dim(a.D, [&](auto d) {
-    launch_dependent(v_scan_after_kernel<decltype(d)::value>, row_pass_blocks(a), unsigned(kScanThreads), size_t(0), s,
-                     a, flags);
+    launch_dependent(v_nonfinite_scan_kernel<decltype(d)::value, true>, row_pass_blocks(a), unsigned(kScanThreads),
+                     size_t(0), s, a, flags);
   });
 }
 #endif
