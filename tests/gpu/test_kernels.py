@@ -644,18 +644,11 @@ def test_ws_v_scan_after_the_kernel_matches_ks_pass(torch_cuda, D, S, causal):
     k = R.pack_k(np.random.default_rng(3).standard_normal((2, 4, S, D)).astype(np.float32) * 2e5)
     kp[0, 2], ks[0, 2] = k[0][0, 2], k[1][0, 2]  # head 2 of batch 0: K scales past 515.5
     t = [to_device(torch, a) for a in (q, kp, ks, v, None)]
-    outs, plans = [], []
-    for ov in (K16W, K16W + ",ws_late_scan=0"):
-        out = torch.full(q.shape, float("nan"), dtype=torch.float16, device="cuda")
-        plans.append(native.TorchAttention(*t, out, v_format="float", route="prefill", causal=causal,
-                                           overrides=ov)(return_plan=True))
-        torch.cuda.synchronize()
-        outs.append(out)
-    assert plans[0]["late_scan"] and not plans[1]["late_scan"] and plans[0]["items"] > plans[0]["blocks"], plans
-    a, b = outs
-    assert torch.isnan(a[1, 12:]).any() and not torch.isnan(a[0, :4]).any()  # flagged heads' rows, clean ones'
-    assert torch.equal(torch.isnan(a), torch.isnan(b))
-    assert torch.equal(torch.nan_to_num(a, nan=0.0), torch.nan_to_num(b, nan=0.0))
+    (late, a), (early, b) = (_ws_persistent_out(torch, t, q.shape, ov, causal)
+                             for ov in (K16W, K16W + ",ws_late_scan=0"))
+    assert late["late_scan"] and not early["late_scan"], (late, early)
+    assert np.isnan(a[1, 12:]).any() and not np.isnan(a[0, :4]).any()  # flagged heads' rows, clean ones'
+    assert np.array_equal(a, b, equal_nan=True)
 
 
 def _ws_persistent_out(torch, t, q_shape, overrides: str, causal: bool):
