@@ -17,6 +17,10 @@ entry's is marked DIFFERS (builds or overrides that should compute the same thin
 With --kernels N each entry's calls are then profiled one by one (torch.profiler, L2 flushed and the GPU idle before
 each call): per entry, the median span of a call (its first kernel's start to its last one's end) and of each of
 its kernels, so the attention kernel alone is set apart from the passes around it (and cuDNN's from its own).
+With --timeline N, N calls are profiled queued back to back behind their flushes, as the rounds time them (no
+synchronize between calls, so no launch gap the host would leave): per entry, each kernel's median start and end and
+the call's end, in us from the call's first kernel's start, so where a call ends later than another shows kernel by
+kernel (a pass before the attention kernel, the kernel itself, a tail after it).
 """
 from __future__ import annotations
 
@@ -164,35 +168,64 @@ def call_kernels(calls: list[list[tuple[str, float, float]]]) -> dict[str, float
     return out
 
 
+def call_timeline(calls: list[list[tuple[str, float, float]]]) -> dict:
+    """Median start and end of each kernel of a call (in call order) and the call's median end, us from the call's
+    first kernel's start, over the calls that ran the first call's kernels (as call_kernels)."""
+    import numpy as np
+
+    names = [e[0] for e in calls[0]]
+    same = [c for c in calls if [e[0] for e in c] == names]
+    out = {"calls": len(same), "end": float(np.median([max(e[2] for e in c) - c[0][1] for c in same]))}
+    for i, name in enumerate(names):
+        out[f"{i}:{short_kernel_name(name)}"] = (float(np.median([c[i][1] - c[0][1] for c in same])),
+                                                 float(np.median([c[i][2] - c[0][1] for c in same])))
+    return out
+
+
 FLUSH_KERNEL = "FillFunctor<unsigned char>"  # the timer's L2 flush (a uint8 buffer's zero_)
 
 
-def profile_kernels(torch, timer, fn, n: int) -> dict[str, float]:
-    """call_kernels of n calls of fn, each after an L2 flush and a synchronize (the GPU idle before it)."""
+def profiled_calls(torch, timer, fn, n: int, idle: bool, warmup: int = 1) -> list[list[tuple[str, float, float]]]:
+    """The GPU events of n profiled calls of fn, each after an L2 flush: with `idle` the GPU synchronized before and
+    after each call, else the calls queued back to back behind their flushes (as the timed rounds run them)."""
     from torch.profiler import ProfilerActivity, profile
 
-    fn()
+    for _ in range(warmup):
+        timer.flush.zero_()
+        fn()
     torch.cuda.synchronize()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # torch's note that a profile keeps only its last cycle
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(n):
                 timer.flush.zero_()
-                torch.cuda.synchronize()
+                if idle:
+                    torch.cuda.synchronize()
                 fn()
-                torch.cuda.synchronize()
+                if idle:
+                    torch.cuda.synchronize()
             timer.flush.zero_()  # closes the last call's run
             torch.cuda.synchronize()
         events = [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
                   if e.device_type.name == "CUDA"]
     calls = split_calls(events, lambda name: FLUSH_KERNEL in name)
     if len(calls) != n:
-        raise SystemExit(f"ab_builds --kernels: expected {n} calls between the flushes, found {len(calls)}")
-    return call_kernels(calls)
+        raise SystemExit(f"ab_builds: expected {n} profiled calls between the flushes, found {len(calls)}")
+    return calls
+
+
+def profile_kernels(torch, timer, fn, n: int) -> dict[str, float]:
+    """call_kernels of n calls of fn, each after an L2 flush and a synchronize (the GPU idle before it)."""
+    return call_kernels(profiled_calls(torch, timer, fn, n, idle=True))
+
+
+def profile_timeline(torch, timer, fn, n: int) -> dict:
+    """call_timeline of n calls of fn queued back to back, each behind its L2 flush (3 calls before, unprofiled)."""
+    return call_timeline(profiled_calls(torch, timer, fn, n, idle=False, warmup=3))
 
 
 def run(cases: list[Case], entries: list[Entry], common: str, rounds: int, repeats: int, cudnn: bool,
-        kernels: int = 0) -> list[dict]:
+        kernels: int = 0, timeline: int = 0) -> list[dict]:
     import numpy as np
     import torch
 
@@ -245,6 +278,13 @@ def run(cases: list[Case], entries: list[Entry], common: str, rounds: int, repea
                 rows.append({"case": c.label(), "entry": n, "kernels": k})
                 parts = "  ".join(f"{name} {t:.1f}" for name, t in k.items() if ":" in name)
                 print(f"{c.label():36s} {n:10s} span {k['span']:10.1f} us ({k['calls']} calls)  {parts}", flush=True)
+            for n, lib, fn in fns if timeline else ():
+                if lib is not None:
+                    builds.use(lib)
+                k = profile_timeline(torch, timer, fn, timeline)
+                rows.append({"case": c.label(), "entry": n, "timeline": k})
+                parts = "  ".join(f"{name} {v[0]:.1f}..{v[1]:.1f}" for name, v in k.items() if ":" in name)
+                print(f"{c.label():36s} {n:10s} ends {k['end']:10.1f} us ({k['calls']} calls)  {parts}", flush=True)
     finally:
         builds.close()
     return rows
@@ -262,13 +302,16 @@ def main(argv=None) -> int:
     ap.add_argument("--cudnn", action="store_true", help="time torch SDPA's cuDNN backend in the same rounds")
     ap.add_argument("--kernels", type=int, default=0, metavar="N",
                     help="then profile N calls of each entry one by one: the call's span and each kernel's time")
+    ap.add_argument("--timeline", type=int, default=0, metavar="N",
+                    help="then profile N calls of each entry queued back to back: each kernel's start and end")
     args = ap.parse_args(argv)
     names = [e.name for e in args.entries]
     if len(set(names)) != len(names) or "cudnn" in names:
         ap.error(f"entry names must be distinct and not 'cudnn', got {', '.join(names)}")
-    if args.rounds < 1 or args.repeats < 1 or args.kernels < 0:
-        ap.error("--rounds and --repeats must be >= 1, --kernels >= 0")
-    run(args.cases, args.entries, args.overrides, args.rounds, args.repeats, args.cudnn, args.kernels)
+    if args.rounds < 1 or args.repeats < 1 or args.kernels < 0 or args.timeline < 0:
+        ap.error("--rounds and --repeats must be >= 1, --kernels and --timeline >= 0")
+    run(args.cases, args.entries, args.overrides, args.rounds, args.repeats, args.cudnn, args.kernels,
+        args.timeline)
     return 0
 
 

@@ -81,3 +81,23 @@ def test_negative_kernel_counts_are_refused(capsys):
     with pytest.raises(SystemExit):
         ab.main(["--case", "32,8,128,8192,8192", "--kernels", "-1", "a=x.so"])
     assert "--kernels" in capsys.readouterr().err
+
+
+def test_timeline_gives_each_kernel_its_start_and_end_from_the_calls_first_start():
+    # back to back: the attention kernel starts under the pass's end (a programmatic dependent), a companion after it
+    calls = [[("pass", 100.0, 112.0), ("attn", 110.0, 1040.0), ("companion", 1030.0, 1042.0)],
+             [("pass", 2000.0, 2014.0), ("attn", 2012.0, 2950.0), ("companion", 2940.0, 2951.0)],
+             [("pass", 4000.0, 4013.0), ("attn", 4011.0, 4945.0), ("companion", 4935.0, 4947.0)],
+             [("attn", 6000.0, 6900.0)]]  # another kernel list: left out
+    t = ab.call_timeline(calls)
+    assert t["calls"] == 3
+    assert t["0:pass"] == (0.0, 13.0)
+    assert t["1:attn"] == (11.0, 945.0)
+    assert t["2:companion"] == (935.0, 947.0)
+    assert t["end"] == 947.0  # the median of the calls' last ends (942, 951, 947)
+
+
+def test_negative_timeline_counts_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        ab.main(["--case", "32,8,128,8192,8192", "--timeline", "-2", "a=x.so"])
+    assert "--timeline" in capsys.readouterr().err
