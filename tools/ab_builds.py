@@ -155,13 +155,19 @@ def split_calls(events: list[tuple[str, float, float]], is_flush) -> list[list[t
     return calls
 
 
+def same_kernel_calls(calls: list[list[tuple[str, float, float]]]) -> tuple[list[str], list]:
+    """The first call's kernel names and the calls that ran those kernels (a library's plan is fixed per call;
+    cuDNN's may differ between calls)."""
+    names = [e[0] for e in calls[0]]
+    return names, [c for c in calls if [e[0] for e in c] == names]
+
+
 def call_kernels(calls: list[list[tuple[str, float, float]]]) -> dict[str, float]:
     """Median span of a call and median time of each of its kernels (in call order), us, over the calls that ran
     the first call's kernels (a library's plan is fixed per call; cuDNN's may differ: those calls are left out)."""
     import numpy as np
 
-    names = [e[0] for e in calls[0]]
-    same = [c for c in calls if [e[0] for e in c] == names]
+    names, same = same_kernel_calls(calls)
     out = {"span": float(np.median([c[-1][2] - c[0][1] for c in same])), "calls": len(same)}
     for i, name in enumerate(names):
         out[f"{i}:{short_kernel_name(name)}"] = float(np.median([c[i][2] - c[i][1] for c in same]))
@@ -173,8 +179,7 @@ def call_timeline(calls: list[list[tuple[str, float, float]]]) -> dict:
     first kernel's start, over the calls that ran the first call's kernels (as call_kernels)."""
     import numpy as np
 
-    names = [e[0] for e in calls[0]]
-    same = [c for c in calls if [e[0] for e in c] == names]
+    names, same = same_kernel_calls(calls)
     out = {"calls": len(same), "end": float(np.median([max(e[2] for e in c) - c[0][1] for c in same]))}
     for i, name in enumerate(names):
         out[f"{i}:{short_kernel_name(name)}"] = (float(np.median([c[i][1] - c[0][1] for c in same])),
@@ -271,20 +276,21 @@ def run(cases: list[Case], entries: list[Entry], common: str, rounds: int, repea
                 rows.append(row)
                 print(f"{row['case']:36s} {n:10s} {med:10.1f} us  x={row['x']:6.3f}  spread={row['spread']:5.3f}"
                       f"{'  DIFFERS' if row.get('differs') else ''}  {row.get('kernel', '')}", flush=True)
-            for n, lib, fn in fns if kernels else ():
+            for n, lib, fn in fns if kernels or timeline else ():
                 if lib is not None:
                     builds.use(lib)
-                k = profile_kernels(torch, timer, fn, kernels)
-                rows.append({"case": c.label(), "entry": n, "kernels": k})
-                parts = "  ".join(f"{name} {t:.1f}" for name, t in k.items() if ":" in name)
-                print(f"{c.label():36s} {n:10s} span {k['span']:10.1f} us ({k['calls']} calls)  {parts}", flush=True)
-            for n, lib, fn in fns if timeline else ():
-                if lib is not None:
-                    builds.use(lib)
-                k = profile_timeline(torch, timer, fn, timeline)
-                rows.append({"case": c.label(), "entry": n, "timeline": k})
-                parts = "  ".join(f"{name} {v[0]:.1f}..{v[1]:.1f}" for name, v in k.items() if ":" in name)
-                print(f"{c.label():36s} {n:10s} ends {k['end']:10.1f} us ({k['calls']} calls)  {parts}", flush=True)
+                if kernels:
+                    k = profile_kernels(torch, timer, fn, kernels)
+                    rows.append({"case": c.label(), "entry": n, "kernels": k})
+                    parts = "  ".join(f"{name} {t:.1f}" for name, t in k.items() if ":" in name)
+                    print(f"{c.label():36s} {n:10s} span {k['span']:10.1f} us ({k['calls']} calls)  {parts}",
+                          flush=True)
+                if timeline:
+                    k = profile_timeline(torch, timer, fn, timeline)
+                    rows.append({"case": c.label(), "entry": n, "timeline": k})
+                    parts = "  ".join(f"{name} {v[0]:.1f}..{v[1]:.1f}" for name, v in k.items() if ":" in name)
+                    print(f"{c.label():36s} {n:10s} ends {k['end']:10.1f} us ({k['calls']} calls)  {parts}",
+                          flush=True)
     finally:
         builds.close()
     return rows
