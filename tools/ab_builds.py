@@ -238,6 +238,9 @@ def run(cases: list[Case], entries: list[Entry], common: str, rounds: int, repea
 
     builds = Builds()
     timer = bc._Timer(torch, repeats)
+    # the profiles after the rounds: (calls, row key, profiler, the call's total, its word, how a kernel's value reads)
+    profiles = [(kernels, "kernels", profile_kernels, "span", "span", lambda t: f"{t:.1f}"),
+                (timeline, "timeline", profile_timeline, "end", "ends", lambda t: f"{t[0]:.1f}..{t[1]:.1f}")]
     torch.manual_seed(0)
     rows = []
     try:
@@ -279,18 +282,13 @@ def run(cases: list[Case], entries: list[Entry], common: str, rounds: int, repea
             for n, lib, fn in fns if kernels or timeline else ():
                 if lib is not None:
                     builds.use(lib)
-                if kernels:
-                    k = profile_kernels(torch, timer, fn, kernels)
-                    rows.append({"case": c.label(), "entry": n, "kernels": k})
-                    parts = "  ".join(f"{name} {t:.1f}" for name, t in k.items() if ":" in name)
-                    print(f"{c.label():36s} {n:10s} span {k['span']:10.1f} us ({k['calls']} calls)  {parts}",
-                          flush=True)
-                if timeline:
-                    k = profile_timeline(torch, timer, fn, timeline)
-                    rows.append({"case": c.label(), "entry": n, "timeline": k})
-                    parts = "  ".join(f"{name} {v[0]:.1f}..{v[1]:.1f}" for name, v in k.items() if ":" in name)
-                    print(f"{c.label():36s} {n:10s} ends {k['end']:10.1f} us ({k['calls']} calls)  {parts}",
-                          flush=True)
+                for count, key, profiler, total, word, show in profiles:
+                    if count:
+                        k = profiler(torch, timer, fn, count)
+                        rows.append({"case": c.label(), "entry": n, key: k})
+                        parts = "  ".join(f"{name} {show(v)}" for name, v in k.items() if ":" in name)
+                        print(f"{c.label():36s} {n:10s} {word} {k[total]:10.1f} us ({k['calls']} calls)  {parts}",
+                              flush=True)
     finally:
         builds.close()
     return rows
