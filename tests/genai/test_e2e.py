@@ -143,6 +143,38 @@ def test_request_time_goals_are_time_ratios():
     assert req4["value"] == pytest.approx((6.0 + 2.5) / (10.0 + 2.5)) and req4["passed"] is True
     assert goals["batch 1, 32k: row 4 time to first token / row 1's"]["value"] is None  # not measured
     assert report.goals(results, "cuda", smoke=True) == []
+    # in the row's own measure: row 3's TTFT against row 1's 10 s; row 4's request (6 s + 500 x 5 ms) against 0.8 x
+    # row 1's 12.5 s, the answer's 2.5 s at row 4's own speed left as it is: TTFT <= 7.5 s
+    assert ttft3["terms"] == "TTFT 11 s, wanted <= 10 s"
+    assert req4["terms"] == "TTFT 6 s, wanted <= 7.5 s"
+    assert "terms" not in goals["batch 1, 32k: row 4 time to first token / row 1's"]
+
+
+def test_speed_goals_say_the_step_time_that_would_pass():
+    """A speed goal's terms are the row's ms/token and the most that passes: row 1's step over the goal (tokens/s
+    ratio at one batch), or for the bandwidth-model goal row 1's step over 0.9 x the model's ratio; the capacity goal
+    names the batch to reach. The markdown table carries them beside the verdict."""
+    from dot4attn.e2e import report
+
+    results = [dict(row="genai", context=131072, batch=1, ms_per_token=6.0, tokens_per_s=1000 / 6.0,
+                     cache_bytes_per_token=200),
+               dict(row="d4a-q8_0", context=131072, batch=1, ms_per_token=5.0, tokens_per_s=200.0,
+                    cache_bytes_per_token=100),
+               dict(row="genai", fit_batch=63, fit_note="-"), dict(row="d4a-q4_0", fit_batch=100, fit_note="-")]
+    report.add_ratios(results, weight_bytes=1000, base_kv=200, answer_tokens=500)
+    goals = {g["name"]: g for g in report.goals(results, "cuda")}
+    speed = goals["batch 1, 128k: row 3 vs row 1"]
+    assert speed["value"] == pytest.approx(1.2) and speed["passed"] is True
+    assert speed["terms"] == f"ms/token 5, wanted <= {6.0 / 1.12:.3g}"
+    model = results[1]["model_ratio"]  # (1000 + 131072 x 200) / (1000 + 131072 x 100)
+    band = goals["row 3 at 131072, batch 1: measured / bandwidth-model ratio"]
+    assert band["value"] == pytest.approx(1.2 / model)
+    assert band["terms"] == f"ms/token 5, wanted <= {6.0 / (0.9 * model):.3g}"
+    fit = goals["largest batch of 32k sequences: rows 3/4 (best) vs row 1"]
+    assert fit["passed"] is False and fit["terms"] == "batch 100, wanted >= 114"  # 1.8 x 63 = 113.4
+    md = report.markdown([], list(goals.values()), dict(model="m", machine="x"))
+    assert f"| batch 1, 128k: row 3 vs row 1 | 1.20x | >= 1.12x | pass | ms/token 5, wanted <= {6.0 / 1.12:.3g} |" \
+        in md
 
 
 def test_resume_measures_only_what_is_missing(smoke, tmp_path):
