@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from genai_support import og
@@ -177,14 +178,11 @@ def test_speed_goals_say_the_step_time_that_would_pass():
         in md
 
 
-
 @pytest.mark.parametrize("name", ["cpu", "cuda", "cuda-int4"])
 def test_results_pages_are_what_their_measurements_render(name, tmp_path):
     """docs/e2e/NAME.md and the derived fields of NAME.json are what this report writes from NAME.json's
     measurements (`dot4attn e2e --render`): a change of the report renders the results pages again in the same
     commit, so no page shows a table or goal the current report would not."""
-    from pathlib import Path
-
     from dot4attn.e2e import report
 
     docs = Path(__file__).resolve().parents[2] / "docs" / "e2e"
@@ -192,6 +190,7 @@ def test_results_pages_are_what_their_measurements_render(name, tmp_path):
     report.render(tmp_path / f"{name}.json")
     assert (tmp_path / f"{name}.md").read_text() == (docs / f"{name}.md").read_text()
     assert json.loads((tmp_path / f"{name}.json").read_text()) == json.loads((docs / f"{name}.json").read_text())
+
 
 def test_resume_measures_only_what_is_missing(smoke, tmp_path):
     """A run split over two invocations: row 1 alone first, then --resume adds rows 2-4, keeps row 1's numbers as they
@@ -240,7 +239,6 @@ def test_case_processes_measure_every_case_in_a_process_of_its_own(smoke, tmp_pa
     up first), so no case inherits what another's prompt grew in onnxruntime's arena; the rows are measured as in one
     process, row 1's logits (back through a file) the reference of the others' KL."""
     import subprocess
-    from pathlib import Path
 
     real, specs = subprocess.run, []
 
