@@ -211,6 +211,59 @@ def test_resume_measures_only_what_is_missing(smoke, tmp_path):
             assert r["kl"] == pytest.approx(same["kl"], rel=1e-6), r
 
 
+def test_remeasure_measures_the_named_cases_again_and_keeps_the_rest(smoke, tmp_path):
+    """--remeasure: the smoke run's page, its numbers marked; measuring row 4 again at batch 1 replaces just those
+    cases (new numbers, compared with the kept row 1 as before), every other case keeps its mark; each case of a
+    dot4attn row records the op library that measured it, and the page names it."""
+    from dot4attn.e2e.harness import library_digest
+
+    _, data = smoke
+    marked = [dict(r, ms_per_token=1234.5) if "ms_per_token" in r else r for r in data["results"]]
+    (tmp_path / "smoke.json").write_text(json.dumps(dict(facts=data["facts"], results=marked)))
+    assert cli(["e2e", "--smoke", "--out", str(tmp_path), "--batches", "1", "--rows", "d4a-q4_0",
+                "--remeasure"]) == 0
+    again = json.loads((tmp_path / "smoke.json").read_text())["results"]
+    named = [r for r in again if r["row"] == "d4a-q4_0" and r["batch"] == 1]
+    assert sorted(r["context"] for r in named) == [64, 128]
+    assert all(r["ms_per_token"] != 1234.5 and 0 <= r["kl"] <= 0.1 for r in named), named
+    rest = [r for r in again if r not in named]
+    assert len(rest) == len(data["results"]) - 2 and all(r["ms_per_token"] == 1234.5 for r in rest)
+    digest = library_digest()
+    assert len(digest) == 12 and all(r["library"] == digest for r in named)
+    assert all(("library" in r) == r["row"].startswith("d4a-") for r in data["results"])
+    assert f"`{digest}`, every case." in (tmp_path / "smoke.md").read_text()
+
+
+def test_remeasure_drops_only_the_named_rows_cases():
+    """What --remeasure measures again: the named rows at the settings' (context, batch) cases, and their fit
+    searches only where the settings search one."""
+    from dot4attn.e2e import without_cases
+    from dot4attn.e2e.harness import Settings
+
+    results = [dict(row=row, context=c, batch=b, ms_per_token=1.0) for row in ("genai", "d4a-q8_0")
+               for c, b in ((64, 1), (128, 1), (128, 2))] + [dict(row="d4a-q8_0", fit_batch=9)]
+    settings = Settings(device="cpu", contexts=[128], batches=[1, 2], batch_contexts=[128])
+    kept = without_cases(results, settings, ["d4a-q8_0"])
+    assert [(r["row"], r.get("context"), r.get("batch")) for r in kept] == \
+        [("genai", 64, 1), ("genai", 128, 1), ("genai", 128, 2), ("d4a-q8_0", 64, 1), ("d4a-q8_0", None, None)]
+    settings.fit_context = 128
+    assert "fit_batch" not in without_cases(results, settings, ["d4a-q8_0"])[-1]
+
+
+def test_a_page_names_each_library_with_its_cells():
+    """Cells measured by two builds (and older ones that recorded none): the note lists each library's cells by row,
+    context and batch; a page whose cells recorded no library has no note."""
+    from dot4attn.e2e.report import library_note
+
+    cell = lambda row, c, b=1, **kw: dict(row=row, context=c, batch=b, ms_per_token=1.0, **kw)  # noqa: E731
+    results = [cell("genai", 4096), cell("d4a-q8_0", 4096), cell("d4a-q8_0", 131072, library="aaaaaaaaaaaa"),
+               cell("d4a-q4_0", 131072, library="aaaaaaaaaaaa"), cell("d4a-q4_0", 32768, 16, library="bbbbbbbbbbbb")]
+    assert library_note(results) == (
+        "Op library of the dot4attn rows (sha256 of libdot4attn_ops.so, first 12 digits): not recorded (row 3 4k), "
+        "`aaaaaaaaaaaa` (row 3 128k; row 4 128k), `bbbbbbbbbbbb` (row 4 32k x16).")
+    assert library_note([cell("genai", 4096), cell("d4a-q8_0", 4096)]) is None
+
+
 def test_resume_measures_a_rows_failed_case_again(smoke, tmp_path):
     """--resume: a case that failed (on a GPU, a prompt that ran out of the arena another row's prompt grew) is
     measured again when its row runs, and kept as it was while other rows run."""

@@ -91,6 +91,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true",
                    help="keep what OUT/DEVICE.json already holds for the same model and settings and measure only "
                         "the rest (a long run split over several invocations)")
+    p.add_argument("--remeasure", action="store_true",
+                   help="as --resume, but the cases this invocation names (its --rows at its --contexts and "
+                        "--batches, and their fit searches) are measured again and replace what OUT/DEVICE.json "
+                        "holds for them: a page's cells brought to the current op library, the others kept")
 
 
 def _ints_or_none(text: str) -> list[int]:
@@ -218,10 +222,12 @@ def run(args) -> int:
                  answer_tokens=args.answer_tokens)
     vocab = int(json.loads((folders["genai"] / "genai_config.json").read_text())["model"]["vocab_size"])
     try:
-        previous = resumed(args.out / f"{name}.json", facts, con.log) if args.resume else []
+        previous = resumed(args.out / f"{name}.json", facts, con.log) if args.resume or args.remeasure else []
     except ValueError as e:
         print(f"dot4attn e2e: {e}", file=sys.stderr)
         return 2
+    if args.remeasure:
+        previous = without_cases(previous, settings, args.rows or list(DEFAULT_ROWS))
     if previous:
         con.log(f"--resume: {len(previous)} results kept from {args.out / f'{name}.json'}")
 
@@ -238,6 +244,21 @@ def run(args) -> int:
                     rows=args.rows or list(DEFAULT_ROWS),
                     references=folders["genai"].parent / "references"), final=True)
     return 0
+
+
+def without_cases(results: list[dict], settings, rows: list[str]) -> list[dict]:
+    """results less what a run of `rows` under `settings` measures (--remeasure): those rows' cases at the settings'
+    (context, batch) pairs, and their fit searches where the settings search one."""
+    cases = set(settings.cases())
+
+    def named(r):
+        if r["row"] not in rows:
+            return False
+        if "fit_batch" in r:
+            return bool(settings.fit_context)
+        return (r.get("context"), r.get("batch")) in cases
+
+    return [r for r in results if not named(r)]
 
 
 RESUME_KEYS = ("steps", "warmup", "seed", "chunk", "device", "cuda_graph", "threads")  # change what a case measures

@@ -11,7 +11,9 @@ batch 1, row 1's logits of the timed steps are kept so that every other row's KL
 """
 from __future__ import annotations
 
+import functools
 import gc
+import hashlib
 import json
 import statistics
 import subprocess
@@ -243,6 +245,8 @@ def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log
             r.update(row=row, label=ROWS[row], cache_bytes_per_token=per_token[row],
                      cache_bytes=per_token[row] * context * batch,
                      cuda_graph=settings.cuda_graph and graph_note is None)
+            if row.startswith("d4a-") and library_digest():
+                r["library"] = library_digest()
             r["runner"] = "inplace" if r.get("copied_prompt") else RUNNER[row]
             if graph_note:
                 r["note"] = graph_note
@@ -253,6 +257,23 @@ def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log
             if on_case:
                 on_case(results)
     return results
+
+
+@functools.lru_cache(maxsize=None)
+def library_digest() -> str | None:
+    """The op library's sha256, first 12 hex digits (None where no library is found): kept with every case of a
+    dot4attn row, so a results page kept over several runs (--resume, --remeasure) says which build measured what."""
+    from .. import get_library_path
+
+    try:
+        path = get_library_path()
+    except FileNotFoundError:
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:12]
 
 
 WARM_UP_TOKENS = 64

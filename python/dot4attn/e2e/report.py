@@ -181,12 +181,42 @@ def markdown(results: list[dict], goal_list: list[dict], facts: dict) -> str:
     lines += ["",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(results)]
+    libraries = library_note(results)
+    if libraries:
+        lines += ["", libraries]
     if "answer_tokens" in facts:
         lines += ["", f"Request time: the prompt (the context) plus an answer of {facts['answer_tokens']} tokens, "
                       "TTFT + answer tokens x ms/token; x row 1 is a time ratio (below 1: faster)."]
     lines += ["", "| " + " | ".join(GOAL_HEADER) + " |", "|" + "---|" * len(GOAL_HEADER)] if goal_list else []
     lines += ["| " + " | ".join(goal_cells(g)) + " |" for g in goal_list]
     return "\n".join(lines) + "\n"
+
+
+def _context(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def library_note(results: list[dict]) -> str | None:
+    """Which op library (harness.library_digest) measured the dot4attn rows' cases, where any case recorded one: one
+    library, or each library with its cells (row, context, x batch where > 1); None on a page that recorded none."""
+    cells = [r for r in results if r["row"].startswith("d4a-") and "ms_per_token" in r]
+    if not any("library" in r for r in cells):
+        return None
+    groups: dict[str | None, list[dict]] = {}
+    for r in cells:
+        groups.setdefault(r.get("library"), []).append(r)
+    head = "Op library of the dot4attn rows (sha256 of libdot4attn_ops.so, first 12 digits): "
+    if len(groups) == 1:
+        return head + f"`{next(iter(groups))}`, every case."
+    parts = []
+    for lib, rs in groups.items():
+        by_row: dict[str, list[str]] = {}
+        for r in rs:
+            by_row.setdefault(r["row"], []).append(_context(r["context"]) + (f" x{r['batch']}" if r["batch"] > 1
+                                                                               else ""))
+        where = "; ".join(f"row {ROW_NUMBER[row]} {', '.join(cs)}" for row, cs in by_row.items())
+        parts.append(f"`{lib}` ({where})" if lib else f"not recorded ({where})")
+    return head + ", ".join(parts) + "."
 
 
 GOAL_HEADER = ["goal", "measured", "wanted", "", "in the row's own measure"]
@@ -211,6 +241,8 @@ def print_report(con, results, goal_list, facts) -> None:
     for cells in table_rows(results):
         table.add_row(*cells)
     con.print(table)
+    if library_note(results):
+        con.print(library_note(results))
     goals_table = Table(title="goals (tokens/s or batch ratios)")
     for h in GOAL_HEADER:
         goals_table.add_column(h)
