@@ -282,7 +282,7 @@ def resumed(path: Path, facts: dict, log=print) -> list[dict]:
     mismatch += [k for k in FIT_KEYS if old_settings.get(k) != facts["settings"].get(k)]
     if mismatch:
         raise ValueError(f"--resume: {path} was measured with other {', '.join(mismatch)}; "
-                         f"drop --resume or choose another --out")
+                         f"drop --resume (--remeasure) or choose another --out")
     results = [r for r in results if "unavailable" not in r]
     other = [k for k in RESUME_KEYS if old_settings.get(k) != facts["settings"].get(k)]
     if other:
