@@ -7,6 +7,8 @@
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 from pathlib import Path
 
@@ -31,6 +33,21 @@ def get_library_path() -> str:
     raise FileNotFoundError(
         f"{_LIB_NAME} not found next to {here}: install the package with `pip install .` "
         "(it builds the library) or point DOT4ATTN_LIBRARY at a build of it")
+
+
+@functools.lru_cache(maxsize=None)
+def library_digest() -> str | None:
+    """The op library's sha256, first 12 hex digits (None where no library is found): names the build that
+    measured a result (`dot4attn e2e` keeps it with every case of a dot4attn row) and `dot4attn info` prints it."""
+    try:
+        path = get_library_path()
+    except FileNotFoundError:
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:12]
 
 
 def register(session_options) -> None:

@@ -251,6 +251,7 @@ def test_piped_info_prints_the_whole_library_path(tmp_path):
     assert r.returncode == 0, r.stderr
     assert f"op library: {lib}\n" in r.stdout, r.stdout
     assert "library version: " in r.stdout
+    assert f"library sha256: {dot4attn.library_digest()}..." in r.stdout, r.stdout
 
 
 # ---- compare of onnxruntime-genai folders -------------------------------------------------------------------------

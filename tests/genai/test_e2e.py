@@ -215,7 +215,7 @@ def test_remeasure_measures_the_named_cases_again_and_keeps_the_rest(smoke, tmp_
     """--remeasure: the smoke run's page, its numbers marked; measuring row 4 again at batch 1 replaces just those
     cases (new numbers, compared with the kept row 1 as before), every other case keeps its mark; each case of a
     dot4attn row records the op library that measured it, and the page names it."""
-    from dot4attn.e2e.harness import library_digest
+    from dot4attn import library_digest
 
     _, data = smoke
     marked = [dict(r, ms_per_token=1234.5) if "ms_per_token" in r else r for r in data["results"]]

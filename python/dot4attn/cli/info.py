@@ -54,13 +54,14 @@ def _print_facts(title: str, rows: list[tuple[str, str]]) -> None:
 def _info(args) -> int:
     import onnxruntime as ort
 
-    from .. import __version__, build_info, get_library_path
+    from .. import __version__, build_info, get_library_path, library_digest
 
     rows = [("package version", __version__)]
     try:
         path = get_library_path()
         info = build_info()
         rows.append(("op library", path))
+        rows.append(("library sha256", f"{library_digest()}...  (what `dot4attn e2e` records with its cases)"))
         rows.append(("library version", info.get("version", "?")))
         rows.append(("CPU ISA chosen", info.get("cpu_isa", "?") + "  (DOT4ATTN_CPU_ISA overrides)"))
         rows.append(("CPU ISAs supported", info.get("cpu_isas", "?")))

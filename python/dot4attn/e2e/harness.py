@@ -11,9 +11,7 @@ batch 1, row 1's logits of the timed steps are kept so that every other row's KL
 """
 from __future__ import annotations
 
-import functools
 import gc
-import hashlib
 import json
 import statistics
 import subprocess
@@ -25,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import library_digest
 from ..formats import folder_cache_bytes_per_token as cache_bytes_per_token
 from ..quality.compare import logit_metrics
 from .models import ROWS, RUNNER
@@ -257,23 +256,6 @@ def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log
             if on_case:
                 on_case(results)
     return results
-
-
-@functools.lru_cache(maxsize=None)
-def library_digest() -> str | None:
-    """The op library's sha256, first 12 hex digits (None where no library is found): kept with every case of a
-    dot4attn row, so a results page kept over several runs (--resume, --remeasure) says which build measured what."""
-    from .. import get_library_path
-
-    try:
-        path = get_library_path()
-    except FileNotFoundError:
-        return None
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:12]
 
 
 WARM_UP_TOKENS = 64
