@@ -212,24 +212,25 @@ def test_resume_measures_only_what_is_missing(smoke, tmp_path):
 
 
 def test_remeasure_measures_the_named_cases_again_and_keeps_the_rest(smoke, tmp_path):
-    """--remeasure: the smoke run's page, its numbers marked; measuring row 4 again at batch 1 replaces just those
-    cases (new numbers, compared with the kept row 1 as before), every other case keeps its mark; each case of a
-    dot4attn row records the op library that measured it, and the page names it."""
+    """--remeasure: the smoke run's page, its numbers marked; measuring row 4 again at batch 1 and the shorter
+    context replaces just that case (on the page's model, built for its longest context: new numbers, compared with
+    the kept row 1 as before), every other case keeps its mark; each case of a dot4attn row records the op library
+    that measured it, and the page names it."""
     from dot4attn import library_digest
 
     _, data = smoke
     marked = [dict(r, ms_per_token=1234.5) if "ms_per_token" in r else r for r in data["results"]]
     (tmp_path / "smoke.json").write_text(json.dumps(dict(facts=data["facts"], results=marked)))
-    assert cli(["e2e", "--smoke", "--out", str(tmp_path), "--batches", "1", "--rows", "d4a-q4_0",
-                "--remeasure"]) == 0
-    again = json.loads((tmp_path / "smoke.json").read_text())["results"]
-    named = [r for r in again if r["row"] == "d4a-q4_0" and r["batch"] == 1]
-    assert sorted(r["context"] for r in named) == [64, 128]
-    assert all(r["ms_per_token"] != 1234.5 and 0 <= r["kl"] <= 0.1 for r in named), named
-    rest = [r for r in again if r not in named]
-    assert len(rest) == len(data["results"]) - 2 and all(r["ms_per_token"] == 1234.5 for r in rest)
+    assert cli(["e2e", "--smoke", "--out", str(tmp_path), "--contexts", "64", "--batches", "1",
+                "--rows", "d4a-q4_0", "--remeasure"]) == 0
+    page = json.loads((tmp_path / "smoke.json").read_text())
+    assert page["facts"]["model_key"] == data["facts"]["model_key"] and page["facts"]["max_positions"] == 128 + 256
+    named = [r for r in page["results"] if (r["row"], r["context"], r["batch"]) == ("d4a-q4_0", 64, 1)]
+    assert len(named) == 1 and named[0]["ms_per_token"] != 1234.5 and 0 <= named[0]["kl"] <= 0.1, named
+    rest = [r for r in page["results"] if r not in named]
+    assert len(rest) == len(data["results"]) - 1 and all(r["ms_per_token"] == 1234.5 for r in rest)
     digest = library_digest()
-    assert len(digest) == 12 and all(r["library"] == digest for r in named)
+    assert len(digest) == 12 and named[0]["library"] == digest
     assert all(("library" in r) == r["row"].startswith("d4a-") for r in data["results"])
     assert f"`{digest}`, every case." in (tmp_path / "smoke.md").read_text()
 

@@ -209,7 +209,10 @@ def run(args) -> int:
             con.log(f"wrote {written}")
         return 0
     cache = args.cache or model_cache_dir() / "e2e"
-    spec = ModelSpec(shape, precision, args.device, max(settings.contexts + [settings.fit_context]) + MARGIN)
+    positions = max(settings.contexts + [settings.fit_context]) + MARGIN
+    if args.resume or args.remeasure:  # the file's model, where it holds longer contexts than this invocation runs
+        positions = max(positions, model_positions(args.out / f"{name}.json"))
+    spec = ModelSpec(shape, precision, args.device, positions)
     try:
         folders = prepare(cache, spec, log=con.log, rows=args.rows or list(DEFAULT_ROWS))
     except (ValueError, RuntimeError) as e:
@@ -218,6 +221,7 @@ def run(args) -> int:
     facts = model_facts(folders["genai"], shape, precision, args.device)
     facts.update(machine=machine(args.device), weight_bytes=weight_bytes(folders["genai"]),
                  model_key=folders["genai"].parent.name,  # the build (shape, max positions, versions) measured
+                 max_positions=spec.max_positions,
                  settings=vars(settings), kl="batch 1 only: over the timed teacher-forced steps, against row 1",
                  answer_tokens=args.answer_tokens)
     vocab = int(json.loads((folders["genai"] / "genai_config.json").read_text())["model"]["vocab_size"])
@@ -244,6 +248,20 @@ def run(args) -> int:
                     rows=args.rows or list(DEFAULT_ROWS),
                     references=folders["genai"].parent / "references"), final=True)
     return 0
+
+
+def model_positions(path: Path) -> int:
+    """The positions (max_position_embeddings) of the model an earlier run's result file was measured on (its facts',
+    or derived from its settings as run() derives them); 0 where there is no such file: --resume / --remeasure of a
+    shorter context than the file's then finds that run's model rather than asking for one built for less."""
+    try:
+        facts = json.loads(path.read_text())["facts"]
+        if "max_positions" in facts:
+            return int(facts["max_positions"])
+        s = facts["settings"]
+        return max(list(s["contexts"]) + [s.get("fit_context") or 0]) + MARGIN
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 def without_cases(results: list[dict], settings, rows: list[str]) -> list[dict]:
