@@ -26,7 +26,7 @@ import numpy as np
 from .. import library_digest
 from ..formats import folder_cache_bytes_per_token as cache_bytes_per_token
 from ..quality.compare import logit_metrics
-from .models import ROWS, RUNNER
+from .models import OPS_ROWS, ROWS, RUNNER
 from .runners import make_runner, start
 
 
@@ -244,7 +244,7 @@ def run_rows(folders: dict[str, Path | str], settings: Settings, vocab: int, log
             r.update(row=row, label=ROWS[row], cache_bytes_per_token=per_token[row],
                      cache_bytes=per_token[row] * context * batch,
                      cuda_graph=settings.cuda_graph and graph_note is None)
-            if row.startswith("d4a-") and library_digest():
+            if row in OPS_ROWS and library_digest():
                 r["library"] = library_digest()
             r["runner"] = "inplace" if r.get("copied_prompt") else RUNNER[row]
             if graph_note:

@@ -30,6 +30,7 @@ ROWS = {
     "d4a-q4_0": "packed K + q4_0 V, dot4attn.runtime.inplace (InPlaceDecoder)",
     "d4a-q6_0": "packed K + q6_0 V in the pair layout (ORT int8's bytes), og.Generator",
 }
+OPS_ROWS = tuple(row for row in ROWS if row.startswith("d4a-"))  # the rows whose models run dot4attn's ops
 RUNNER = {"genai": "og", "genai-int8kv": "og", "d4a-q8_0": "og", "d4a-q4_0": "inplace", "d4a-q6_0": "og"}
 # The rows a run measures unless --rows names others: row 5 (q6_0 V) is asked for by name.
 DEFAULT_ROWS = ("genai", "genai-int8kv", "d4a-q8_0", "d4a-q4_0")

@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from .models import ROWS
+from .models import OPS_ROWS, ROWS
 
 OURS = ("d4a-q8_0", "d4a-q4_0")
 ROW_NUMBER = {row: i + 1 for i, row in enumerate(ROWS)}
@@ -197,9 +197,9 @@ def _context(n: int) -> str:
 
 
 def library_note(results: list[dict]) -> str | None:
-    """Which op library (harness.library_digest) measured the dot4attn rows' cases, where any case recorded one: one
+    """Which op library (dot4attn.library_digest) measured the dot4attn rows' cases, where any case recorded one: one
     library, or each library with its cells (row, context, x batch where > 1); None on a page that recorded none."""
-    cells = [r for r in results if r["row"].startswith("d4a-") and "ms_per_token" in r]
+    cells = [r for r in results if r["row"] in OPS_ROWS and "ms_per_token" in r]
     if not any("library" in r for r in cells):
         return None
     groups: dict[str | None, list[dict]] = {}
@@ -241,8 +241,9 @@ def print_report(con, results, goal_list, facts) -> None:
     for cells in table_rows(results):
         table.add_row(*cells)
     con.print(table)
-    if library_note(results):
-        con.print(library_note(results))
+    libraries = library_note(results)
+    if libraries:
+        con.print(libraries)
     goals_table = Table(title="goals (tokens/s or batch ratios)")
     for h in GOAL_HEADER:
         goals_table.add_column(h)
