@@ -209,7 +209,7 @@ def run(args) -> int:
             con.log(f"wrote {written}")
         return 0
     cache = args.cache or model_cache_dir() / "e2e"
-    positions = max(settings.contexts + [settings.fit_context]) + MARGIN
+    positions = model_length(settings.contexts, settings.fit_context)
     if args.resume or args.remeasure:  # the file's model, where it holds longer contexts than this invocation runs
         positions = max(positions, model_positions(args.out / f"{name}.json"))
     spec = ModelSpec(shape, precision, args.device, positions)
@@ -250,16 +250,21 @@ def run(args) -> int:
     return 0
 
 
+def model_length(contexts: list[int], fit_context: int) -> int:
+    """The positions a run's model is built for: its longest context (or fit search) and the timed steps' MARGIN."""
+    return max(list(contexts) + [fit_context]) + MARGIN
+
+
 def model_positions(path: Path) -> int:
     """The positions (max_position_embeddings) of the model an earlier run's result file was measured on (its facts',
-    or derived from its settings as run() derives them); 0 where there is no such file: --resume / --remeasure of a
+    or model_length of its settings); 0 where there is no such file: --resume / --remeasure of a
     shorter context than the file's then finds that run's model rather than asking for one built for less."""
     try:
         facts = json.loads(path.read_text())["facts"]
         if "max_positions" in facts:
             return int(facts["max_positions"])
         s = facts["settings"]
-        return max(list(s["contexts"]) + [s.get("fit_context") or 0]) + MARGIN
+        return model_length(s["contexts"], s.get("fit_context") or 0)
     except (OSError, ValueError, KeyError, TypeError):
         return 0
 
